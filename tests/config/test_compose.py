@@ -1,0 +1,55 @@
+"""The derived schema composed through Hydra, with command-line-style overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from theseus.config import ConfigError, field, register
+from theseus.config.compose import compose
+from theseus.config.errors import suggest
+from theseus.model.module import Module
+
+
+@register("model", "toy")
+class Toy(Module):
+    scale: float = field("architecture/scale", default=1.0, help="multiplier applied to x")
+    n_layers: int = field("architecture/n_layers", default=12, help="number of blocks")
+
+    def __call__(self, x):
+        return x * self.scale
+
+
+def test_defaults_and_overrides():
+    cfg = compose(["model=toy"])
+    assert cfg.architecture.scale == 1.0 and cfg.optimizer.lr == 3e-4 and cfg.mesh.data == -1
+    cfg = compose(["model=toy", "architecture.scale=2", "optimizer.lr=1e-3", "trainer.max_steps=5"])
+    assert (cfg.architecture.scale, cfg.optimizer.lr, cfg.trainer.max_steps) == (2.0, 1e-3, 5)
+
+
+def test_misspelt_key_suggests_the_intended_one():
+    with pytest.raises(ConfigError) as err:
+        compose(["model=toy", "architecture.scael=2"])
+    message = str(err.value)
+    assert "\n" not in message
+    assert "did you mean architecture.scale (float, default 1.0: multiplier applied to x)?" in message
+
+
+def test_wrong_type_names_key_and_type():
+    with pytest.raises(ConfigError, match=r"architecture.n_layers: Value 'abc' .* Integer \(int, default 12: number of blocks\)"):
+        compose(["model=toy", "architecture.n_layers=abc"])
+
+
+def test_value_outside_choices():
+    with pytest.raises(ConfigError, match="logger.mode must be one of offline, online, disabled"):
+        compose(["model=toy", "logger.mode=loud"])
+
+
+def test_unknown_experiment_lists_available():
+    with pytest.raises(ConfigError, match="unknown experiment 'nope'; available:"):
+        compose(["model=toy", "+experiment=nope"])
+
+
+def test_suggest_prefers_siblings():
+    known = ["architecture.n_layers", "architecture.n_heads", "optimizer.lr"]
+    assert suggest("architecture.n_layer", known)[0] == "architecture.n_layers"
+    assert suggest("optimizer.lrr", known) == ["optimizer.lr"]

@@ -1,0 +1,126 @@
+"""field(), configure(), configuration(), gather() on plain dataclasses and modules."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from omegaconf import OmegaConf
+
+from theseus.config import ConfigError, Configurable, configuration, configure, derive, field, gather, schema_of, specs, structured
+
+
+@dataclasses.dataclass
+class Settings(Configurable):
+    lr: float = field("optimizer/lr", default=3e-4, help="peak learning rate")
+    steps: int = field("trainer/max_steps", default=10)
+    name: str | None = field("logger/name", default=None)
+    tags: list[str] = field("logger/tags", default=[])
+    path: str = field("data/path", help="required: no default")
+
+
+class Leaf(Configurable):
+    pass
+
+
+@dataclasses.dataclass
+class A(Configurable):
+    width: int = field("architecture/width", default=4)
+
+    @classmethod
+    def components(cls):
+        return [Leaf, B]
+
+
+@dataclasses.dataclass
+class B(Configurable):
+    width: int = field("architecture/width", default=4)
+
+    @classmethod
+    def components(cls):
+        return [Leaf, A]  # a cycle and a repeat: each type once
+
+
+def test_specs_carry_key_type_default_help():
+    by_key = {s.key: s for s in specs(Settings)}
+    assert by_key["optimizer.lr"].type is float and by_key["optimizer.lr"].help == "peak learning rate"
+    assert by_key["data.path"].required
+    assert by_key["logger.name"].default is None
+
+
+def test_configure_from_dict_dictconfig_and_defaults():
+    with pytest.raises(ConfigError, match="data.path is required by Settings"):
+        configure(Settings)
+    s = configure(Settings, path="x")
+    assert (s.lr, s.steps, s.tags) == (3e-4, 10, [])
+    with configuration({"optimizer": {"lr": 1}, "data.path": "corpus", "trainer/max_steps": 7}):
+        s = configure(Settings)
+    assert s.lr == 1.0 and isinstance(s.lr, float) and s.steps == 7 and s.path == "corpus"
+    with configuration(OmegaConf.create({"logger": {"tags": ["a", "b"]}, "data": {"path": "p"}})):
+        s = configure(Settings, lr=0.5)
+    assert s.tags == ["a", "b"] and s.lr == 0.5
+
+
+def test_configure_rejects_wrong_types():
+    with configuration({"trainer.max_steps": "abc", "data.path": "p"}), pytest.raises(ConfigError, match="trainer.max_steps must be int, got 'abc'"):
+        configure(Settings)
+    with configuration({"trainer.max_steps": True, "data.path": "p"}), pytest.raises(ConfigError, match="must be int"):
+        configure(Settings)
+
+
+def test_nested_configurations_restore():
+    with configuration({"data.path": "outer"}):
+        with configuration({"data.path": "inner"}):
+            assert configure(Settings).path == "inner"
+        assert configure(Settings).path == "outer"
+
+
+def test_gather_is_unique_and_ordered():
+    assert gather(A) == [A, Leaf, B]
+    assert A.gather() == [A, Leaf, B] and B.gather() == [B, Leaf, A]
+
+
+def test_shared_key_agrees():
+    assert list(schema_of(A)) == ["architecture.width"]
+
+
+def test_conflicting_default_names_both_classes():
+    @dataclasses.dataclass
+    class C:
+        width: int = field("architecture/width", default=5)
+
+    with pytest.raises(ConfigError, match=r"architecture.width .*different defaults \(4 vs 5\).*A.width and .*C.width"):
+        derive([A, C])
+
+
+def test_conflicting_type_names_both_classes():
+    @dataclasses.dataclass
+    class D:
+        width: float = field("architecture/width", default=4.0)
+
+    with pytest.raises(ConfigError, match=r"architecture.width .*different types.*A.width and .*D.width"):
+        derive([A, D])
+
+
+def test_value_and_group_on_one_key_conflict():
+    @dataclasses.dataclass
+    class E:
+        leaf: int = field("architecture/width/inner", default=1)
+
+    with pytest.raises(ConfigError, match="architecture.width is declared as a value"):
+        derive([A, E])
+
+
+def test_structured_schema_types_and_missing():
+    cfg = structured(schema_of(Settings))
+    assert cfg.optimizer.lr == 3e-4 and OmegaConf.is_missing(cfg.data, "path")
+    assert OmegaConf.to_yaml(cfg).count("???") == 1
+    with pytest.raises(Exception, match="could not be converted to Integer"):
+        cfg.trainer.max_steps = "abc"
+    with pytest.raises(Exception, match="not in"):
+        cfg.trainer.max_stpes = 3  # struct: unknown keys are errors
+
+
+def test_bad_key_is_rejected_at_declaration():
+    with pytest.raises(ValueError, match="must be identifiers"):
+        field("architecture/n-layers", default=1)

@@ -1,0 +1,66 @@
+"""The device mesh from config (axes data, fsdp, tensor), and multi-host settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh
+
+from theseus.base.axis import MESH_AXES
+from theseus.config import ConfigError, Configurable, field, register
+
+
+@register("mesh", "default")
+@dataclasses.dataclass(frozen=True)
+class MeshConfig(Configurable):
+    """The shape of the device mesh; its product must equal the device count."""
+
+    data: int = field("mesh/data", default=-1, help="data-parallel size; -1: the remaining devices")
+    fsdp: int = field("mesh/fsdp", default=1, help="fully-sharded data-parallel size; -1: the remaining devices")
+    tensor: int = field("mesh/tensor", default=1, help="tensor-parallel size; -1: the remaining devices")
+    rules: dict = field("mesh/rules", default={}, help="logical axis -> mesh axes, overriding the model's plan")
+
+    def shape(self, n_devices: int) -> dict[str, int]:
+        """``{"data": d, "fsdp": f, "tensor": t}`` with -1 resolved; ConfigError when impossible."""
+        sizes = {axis: getattr(self, axis) for axis in MESH_AXES}
+        given = " x ".join(f"{axis}={size}" for axis, size in sizes.items())
+        free = [axis for axis, size in sizes.items() if size == -1]
+        if len(free) > 1 or any(size == 0 or size < -1 for size in sizes.values()):
+            raise ConfigError(f"mesh {given}: sizes must be positive, with at most one -1")
+        fixed = math.prod(size for size in sizes.values() if size != -1)
+        if free:
+            if n_devices % fixed:
+                raise ConfigError(f"mesh {given} does not divide the {n_devices} devices: fix mesh.* so the product is {n_devices}")
+            sizes[free[0]] = n_devices // fixed
+        if math.prod(sizes.values()) != n_devices:
+            raise ConfigError(
+                f"mesh {given} needs {math.prod(sizes.values())} devices but {n_devices} are present: "
+                f"set mesh.data/fsdp/tensor so their product is {n_devices} (-1 takes the rest)"
+            )
+        return sizes
+
+
+@register("distributed", "default")
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig(Configurable):
+    """Multi-host settings for ``jax.distributed``; unset: detected, or a single process."""
+
+    coordinator: str | None = field("distributed/coordinator", default=None, help="host:port of process 0; unset: detected")
+    num_processes: int | None = field("distributed/num_processes", default=None, help="number of processes; unset: detected")
+    process_id: int | None = field("distributed/process_id", default=None, help="this process's index; unset: detected")
+
+
+def make_mesh(config: MeshConfig, devices: list | None = None) -> Mesh:
+    """A Mesh over ``devices`` (default: all) with axes (data, fsdp, tensor)."""
+    devices = jax.devices() if devices is None else devices
+    sizes = config.shape(len(devices))
+    shape = tuple(sizes[axis] for axis in MESH_AXES)
+    try:
+        grid = mesh_utils.create_device_mesh(shape, devices)
+    except Exception:  # shapes the topology-aware helper cannot place: plain order
+        grid = np.asarray(devices).reshape(shape)
+    return Mesh(grid, MESH_AXES)

@@ -1,0 +1,144 @@
+"""The active configuration: ``with configuration(cfg):`` and ``configure(Cls, **kwargs)``.
+
+Values are resolved when an object is built, never when it is called: a model configured
+inside ``configuration()`` inits and applies outside it, under ``jax.jit`` or after a reload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+
+from theseus.config.errors import ConfigError
+from theseus.config.fields import MISSING, FieldSpec, specs, type_name
+
+T = TypeVar("T")
+
+
+class Snapshot:
+    """An immutable, resolved copy of a config: nested plain values, looked up by dotted key.
+
+    Opaque to Flax and JAX (not a pytree, excluded from module comparison), so a module can
+    carry it in a dataclass field and re-activate it when its lazy ``setup()`` runs.
+    """
+
+    __slots__ = ("_tree",)
+
+    def __init__(self, cfg: Mapping | DictConfig | None):
+        if isinstance(cfg, DictConfig):
+            cfg = OmegaConf.to_container(cfg, resolve=True)
+        tree: dict = {}
+        for key, value in (cfg or {}).items():
+            _insert(tree, str(key).replace("/", ".").split("."), value)
+        self._tree = tree
+
+    def get(self, key: str) -> Any:
+        """The value at dotted ``key``, or MISSING when absent or ``???``."""
+        node: Any = self._tree
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return MISSING
+            node = node[part]
+        return MISSING if node == "???" else node
+
+    def to_dict(self) -> dict:
+        return _copy(self._tree)
+
+    def __repr__(self) -> str:
+        return f"Snapshot({self._tree!r})"
+
+
+_ACTIVE: contextvars.ContextVar[Snapshot | None] = contextvars.ContextVar("theseus_config", default=None)
+
+
+def active() -> Snapshot | None:
+    """The configuration in force, or None (fields then take their defaults)."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def configuration(cfg: Mapping | DictConfig | Snapshot | None) -> Iterator[Snapshot | None]:
+    """Make ``cfg`` the active configuration (a dict, flat dotted or nested, or a DictConfig).
+
+    ``None`` activates no configuration: fields take their defaults.
+    """
+    snapshot = cfg if isinstance(cfg, Snapshot) or cfg is None else Snapshot(cfg)
+    token = _ACTIVE.set(snapshot)
+    try:
+        yield snapshot
+    finally:
+        _ACTIVE.reset(token)
+
+
+def configure(cls: type[T], /, **kwargs: Any) -> T:
+    """Build ``cls`` with its field values from the active configuration; kwargs win.
+
+    With no active configuration the fields' defaults are used. Inside a Module's ``setup()``
+    this builds configured children.
+    """
+    snapshot = _ACTIVE.get()
+    values = {}
+    for spec in specs(cls):
+        if spec.name in kwargs:
+            continue
+        value = snapshot.get(spec.key) if snapshot is not None else MISSING
+        if value is MISSING:
+            if spec.required:
+                raise ConfigError(
+                    f"{spec.key} is required by {spec.owner.__name__} ({spec.describe()}): "
+                    f"set it, e.g. {spec.key}=VALUE"
+                )
+            continue
+        values[spec.name] = check(spec, value)
+    return cls(**values, **kwargs)
+
+
+def check(spec: FieldSpec, value: Any) -> Any:
+    """``value`` converted to the field's type; a ConfigError naming the key when it cannot be."""
+    tp = _plain_type(spec.type)
+    if value is None:
+        if spec.default is None or _optional(spec.type):
+            return None
+    elif tp is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    elif tp in (tuple, list) and isinstance(value, tuple | list):
+        value = tp(value)
+    if tp is not None and not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ConfigError(f"{spec.key} must be {type_name(spec.type)}, got {value!r} ({spec.describe()})")
+    if spec.choices and value not in spec.choices:
+        raise ConfigError(f"{spec.key} must be one of {', '.join(map(str, spec.choices))}, got {value!r}")
+    return value
+
+
+def _plain_type(tp: Any) -> type | None:
+    """The runtime class to check against: int for ``int`` and ``int | None``; None for Any."""
+    args = [a for a in getattr(tp, "__args__", ()) if a is not type(None)]
+    if _optional(tp) and len(args) == 1:
+        tp = args[0]
+    origin = getattr(tp, "__origin__", None)
+    if origin in (list, tuple, dict):
+        return origin
+    return tp if isinstance(tp, type) else None
+
+
+def _optional(tp: Any) -> bool:
+    return type(None) in getattr(tp, "__args__", ())
+
+
+def _insert(tree: dict, path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        tree = tree.setdefault(part, {})
+    if isinstance(value, Mapping):
+        node = tree.setdefault(path[-1], {})
+        for key, sub in value.items():
+            _insert(node, str(key).split("."), sub)
+    else:
+        tree[path[-1]] = tuple(value) if isinstance(value, list) else value
+
+
+def _copy(tree: Any) -> Any:
+    return {k: _copy(v) for k, v in tree.items()} if isinstance(tree, dict) else tree

@@ -1,0 +1,153 @@
+"""field(): a dataclass attribute bound to a config key; components() and gather().
+
+A hyperparameter is declared once, as a field in the code::
+
+    class Block(Module):
+        n_heads: int = field("architecture/n_heads", default=12, help="attention heads")
+
+Its key, type, default and help live there; the Hydra schema is derived from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+MISSING = dataclasses.MISSING
+
+_META = "theseus"  # the dataclass metadata entry a config field carries
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldSpec:
+    """One config key as declared by one class."""
+
+    key: str  # dotted: "architecture.n_layers"
+    name: str  # the attribute: "n_layers"
+    type: Any
+    default: Any  # MISSING when required
+    help: str
+    choices: tuple | None
+    owner: type  # the class whose body declares it
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+    def describe(self) -> str:
+        """``int, default 12: number of blocks`` (for errors and listings)."""
+        default = "required" if self.required else f"default {self.default!r}"
+        choices = f", one of {', '.join(map(str, self.choices))}" if self.choices else ""
+        text = f"{type_name(self.type)}, {default}{choices}"
+        return f"{text}: {self.help}" if self.help else text
+
+
+def field(
+    key: str,
+    default: Any = MISSING,
+    *,
+    help: str = "",
+    choices: Sequence | None = None,
+    kw_only: bool = False,
+) -> Any:
+    """Bind a dataclass attribute to the config key ``key`` (slashes nest: "trainer/max_steps").
+
+    Without a default the field is required (``???`` in the schema) and keyword-only.
+    ``choices`` restricts the legal values. ``kw_only`` suits a base class's fields, so that
+    subclasses may still declare positional ones. Works on Flax modules and plain dataclasses.
+    """
+    parts = key.replace(".", "/").split("/")
+    if not all(part.isidentifier() for part in parts):
+        raise ValueError(f"config key {key!r} must be identifiers joined by '/'")
+    metadata = {_META: {"key": ".".join(parts), "help": help, "choices": tuple(choices) if choices else None}}
+    if default is MISSING:
+        return dataclasses.field(kw_only=True, metadata=metadata)
+    if isinstance(default, list | dict | set):
+        return dataclasses.field(default_factory=lambda: type(default)(default), kw_only=kw_only, metadata=metadata)
+    return dataclasses.field(default=default, kw_only=kw_only, metadata=metadata)
+
+
+def specs(cls: type) -> list[FieldSpec]:
+    """The config fields of a dataclass (a Flax module, a settings class), in declaration order."""
+    if not dataclasses.is_dataclass(cls):
+        return []
+    hints = _type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata.get(_META)
+        if meta is None:
+            continue
+        default = f.default
+        if default is MISSING and f.default_factory is not MISSING:
+            default = f.default_factory()
+        out.append(
+            FieldSpec(
+                key=meta["key"],
+                name=f.name,
+                type=hints.get(f.name, f.type),
+                default=default,
+                help=meta["help"],
+                choices=meta["choices"],
+                owner=_owner(cls, f.name),
+            )
+        )
+    return out
+
+
+def components(cls: type) -> list[type]:
+    """The configurable child types ``cls`` constructs (``[]`` when it declares none)."""
+    method = getattr(cls, "components", None)
+    return list(method()) if callable(method) else []
+
+
+def gather(*roots: type) -> list[type]:
+    """Every type in the components() trees of ``roots``, once each, depth-first pre-order."""
+    seen: dict[type, None] = {}
+
+    def visit(cls: type) -> None:
+        if cls in seen:
+            return
+        seen[cls] = None
+        for child in components(cls):
+            visit(child)
+
+    for root in roots:
+        visit(root)
+    return list(seen)
+
+
+class Configurable:
+    """Mixin for classes that construct configurable children: components() and gather()."""
+
+    @classmethod
+    def components(cls) -> list[type]:
+        """Configurable child types this class constructs; ``[]`` for a leaf."""
+        return []
+
+    @classmethod
+    def gather(cls) -> list[type]:
+        """``cls`` and every type in its components() tree, once each, in a stable order."""
+        return gather(cls)
+
+
+def type_name(tp: Any) -> str:
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # an unresolvable annotation elsewhere in a Flax class: use raw ones
+        return {}
+
+
+def _owner(cls: type, name: str) -> type:
+    """The most derived class in ``cls``'s MRO whose own body annotates ``name``."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__.get("__annotations__", {}):
+            return klass
+    return cls

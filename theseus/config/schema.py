@@ -1,0 +1,126 @@
+"""Schema derivation: the fields of a set of classes become one nested structured config."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterable
+from typing import Any
+
+import omegaconf
+from omegaconf import DictConfig, OmegaConf
+
+from theseus.config.errors import ConfigError
+from theseus.config.fields import MISSING, FieldSpec, gather, specs
+
+Schema = dict[str, FieldSpec]  # dotted key -> its declaration
+
+
+def derive(classes: Iterable[type]) -> Schema:
+    """The union of the config fields of ``classes``, keyed by dotted key.
+
+    Several classes may declare one key (that is how components share a hyperparameter);
+    their types and defaults must agree, else a ConfigError names the key and both classes.
+    """
+    schema: Schema = {}
+    for cls in classes:
+        for spec in specs(cls):
+            seen = schema.get(spec.key)
+            if seen is None:
+                schema[spec.key] = spec
+            elif seen.owner is not spec.owner:
+                _check_agree(seen, spec)
+                if not seen.help and spec.help:
+                    schema[spec.key] = dataclasses.replace(seen, help=spec.help)
+    _check_nesting(schema)
+    return schema
+
+
+def schema_of(*roots: type) -> Schema:
+    """The schema of everything the component trees of ``roots`` construct."""
+    return derive(gather(*roots))
+
+
+def structured(schema: Schema) -> DictConfig:
+    """An OmegaConf config with the schema's defaults, each top-level group typed.
+
+    The root stays a plain dict so that Hydra can merge the groups' nodes into one config;
+    below it, nodes are structured (types checked, unknown keys rejected).
+    """
+    tree = _nest(schema)
+    return OmegaConf.create(
+        {name: OmegaConf.structured(_dataclass(name, sub)) if isinstance(sub, dict) else _default(sub).default
+         for name, sub in tree.items()}
+    )
+
+
+def _check_agree(a: FieldSpec, b: FieldSpec) -> None:
+    where = f"{a.owner.__qualname__}.{a.name} and {b.owner.__qualname__}.{b.name}"
+    if a.type != b.type:
+        raise ConfigError(f"{a.key} is declared with different types ({a.type} vs {b.type}) by {where}")
+    if not _same(a.default, b.default):
+        raise ConfigError(
+            f"{a.key} is declared with different defaults ({a.default!r} vs {b.default!r}) by {where}"
+        )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is MISSING or b is MISSING:
+        return a is b
+    return type(a) is type(b) and a == b
+
+
+def _check_nesting(schema: Schema) -> None:
+    for key in schema:
+        parts = key.split(".")
+        for i in range(1, len(parts)):
+            prefix = ".".join(parts[:i])
+            if prefix in schema:
+                raise ConfigError(
+                    f"{prefix} is declared as a value by {schema[prefix].owner.__qualname__} "
+                    f"and as a group by {schema[key].owner.__qualname__} ({key})"
+                )
+
+
+def _nest(schema: Schema) -> dict:
+    tree: dict = {}
+    for key, spec in schema.items():
+        node = tree
+        *path, leaf = key.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = spec
+    return tree
+
+
+def _dataclass(path: str, tree: dict) -> type:
+    fields = []
+    for name, item in tree.items():
+        if isinstance(item, dict):
+            sub = _dataclass(f"{path}.{name}" if path else name, item)
+            fields.append((name, sub, dataclasses.field(default_factory=sub)))
+        else:
+            fields.append((name, _omegaconf_type(item.type), _default(item)))
+    title = "".join(part.title() for part in path.replace(".", "_").split("_")) or "Root"
+    return dataclasses.make_dataclass(f"{title}Config", fields)
+
+
+def _default(spec: FieldSpec) -> dataclasses.Field:
+    if spec.required:
+        return dataclasses.field(default=omegaconf.MISSING)
+    if isinstance(spec.default, list | tuple | dict):
+        value = spec.default
+        return dataclasses.field(default_factory=lambda: type(value)(value))
+    return dataclasses.field(default=spec.default)
+
+
+def _omegaconf_type(tp: Any) -> Any:
+    """``tp`` if OmegaConf can validate it, else Any (checked by configure() instead)."""
+    if isinstance(tp, types.UnionType):  # OmegaConf reads Optional[X], not X | None
+        tp = typing.Union[tp.__args__]  # noqa: UP007
+    try:
+        OmegaConf.structured(dataclasses.make_dataclass("Probe", [("x", tp, dataclasses.field(default=omegaconf.MISSING))]))
+    except Exception:
+        return Any
+    return tp

@@ -1,0 +1,1 @@
+"""Full models; importing this package registers them as options of the ``model`` group."""

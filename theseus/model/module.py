@@ -1,0 +1,85 @@
+"""Module: a flax.linen.Module whose hyperparameters are config fields.
+
+It adds to Linen: ``components()`` (the configurable child types), dtypes from config,
+a ``sharding`` plan over logical axes, and ``flops(seq)``. Values are resolved when the
+module is built; the configuration in force then travels with the module (through Flax's
+clones) and is active again while its lazy ``setup()`` builds children.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from theseus.base.axis import ShardingPlan, merge
+from theseus.config.context import Snapshot, active, configuration, configure
+from theseus.config.fields import Configurable, field
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+class Module(nn.Module, Configurable):
+    """Base class of theseus model components (see the seed "Extend a Module")."""
+
+    param_dtype: str = field(
+        "architecture/dtype/param", default="float32", choices=DTYPES, kw_only=True,
+        help="dtype of the stored (master) parameters",
+    )
+    activation_dtype: str = field(
+        "architecture/dtype/activation", default="auto", choices=("auto", *DTYPES), kw_only=True,
+        help="dtype of activations and matmuls; auto: bfloat16 on GPU/TPU, float32 on CPU",
+    )
+    # The configuration in force when this module was built (None: defaults). A dataclass
+    # field, so that Flax's clones keep it; excluded from comparison, hashing and repr.
+    _config: Snapshot | None = dataclasses.field(default=None, kw_only=True, compare=False, repr=False)
+
+    def __init_subclass__(cls, **kwargs):
+        for name, method in list(cls.__dict__.items()):
+            if name == "setup" or getattr(method, "compact", False):  # where children are built
+                setattr(cls, name, _in_own_configuration(method))
+        super().__init_subclass__(**kwargs)
+
+    def __post_init__(self):
+        if self._config is None:
+            object.__setattr__(self, "_config", active())
+        super().__post_init__()
+
+    @property
+    def _param_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    @property
+    def _activation_dtype(self) -> jnp.dtype:
+        if self.activation_dtype == "auto":
+            return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+        return jnp.dtype(self.activation_dtype)
+
+    @property
+    def sharding(self) -> ShardingPlan:
+        """Logical axis -> mesh axes for this module's parameters; empty: replicated."""
+        return ShardingPlan()
+
+    def flops(self, seq: int) -> int:
+        """Forward + backward FLOPs of one sequence of ``seq`` positions (default 0)."""
+        return 0
+
+    def plan(self) -> ShardingPlan:
+        """The merged plan of this module and every Module type in its components() tree."""
+        with configuration(self._config):
+            children = [configure(cls) for cls in type(self).gather()[1:] if issubclass(cls, Module)]
+        return merge([self.sharding, *(child.sharding for child in children)])
+
+
+def _in_own_configuration(method):
+    """Wrap ``setup`` (or a compact method) to run under the module's own configuration."""
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        with configuration(self._config):
+            return method(self, *args, **kwargs)
+
+    return wrapped

@@ -1,0 +1,24 @@
+"""Trainer settings: steps, batch, evaluation, checkpoints, resume."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from theseus.config import Configurable, field, register
+
+
+@register("trainer", "default")
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig(Configurable):
+    max_steps: int = field("trainer/max_steps", default=1000, help="optimizer steps to train")
+    batch_size: int = field("trainer/batch_size", default=32, help="global sequences per optimizer step")
+    grad_accum: int = field("trainer/grad_accum", default=1, help="micro-batches accumulated per step")
+    log_every: int = field("trainer/log_every", default=10, help="steps between logged metrics")
+    eval_every: int = field("trainer/eval_every", default=200, help="steps between evaluations; 0: only at the end")
+    eval_batches: int = field("trainer/eval_batches", default=10, help="validation batches per evaluation")
+    checkpoint_every: int = field("trainer/checkpoint_every", default=500, help="steps between checkpoints; 0: only at the end")
+    keep_checkpoints: int = field("trainer/keep_checkpoints", default=3, help="most recent checkpoints kept (plus the best)")
+    resume: str = field("trainer/resume", default="auto", help="auto: continue this run directory; never: refuse a used one; or a checkpoint path")
+    seed: int = field("trainer/seed", default=0, help="seed of parameter init and dropout")
+    dry_run: bool = field("trainer/dry_run", default=False, help="build and compile, print memory and FLOPs, then exit")
+    peak_flops: float | None = field("trainer/peak_flops", default=None, help="peak FLOP/s per device for MFU; unset: table or measured")
