@@ -49,6 +49,14 @@ def register(group: str, name: str):
     return decorate
 
 
+def model_class(cfg) -> type:
+    """The registered model class a composed config chose (its ``model`` key)."""
+    name = cfg.get("model")
+    if name not in _OPTIONS["model"]:
+        raise ConfigError(f"unknown model {name!r}; available: {', '.join(_OPTIONS['model'])}")
+    return _OPTIONS["model"][name]
+
+
 def options(group: str) -> dict[str, type]:
     """The registered options of ``group``: name -> root class."""
     return dict(_OPTIONS[group])
@@ -94,7 +102,10 @@ def store() -> None:
     cs = ConfigStore.instance()
     for group, opts in _OPTIONS.items():
         for name, cls in opts.items():
-            cs.store(group=group, name=name, node=structured(schema_of(cls)), package="_global_")
+            node = structured(schema_of(cls))
+            if group == "model":  # the choice itself, so a composed config names its model
+                node.model = name
+            cs.store(group=group, name=name, node=node, package="_global_")
     for group in FOLDERS:
         for name, path in folder_options(group).items():
             try:

@@ -70,7 +70,7 @@ class Module(nn.Module, Configurable):
     def plan(self) -> ShardingPlan:
         """The merged plan of this module and every Module type in its components() tree."""
         with configuration(self._config):
-            children = [configure(cls) for cls in type(self).gather()[1:] if issubclass(cls, Module)]
+            children = [configure(cls, parent=None) for cls in type(self).gather()[1:] if issubclass(cls, Module)]
         return merge([self.sharding, *(child.sharding for child in children)])
 
 

@@ -1,0 +1,89 @@
+"""``python -m theseus.run +experiment=NAME [key=value ...]``: compose, check, train.
+
+Every job's config is composed and resolved before Hydra creates a run directory: a
+misspelt key, a wrong type, an impossible shape, mesh or batch fails in one line with
+nothing written. ``trainer.dry_run=true`` compiles and reports, then exits, also writing nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from theseus.config import ConfigError
+from theseus.config.compose import CONF, compose
+
+INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc",
+              "--resolve", "-p", "--package"}
+
+
+def job_overrides(argv: list[str]) -> list[list[str]]:
+    """The overrides of each job that ``argv`` asks for (several with ``-m``)."""
+    overrides = [arg for arg in argv if not arg.startswith("-") and ("=" in arg or arg.startswith("~"))]
+    if not {"-m", "--multirun"} & set(argv):
+        return [overrides]
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except Exception:  # a sweeper's own syntax (optuna's interval(...)): check the plain keys
+        return [[o for o in overrides if "(" not in o]]
+
+
+def preflight(argv: list[str]) -> bool:
+    """Compose and resolve every job ``argv`` describes; ConfigError on the first mistake.
+
+    Returns False when there is nothing left for Hydra to do (a dry run has been done).
+    """
+    from theseus.training.trainer import Trainer
+
+    if INFO_FLAGS & set(argv):
+        compose(job_overrides(argv)[0])
+        return True
+    multirun = bool({"-m", "--multirun"} & set(argv))
+    trainers = []
+    for overrides in job_overrides(argv):
+        cfg = compose(overrides, hydra=True)
+        run_dir = Path(cfg.hydra.run.dir)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        trainer = Trainer(cfg)
+        if not multirun:
+            trainer.check_run_dir(run_dir)
+        trainers.append(trainer)
+    if all(t.settings.dry_run for t in trainers):
+        for trainer in trainers:
+            trainer.dry_run()
+        return False
+    return True
+
+
+def _task(cfg: DictConfig) -> float:
+    """Hydra's task: train in the job's output directory; the final val loss is the objective."""
+    from theseus.training.trainer import Trainer
+
+    return Trainer(cfg).run(Path(HydraConfig.get().runtime.output_dir))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        proceed = preflight(argv)
+    except ConfigError as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"theseus: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if proceed:
+        hydra.main(config_path=str(CONF), config_name="config", version_base=None)(_task)()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Checkpoints with Orbax: asynchronous, sharded, last-k plus best, resumable.
+
+A checkpoint holds the train state (params, optimizer state, step; saved and restored
+sharded, onto any mesh), the data loader's position and the run's config. Orbax writes each
+step to a temporary folder and renames it when complete, so a crash mid-write never leaves a
+checkpoint that looks whole; one that is damaged anyway is reported and the one before used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as policies
+
+
+class Checkpointer:
+    """Saves and restores a run's checkpoints under ``directory`` (one folder per step)."""
+
+    def __init__(self, directory: Path, keep: int = 1, requested_step: int | None = None):
+        best = policies.BestN(get_metric_fn=lambda m: -m["val_loss"], n=1, keep_checkpoints_without_metrics=False)
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=policies.AnyPreservationPolicy([policies.LatestN(n=max(keep, 1)), best]),
+            enable_async_checkpointing=True,
+            create=True,
+        )
+        self.directory = Path(directory).absolute()
+        self.requested_step = requested_step  # restore this step rather than the newest
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    @classmethod
+    def at(cls, path: Path) -> Checkpointer:
+        """The checkpoints a user points at: a run directory, its checkpoints/ or one step."""
+        path = Path(path)
+        if (path / "checkpoints").is_dir():
+            return cls(path / "checkpoints")
+        if path.name.isdigit() and path.parent.is_dir():
+            return cls(path.parent, requested_step=int(path.name))
+        return cls(path)
+
+    @staticmethod
+    def exists(directory: Path) -> bool:
+        """Whether ``directory`` holds any completed checkpoint."""
+        return Path(directory).is_dir() and any(p.name.isdigit() for p in Path(directory).iterdir())
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def save(self, step: int, state: Any, loader_state: dict, config: dict, val_loss: float | None = None) -> None:
+        """Start writing checkpoint ``step`` in the background (training goes on)."""
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(loader_state),
+                                  config=ocp.args.JsonSave(config))
+        metrics = {"val_loss": val_loss} if val_loss is not None else None
+        self.manager.save(step, args=args, metrics=metrics, force=True)
+
+    def restore(self, abstract_state: Any, step: int | None = None,
+                report: Callable[[str], None] = print) -> tuple[Any, dict, dict, int] | None:
+        """The newest readable checkpoint (or ``step``): (state, loader state, config, step).
+
+        ``abstract_state`` gives the shapes, dtypes and shardings to restore onto. A damaged
+        checkpoint is reported in one line and the previous one tried; None when none is left.
+        """
+        candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
+        for candidate in candidates:
+            args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
+                                      config=ocp.args.JsonRestore())
+            try:
+                restored = self.manager.restore(candidate, args=args)
+            except Exception as exc:  # noqa: BLE001 - any failure to read means: damaged
+                report(f"checkpoint {self.directory / str(candidate)} is unreadable ({type(exc).__name__}); "
+                       f"falling back to an earlier one")
+                continue
+            return restored.state, dict(restored.data), dict(restored.config), candidate
+        return None
+
+    def wait(self) -> None:
+        """Block until every background write is on disk."""
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.close()
+

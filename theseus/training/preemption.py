@@ -1,0 +1,41 @@
+"""Preemption: SIGTERM or SIGINT asks the run to stop at the next step boundary.
+
+The trainer then saves a checkpoint, waits for it and exits with a message saying how to
+resume. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preemption:
+    """A context manager; ``requested`` is the signal received, or None."""
+
+    def __init__(self):
+        self.requested: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.requested is not None:  # the second signal: no more waiting
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.requested = signum
+
+    def __enter__(self) -> Preemption:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's convention for a process ended by this signal: 128 + its number."""
+        return 128 + (self.requested or 0)

@@ -1,0 +1,67 @@
+"""The train state, created already sharded over the mesh (no host copy of the model)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from theseus.base.axis import ShardingPlan
+
+
+class TrainState(struct.PyTreeNode):
+    """Everything a step updates: float32 master params, optimizer state, the step count."""
+
+    step: jax.Array
+    params: Any
+    opt_state: optax.OptState
+
+
+def init_state(model: nn.Module, tx: optax.GradientTransformation, seq_len: int, seed: int) -> TrainState:
+    """A fresh state, with logical-axis boxes (``nn.Partitioned``) kept on params and moments."""
+    tokens = jnp.zeros((1, seq_len), jnp.int32)
+    params = model.init(jax.random.key(seed), tokens, deterministic=True)["params"]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def state_shardings(abstract: TrainState, plan: ShardingPlan, mesh: Mesh) -> Any:
+    """NamedShardings for every leaf of a (boxed) abstract state: params and moments by plan."""
+    specs = plan.specs(abstract)
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def sharded_init(model: nn.Module, tx: optax.GradientTransformation, seq_len: int, seed: int,
+                 plan: ShardingPlan, mesh: Mesh) -> tuple[Callable[[], TrainState], TrainState, Any]:
+    """How to create the state sharded: ``(init, target, shardings)``.
+
+    ``init()`` creates every array on its own devices (a jitted init with out_shardings: no
+    host copy of the model); ``target`` holds ShapeDtypeStructs with those shardings, the
+    layout a checkpoint restores onto.
+    """
+    boxed = jax.eval_shape(lambda: init_state(model, tx, seq_len, seed))
+    shardings = state_shardings(boxed, plan, mesh)
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.unbox(boxed), shardings)
+    jitted = jax.jit(lambda: nn.unbox(init_state(model, tx, seq_len, seed)), out_shardings=shardings)
+
+    def init() -> TrainState:
+        with mesh, nn.logical_axis_rules(plan.rules()):
+            return jitted()
+
+    return init, target, shardings
+
+
+def bytes_per_device(tree: Any) -> int:
+    """Bytes one device holds of ``tree`` (arrays, or ShapeDtypeStructs with shardings)."""
+    return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
+               for leaf in jax.tree.leaves(tree))
+
+
+def n_params(params: Any) -> int:
+    return sum(leaf.size for leaf in jax.tree.leaves(params))

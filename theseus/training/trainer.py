@@ -1,0 +1,306 @@
+"""The trainer: resolve a composed config into a run, then train it on the device mesh.
+
+``Trainer(cfg)`` checks everything that can be checked before work starts (keys, shapes,
+mesh, batch, data) and raises ConfigError in one line; ``Trainer.run(run_dir)`` trains,
+evaluates, logs and checkpoints, resuming where the run directory left off.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from theseus.base.axis import DATA, FSDP, ShardingPlan
+from theseus.base.hardware import peak_flops
+from theseus.base.mesh import MeshConfig, make_mesh
+from theseus.config import ConfigError, configuration, configure
+from theseus.config.registry import model_class
+from theseus.data.config import DataConfig
+from theseus.data.dataset import open_dataset
+from theseus.model.models.gpt import cross_entropy
+from theseus.training.checkpoint import Checkpointer
+from theseus.training.config import TrainerConfig
+from theseus.training.logger import LoggerConfig, RunLogger
+from theseus.training.metrics import format_bytes, memory_report, throughput, xla_flops
+from theseus.training.optimizer import OptimizerConfig, make_optimizer
+from theseus.training.preemption import Preemption
+from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
+from theseus.training.step import eval_step, train_step
+
+BATCH = (DATA, FSDP)  # the mesh axes a batch is split over
+
+
+@dataclass
+class Compiled:
+    """What ``Trainer.build`` makes: the mesh, the state's layout and the compiled steps."""
+
+    mesh: Mesh
+    init: Any  # () -> TrainState, created sharded
+    target: TrainState  # ShapeDtypeStructs with shardings: what a checkpoint restores onto
+    step: Any  # (state, tokens [accum, micro, seq + 1], key) -> (state, metrics); donates state
+    evaluate: Any  # (params, tokens [micro, seq + 1]) -> loss
+    xla_flops: float | None  # XLA's count for one step, all devices
+    memory: dict[str, int]  # XLA's memory analysis of the step, bytes per device
+
+
+class Trainer:
+    """A run resolved from a composed config: settings, data, model, mesh and plan."""
+
+    def __init__(self, cfg: DictConfig):
+        with configuration(cfg):
+            self.settings = configure(TrainerConfig)
+            self.optimizer = configure(OptimizerConfig)
+            self.data_config = configure(DataConfig)
+            self.mesh_config = configure(MeshConfig)
+            self.logger_config = configure(LoggerConfig)
+        s = self.settings
+        for key in ("max_steps", "batch_size", "grad_accum", "log_every", "eval_batches"):
+            if getattr(s, key) <= 0:
+                raise ConfigError(f"trainer.{key} must be positive, got {getattr(s, key)}")
+        self.mesh_shape = self.mesh_config.shape(jax.device_count())
+        parallel = self.mesh_shape[DATA] * self.mesh_shape[FSDP]
+        if s.batch_size % (s.grad_accum * parallel) or s.batch_size % jax.process_count():
+            raise ConfigError(
+                f"trainer.batch_size={s.batch_size} must divide by trainer.grad_accum={s.grad_accum} x "
+                f"mesh.data x mesh.fsdp={parallel}: use a multiple of {s.grad_accum * parallel}"
+            )
+        self.dataset = open_dataset(self.data_config)
+        self.cfg = _with_vocab(cfg, self.dataset.vocab_size)
+        with configuration(self.cfg):
+            self.model = configure(model_class(self.cfg))
+        self.seq_len = self.model.seq_len
+        self.plan = self.model.plan().merge(ShardingPlan(batch=BATCH)).override(self.mesh_config.rules)
+        self.resolved = OmegaConf.to_container(self.cfg, resolve=True)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.settings.batch_size * self.seq_len
+
+    @property
+    def flops_per_step(self) -> int:
+        """Model FLOPs of one optimizer step: ``model.flops(seq)`` per sequence."""
+        return self.model.flops(self.seq_len) * self.settings.batch_size
+
+    def check_run_dir(self, run_dir: Path) -> None:
+        """``trainer.resume=never`` refuses a run directory that already has checkpoints."""
+        if self.settings.resume == "never" and Checkpointer.exists(run_dir / "checkpoints"):
+            raise ConfigError(f"{run_dir} already has checkpoints and trainer.resume=never: "
+                              f"choose a new hydra.run.dir, or trainer.resume=auto to continue it")
+        if self.settings.resume not in ("auto", "never") and not Path(self.settings.resume).exists():
+            raise ConfigError(f"trainer.resume={self.settings.resume}: no such checkpoint; "
+                              f"give a run directory, its checkpoints/ folder or one step's folder")
+
+    # -- building -------------------------------------------------------------------------
+
+    def build(self) -> Compiled:
+        """Mesh, sharded state layout, and the train and eval steps compiled ahead of time."""
+        s = self.settings
+        mesh = make_mesh(self.mesh_config)
+        tx, schedule = make_optimizer(self.optimizer, s.max_steps)
+        init, target, shardings = sharded_init(self.model, tx, self.seq_len, s.seed, self.plan, mesh)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        micro = s.batch_size // s.grad_accum
+        tokens = jax.ShapeDtypeStruct((s.grad_accum, micro, self.seq_len + 1), jnp.int32,
+                                      sharding=self.batch_sharding(mesh, accumulated=True))
+        eval_tokens = jax.ShapeDtypeStruct((micro, self.seq_len + 1), jnp.int32, sharding=self.batch_sharding(mesh))
+        key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+        step = jax.jit(
+            functools.partial(train_step, model=self.model, tx=tx, schedule=schedule, loss_fn=cross_entropy),
+            out_shardings=(shardings, replicated), donate_argnums=0,
+        )
+        evaluate = jax.jit(functools.partial(eval_step, model=self.model, loss_fn=cross_entropy),
+                           out_shardings=replicated)
+        with mesh, nn.logical_axis_rules(self.plan.rules()):
+            step = step.lower(target, tokens, key).compile()
+            evaluate = evaluate.lower(target.params, eval_tokens).compile()
+        measured = xla_flops(step)
+        if measured is not None:  # XLA counts one device's share, and a scan's body once
+            measured *= jax.device_count() * s.grad_accum
+        return Compiled(mesh, init, target, step, evaluate, measured, memory_report(step))
+
+    def batch_sharding(self, mesh: Mesh, accumulated: bool = False) -> NamedSharding:
+        """Sequences split over (data, fsdp); ``accumulated`` batches lead with grad_accum."""
+        spec = PartitionSpec(None, BATCH, None) if accumulated else PartitionSpec(BATCH, None)
+        return NamedSharding(mesh, spec)
+
+    def peak(self) -> tuple[float, str]:
+        return peak_flops(jax.devices()[0], self.model._activation_dtype, self.settings.peak_flops)
+
+    # -- running --------------------------------------------------------------------------
+
+    def dry_run(self) -> None:
+        """Build and compile, print parameters, FLOPs, memory and a step-time estimate; write nothing."""
+        compiled = self.build()
+        peak, source = self.peak()
+        abstract_params = compiled.target.params
+        rows = self._describe(compiled, peak, source, n_params(abstract_params))
+        rows.append(("step time at 100% MFU", f"{self.flops_per_step / (peak * jax.device_count()) * 1e3:.2f} ms"))
+        _print_table("theseus dry run", rows)
+
+    def run(self, run_dir: Path) -> float:
+        """Train to ``trainer.max_steps``, resuming from checkpoints; returns the final val loss."""
+        s = self.settings
+        self.check_run_dir(run_dir)
+        compiled = self.build()
+        checkpointer = Checkpointer(run_dir / "checkpoints", s.keep_checkpoints)
+        state, start, loader_state = self._restore(checkpointer, compiled)
+        n_local = s.batch_size // jax.process_count()
+        loader = self.dataset.loader("train", self.seq_len, n_local, seed=self.data_config.seed,
+                                     process_index=jax.process_index(), process_count=jax.process_count())
+        if loader_state is not None:
+            loader.set_state(loader_state)
+        peak, source = self.peak()
+        if jax.process_index() == 0:
+            _print_table("theseus run", self._describe(compiled, peak, source, n_params(state.params)))
+        dropout_key = jax.random.key(s.seed + 1)
+        val_loss = float("nan")
+        logger = RunLogger(self.logger_config, run_dir, resolved_config=self.resolved, total_steps=s.max_steps,
+                           start_step=start, is_main=jax.process_index() == 0)
+        with logger, Preemption() as preemption:
+            logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
+            clock, waited, since = time.perf_counter(), 0.0, 0
+            for done in range(start + 1, s.max_steps + 1):
+                tokens = self._global_batch(next(loader), compiled.mesh)
+                waited += loader.last_wait
+                state, metrics = compiled.step(state, tokens, dropout_key)
+                since += 1
+                last = done == s.max_steps
+                if done % s.log_every == 0 or last:
+                    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                    step_time = (time.perf_counter() - clock) / since
+                    metrics.update(step_time=step_time, data_wait=waited / since,
+                                   **throughput(step_time, self.tokens_per_step, self.flops_per_step, peak,
+                                                jax.device_count()))
+                    logger.log(done, metrics)
+                    if not math.isfinite(metrics["loss"]):
+                        raise FloatingPointError(f"loss is {metrics['loss']} at step {done}")
+                    clock, waited, since = time.perf_counter(), 0.0, 0
+                paused = time.perf_counter()  # evaluation and checkpoints are not step time
+                evaluated = (s.eval_every and done % s.eval_every == 0) or last
+                if evaluated:
+                    val_loss = self._evaluate(compiled, state.params)
+                    logger.log(done, self._val_metrics(val_loss))
+                if (s.checkpoint_every and done % s.checkpoint_every == 0) or last or preemption.requested:
+                    checkpointer.save(done, state, loader.get_state(), self.resolved,
+                                      val_loss if evaluated else None)
+                clock += time.perf_counter() - paused
+                if preemption.requested:
+                    checkpointer.wait()
+                    logger.message(f"stopped by signal {preemption.requested} after step {done}; checkpoint saved. "
+                                   f"Resume with: python -m theseus.run {' '.join(sys.argv[1:])} "
+                                   f"hydra.run.dir={run_dir}")
+                    break
+            checkpointer.wait()
+            checkpointer.close()
+            logger.summary(final_val_loss=val_loss)
+        if preemption.requested:
+            raise SystemExit(preemption.exit_code)
+        return val_loss
+
+    def _restore(self, checkpointer: Checkpointer, compiled: Compiled) -> tuple[TrainState, int, dict | None]:
+        """The state to start from: a checkpoint (per ``trainer.resume``) or a fresh init."""
+        resume = self.settings.resume
+        source = checkpointer if resume in ("auto", "never") else Checkpointer.at(Path(resume))
+        restored = source.restore(compiled.target, step=source.requested_step, report=_warn)
+        if restored is None:
+            return compiled.init(), 0, None
+        state, loader_state, _config, step = restored
+        _warn(f"resuming from {source.directory / str(step)} at step {step}")
+        return state, step, loader_state
+
+    def _global_batch(self, host: np.ndarray, mesh: Mesh) -> jax.Array:
+        """This process's ``[local_batch, seq + 1]`` tokens as one global, sharded array."""
+        s = self.settings
+        local = host.reshape(s.grad_accum, -1, host.shape[-1])
+        shape = (s.grad_accum, s.batch_size // s.grad_accum, host.shape[-1])
+        return jax.make_array_from_process_local_data(self.batch_sharding(mesh, accumulated=True), local, shape)
+
+    def _evaluate(self, compiled: Compiled, params: Any) -> float:
+        """Mean loss over ``trainer.eval_batches`` batches of the validation split (same each time)."""
+        s = self.settings
+        micro = s.batch_size // s.grad_accum
+        loader = self.dataset.loader("val", self.seq_len, micro // jax.process_count(), seed=self.data_config.seed,
+                                     process_index=jax.process_index(), process_count=jax.process_count())
+        sharding = self.batch_sharding(compiled.mesh)
+        losses = []
+        for _ in range(s.eval_batches):
+            host = next(loader)
+            batch = jax.make_array_from_process_local_data(sharding, host, (micro, host.shape[-1]))
+            losses.append(compiled.evaluate(params, batch))
+        return float(jnp.mean(jnp.stack(losses)))
+
+    def _val_metrics(self, val_loss: float) -> dict[str, float]:
+        metrics = {"val_loss": val_loss}
+        if self.dataset.bytes_per_token:
+            metrics["val_bpb"] = val_loss / (math.log(2) * self.dataset.bytes_per_token)
+        return metrics
+
+    def _summary(self, compiled: Compiled, peak: float, source: str, params: int) -> dict[str, Any]:
+        """What the run records about itself, the FLOPs convention included."""
+        analytic = self.flops_per_step
+        ratio = compiled.xla_flops / analytic if compiled.xla_flops else None
+        if ratio is not None and abs(ratio - 1) > 0.25:
+            _warn(f"warning: analytic FLOPs/step {analytic:.3e} differ from XLA's {compiled.xla_flops:.3e} "
+                  f"by more than 25%")
+        return {"n_params": params, "flops_per_step": analytic, "xla_flops_per_step": compiled.xla_flops,
+                "flops_ratio_xla": ratio, "peak_flops": peak, "peak_flops_source": source,
+                "device_kind": jax.devices()[0].device_kind, "n_devices": jax.device_count(),
+                "mesh": self.mesh_shape,
+                "flops_convention": "model.flops(seq): forward+backward, 6 x matmul params x seq + "
+                                    "12 x n_layers x d_model x seq^2 per sequence; MFU = FLOP/s / (peak x devices)"}
+
+    def _describe(self, compiled: Compiled, peak: float, source: str, params: int) -> list[tuple[str, str]]:
+        shapes = compiled.target
+        rows = [
+            ("model", f"{type(self.model).__name__}: {params:,} parameters"),
+            ("mesh", " x ".join(f"{k}={v}" for k, v in self.mesh_shape.items())
+             + f" = {jax.device_count()} x {jax.devices()[0].device_kind}"),
+            ("params / device", format_bytes(bytes_per_device(shapes.params))),
+            ("optimizer state / device", format_bytes(bytes_per_device(shapes.opt_state))),
+            ("tokens / step", f"{self.tokens_per_step:,}"),
+            ("FLOPs / step", f"{self.flops_per_step:.3e} analytic"
+             + (f", {compiled.xla_flops:.3e} XLA ({compiled.xla_flops / self.flops_per_step:.2f}x)"
+                if compiled.xla_flops else "")),
+            ("peak FLOP/s / device", f"{peak:.3e} ({source})"),
+        ]
+        rows += [(f"XLA {name} / device", format_bytes(v)) for name, v in compiled.memory.items()]
+        return rows
+
+
+def _with_vocab(cfg: DictConfig, vocab_size: int) -> DictConfig:
+    """``cfg`` with architecture.vocab_size from the tokenizer (or checked against it)."""
+    declared = OmegaConf.select(cfg, "architecture.vocab_size")
+    if declared is not None and declared < vocab_size:
+        raise ConfigError(
+            f"architecture.vocab_size={declared} is smaller than the tokenizer's vocabulary ({vocab_size}): "
+            f"set architecture.vocab_size>={vocab_size} or leave it unset"
+        )
+    cfg = cfg.copy()
+    OmegaConf.update(cfg, "architecture.vocab_size", declared or vocab_size, force_add=True)
+    return cfg
+
+
+def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
+    table = Table(title=title, show_header=False)
+    for key, value in rows:
+        table.add_row(key, value)
+    Console(stderr=True).print(table)
+
+
+def _warn(text: str) -> None:
+    if jax.process_index() == 0:
+        print(text, file=sys.stderr)
