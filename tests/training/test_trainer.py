@@ -8,6 +8,9 @@ import sys
 import pytest
 
 from support import run_python
+from theseus.config import ConfigError
+from theseus.config.compose import compose
+from theseus.training.trainer import Trainer
 
 SCRIPT = r"""
 import json, sys, tempfile
@@ -15,7 +18,7 @@ from pathlib import Path
 import jax
 from theseus.config.compose import compose
 from theseus.training.trainer import Trainer
-from theseus.training.state import bytes_per_device
+from theseus.training.state import bytes_per_device, n_params
 
 corpus, meshes = sys.argv[1], json.loads(sys.argv[2])
 base = ["+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}", f"data.cache_dir={tempfile.mkdtemp()}",
@@ -28,6 +31,9 @@ for name, overrides in meshes.items():
     trainer.run(run_dir)
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     out[name] = [l["loss"] for l in lines if "loss" in l]
+    if name == "fsdp8":
+        params = trainer.build().target.params
+        out["bytes"] = [bytes_per_device(params), 4 * n_params(params)]
 print("RESULT" + json.dumps(out))
 """
 
@@ -51,6 +57,39 @@ def test_meshes_reproduce_single_device_losses(corpus):
     meshes = {"data8": ["mesh.data=8"], "fsdp8": ["mesh.data=1", "mesh.fsdp=8"],
               "tensor2_data4": ["mesh.data=4", "mesh.tensor=2"], "fsdp4_tensor2": ["mesh.data=1", "mesh.fsdp=4", "mesh.tensor=2"]}
     multi = losses(corpus, meshes, devices=8)
+    per_device, total = multi.pop("bytes")
     assert len(single) == 10 and single[-1] < single[0]
     for name, values in multi.items():
         assert values == pytest.approx(single, rel=1e-5), name
+    assert per_device == pytest.approx(total / 8, rel=0.02)  # fsdp=8: each device holds 1/8
+
+
+def train_losses(corpus, tmp_path, *overrides: str) -> list[float]:
+    cfg = compose(["+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}",
+                   f"data.cache_dir={tmp_path / 'cache'}", "trainer.max_steps=6", "trainer.log_every=1",
+                   "trainer.eval_every=0", "trainer.eval_batches=1", "logger.mode=disabled", *overrides])
+    run_dir = tmp_path / "_".join(o.replace("=", "") for o in overrides)
+    Trainer(cfg).run(run_dir)
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if "loss" in json.loads(line)]
+
+
+def test_gradient_accumulation_equals_the_large_batch(corpus, tmp_path):
+    large = train_losses(corpus, tmp_path, "trainer.batch_size=8", "trainer.grad_accum=1")
+    accumulated = train_losses(corpus, tmp_path, "trainer.batch_size=8", "trainer.grad_accum=4")
+    assert accumulated == pytest.approx(large, rel=1e-5)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["mesh.data=2"], "mesh data=2 x fsdp=1 x tensor=1 needs 2 devices but 1 are present"),
+    (["mesh.data=-1", "mesh.fsdp=-1"], "at most one -1"),
+    (["trainer.batch_size=6", "trainer.grad_accum=4"], "trainer.batch_size=6 must divide by trainer.grad_accum=4"),
+    (["trainer.max_steps=0"], "trainer.max_steps must be positive"),
+    (["architecture.vocab_size=100"], "architecture.vocab_size=100 is smaller than the tokenizer's vocabulary (257)"),
+])
+def test_impossible_runs_fail_before_work(corpus, tmp_path, overrides, message):
+    cfg = compose(["+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}",
+                   f"data.cache_dir={tmp_path}", *overrides])
+    with pytest.raises(ConfigError) as err:
+        Trainer(cfg)
+    assert message in str(err.value)

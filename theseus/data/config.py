@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from theseus.config import Configurable, field, register
+from theseus.config import ConfigError, Configurable, field, register
 
 
 @register("data", "default")
@@ -17,3 +17,16 @@ class DataConfig(Configurable):
     val_fraction: float = field("data/val_fraction", default=0.01, help="fraction of the corpus held out for validation")
     seed: int = field("data/seed", default=0, help="seed of the train/val split and the batch order")
     cache_dir: str = field("data/cache_dir", default="~/.cache/theseus", help="where prepared shards are kept")
+    bpe_vocab_size: int = field("data/bpe_vocab_size", default=8192,
+                                help="vocabulary size the bpe tokenizer is trained to")
+    max_files: int | None = field("data/max_files", default=None,
+                                  help="use only the first N files of the corpus (stdlib, text)")
+
+    def __post_init__(self):
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.tokenizer == "bpe" and self.bpe_vocab_size <= 257:
+            raise ConfigError(f"data.bpe_vocab_size={self.bpe_vocab_size} leaves no merges "
+                              "(256 bytes + <|endoftext|> come first): set it above 257, e.g. 8192")
+        if self.max_files is not None and self.max_files < 1:
+            raise ConfigError(f"data.max_files must be at least 1 (or unset for every file), got {self.max_files}")

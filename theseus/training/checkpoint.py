@@ -8,9 +8,12 @@ checkpoint that looks whole; one that is damaged anyway is reported and the one 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import jax
 
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
@@ -69,11 +72,20 @@ class Checkpointer:
             try:
                 restored = self.manager.restore(candidate, args=args)
             except Exception as exc:  # noqa: BLE001 - any failure to read means: damaged
+                kept = self._set_aside(candidate)
                 report(f"checkpoint {self.directory / str(candidate)} is unreadable ({type(exc).__name__}); "
-                       f"falling back to an earlier one")
+                       f"kept as {kept.name}, falling back to an earlier one")
                 continue
             return restored.state, dict(restored.data), dict(restored.config), candidate
         return None
+
+    def _set_aside(self, step: int) -> Path:
+        """Rename a damaged step out of the way (not deleted: nothing is lost), so it can be rewritten."""
+        damaged = self.directory / f"damaged-{step}-{int(time.time())}"
+        if jax.process_index() == 0:
+            (self.directory / str(step)).rename(damaged)
+        self.manager.reload()
+        return damaged
 
     def wait(self) -> None:
         """Block until every background write is on disk."""

@@ -1,10 +1,27 @@
-"""Logger settings: Weights & Biases mode and naming."""
+"""The run's record: ``metrics.jsonl``, a Weights & Biases run, console progress.
+
+    with RunLogger(config, run_dir, resolved_config=cfg, total_steps=1000) as logger:
+        logger.log(step, {"loss": 2.3, "tokens_per_s": 1.2e4, "mfu": 0.04})
+        logger.summary(params=124e6)
+
+Only the main process writes anything. W&B runs offline by default (no account, no
+network): ``wandb leet RUN_DIR/wandb/latest-run`` browses it, ``wandb sync`` uploads it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from theseus.config import Configurable, field, register
+from theseus.training.progress import Progress
 
 
 @register("logger", "wandb")
@@ -15,3 +32,147 @@ class LoggerConfig(Configurable):
     project: str = field("logger/project", default="theseus", help="W&B project")
     name: str | None = field("logger/name", default=None, help="run name; unset: W&B picks one")
     tags: list[str] = field("logger/tags", default=[], help="W&B tags")
+
+
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+REDACTED = "<redacted>"
+
+
+def secrets(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The values of environment variables whose names contain KEY, TOKEN, SECRET or
+    PASSWORD, WANDB_API_KEY first, longest next (so a secret inside another goes second)."""
+    names = [name for name in environ if any(marker in name.upper() for marker in SECRET_MARKERS)]
+    found = sorted({environ[name] for name in names if environ[name]}, key=len, reverse=True)
+    first = environ.get("WANDB_API_KEY")
+    return [first, *(s for s in found if s != first)] if first else found
+
+
+def scrub(value: Any, hidden: list[str]) -> Any:
+    """``value`` (nested dicts, lists, strings) with every string that is, or contains, one
+    of ``hidden`` redacted; containment counts for secrets of 8 characters or more."""
+    if isinstance(value, Mapping):
+        return {key: scrub(item, hidden) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(scrub(item, hidden) for item in value)
+    if isinstance(value, str):
+        for secret in hidden:
+            if value == secret:
+                return REDACTED
+            if len(secret) >= 8:
+                value = value.replace(secret, REDACTED)
+    return value
+
+
+def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """``metrics`` as Python floats (from numpy or JAX scalars); ValueError for an array."""
+    out = {}
+    for key, value in metrics.items():
+        if np.ndim(value) != 0:
+            raise ValueError(f"metric {key!r} must be a scalar, got shape {np.shape(value)}")
+        out[key] = float(value)
+    return out
+
+
+class RunLogger:
+    """Logs metrics to ``run_dir/metrics.jsonl``, to W&B (under ``run_dir/wandb``) and to the
+    console. A context manager; a no-op unless ``is_main``.
+
+    A resumed run continues ``metrics.jsonl``: lines after ``start_step`` (logged after the
+    checkpoint it resumes from) are dropped, as those steps run again.
+    """
+
+    def __init__(self, config: LoggerConfig, run_dir: Path, *, resolved_config: Mapping[str, Any],
+                 total_steps: int, start_step: int = 0, is_main: bool = True):
+        self._open = is_main
+        self._summary: dict[str, Any] = {}
+        if not is_main:
+            return
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._hidden = secrets()
+        wandb_config = scrub(resolved_config, self._hidden)
+        self._run = None if config.mode == "disabled" else _start_wandb(config, run_dir, wandb_config)
+        path = run_dir / "metrics.jsonl"
+        if path.exists():
+            _truncate(path, start_step)
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        self._progress = Progress(total_steps, start_step)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record ``metrics`` at ``step``: a JSON line (non-finite values as null), W&B, console."""
+        if not self._open:
+            return
+        values = scalars(metrics)
+        record = {"step": int(step), **{k: v if math.isfinite(v) else None for k, v in values.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._run is not None:
+            self._run.log(values, step=int(step))
+        self._progress.update(int(step), values)
+
+    def summary(self, **values: Any) -> None:
+        """Set W&B run-summary entries; they are also printed when the logger closes."""
+        if not self._open:
+            return
+        values = scrub(values, self._hidden)
+        self._summary.update(values)
+        if self._run is not None:
+            self._run.summary.update(values)
+
+    def message(self, text: str) -> None:
+        """Print a line to the console without breaking the progress bar."""
+        if self._open:
+            self._progress.print(text)
+
+    def close(self, *, failed: bool = False) -> None:
+        """Stop the bar, print the summary, finish the W&B run (marked failed if ``failed``)
+        and close the metrics file. Closing twice is harmless."""
+        if not self._open:
+            return
+        self._open = False
+        self._progress.close()
+        if self._summary:
+            self._progress.print("summary: " + ", ".join(f"{k} {_show(v)}" for k, v in self._summary.items()))
+        if self._run is not None:
+            _finish_wandb(self._run, exit_code=1 if failed else 0)
+        self._file.close()
+
+    def __enter__(self) -> RunLogger:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(failed=exc_type is not None)
+
+
+def _start_wandb(config: LoggerConfig, run_dir: Path, resolved_config: Mapping[str, Any]):
+    import wandb  # here, not at the top: importing it costs a third of a second (W&B off: no cost)
+
+    settings = wandb.Settings(
+        console="off", save_code=False, disable_git=True, silent=True,
+        x_disable_stats=True, x_disable_machine_info=True, x_save_requirements=False,
+    )
+    return wandb.init(
+        mode=config.mode, dir=str(run_dir), project=config.project, name=config.name, tags=list(config.tags),
+        config=dict(resolved_config), settings=settings,
+    )
+
+
+def _finish_wandb(run, exit_code: int) -> None:
+    """Finish ``run`` and wait until W&B's service has written all of it: ``finish()`` alone
+    returns before an offline run's log is flushed to disk."""
+    import wandb
+
+    run.finish(exit_code=exit_code)
+    wandb.teardown(exit_code=exit_code)
+
+
+def _truncate(path: Path, last_step: int) -> None:
+    """Keep the lines of ``path`` up to ``last_step`` (and drop a line cut short by a crash)."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if line.endswith("\n") and json.loads(line)["step"] <= last_step]
+    if len(kept) < len(lines):
+        path.write_text("".join(kept), encoding="utf-8")
+
+
+def _show(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -42,6 +42,7 @@ from theseus.training.state import TrainState, bytes_per_device, n_params, shard
 from theseus.training.step import eval_step, train_step
 
 BATCH = (DATA, FSDP)  # the mesh axes a batch is split over
+VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
 
 
 @dataclass
@@ -172,6 +173,9 @@ class Trainer:
                            start_step=start, is_main=jax.process_index() == 0)
         with logger, Preemption() as preemption:
             logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
+            if start >= s.max_steps:
+                logger.message(f"{run_dir} is complete at step {start}: nothing to train")
+                val_loss = self._evaluate(compiled, state.params)
             clock, waited, since = time.perf_counter(), 0.0, 0
             for done in range(start + 1, s.max_steps + 1):
                 tokens = self._global_batch(next(loader), compiled.mesh)
@@ -282,7 +286,12 @@ class Trainer:
 
 
 def _with_vocab(cfg: DictConfig, vocab_size: int) -> DictConfig:
-    """``cfg`` with architecture.vocab_size from the tokenizer (or checked against it)."""
+    """``cfg`` with architecture.vocab_size from the tokenizer (or checked against it).
+
+    Unset, it is the tokenizer's size rounded up to a multiple of VOCAB_MULTIPLE, so that the
+    embedding splits evenly over tensor-parallel devices and matmuls tile well (nanoGPT pads
+    GPT-2's 50257 to 50304 for the same reason); the extra rows are never targets.
+    """
     declared = OmegaConf.select(cfg, "architecture.vocab_size")
     if declared is not None and declared < vocab_size:
         raise ConfigError(
@@ -290,7 +299,8 @@ def _with_vocab(cfg: DictConfig, vocab_size: int) -> DictConfig:
             f"set architecture.vocab_size>={vocab_size} or leave it unset"
         )
     cfg = cfg.copy()
-    OmegaConf.update(cfg, "architecture.vocab_size", declared or vocab_size, force_add=True)
+    padded = -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    OmegaConf.update(cfg, "architecture.vocab_size", declared or padded, force_add=True)
     return cfg
 
 

@@ -1,0 +1,101 @@
+"""Peak FLOP/s: the device_kind table against the strings JAX reports, the cached calibration."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from theseus.base import hardware
+from theseus.base.hardware import CHIPS, lookup, measure_peak, peak_flops, table_peak
+from theseus.config import ConfigError
+
+# device_kind strings as JAX reports them (TPU runtime names; CUDA device names on NVIDIA).
+REAL = {
+    "TPU v2": "TPU v2",
+    "TPU v3": "TPU v3",
+    "TPU v4": "TPU v4",
+    "TPU v5 lite": "TPU v5e",
+    "TPU v5e": "TPU v5e",
+    "TPU v5": "TPU v5p",
+    "TPU v5p": "TPU v5p",
+    "TPU v6 lite": "TPU v6e",
+    "TPU7x": "TPU7x",
+    "NVIDIA A10": "NVIDIA A10",
+    "NVIDIA A100-SXM4-80GB": "NVIDIA A100",
+    "NVIDIA A100-SXM4-40GB": "NVIDIA A100",
+    "NVIDIA A100-PCIE-40GB": "NVIDIA A100",
+    "NVIDIA A100 80GB PCIe": "NVIDIA A100",
+    "NVIDIA L4": "NVIDIA L4",
+    "NVIDIA L40": "NVIDIA L40",
+    "NVIDIA L40S": "NVIDIA L40S",
+    "NVIDIA H100 80GB HBM3": "NVIDIA H100 SXM",
+    "NVIDIA H100 PCIe": "NVIDIA H100 PCIe",
+    "NVIDIA H100 NVL": "NVIDIA H100 NVL",
+    "NVIDIA GH200 480GB": "NVIDIA GH200",
+    "NVIDIA H200": "NVIDIA H200 SXM",
+    "NVIDIA H200 NVL": "NVIDIA H200 NVL",
+    "NVIDIA B200": "NVIDIA B200",
+}
+UNKNOWN = ["cpu", "TPU v4 lite", "Tesla T4", "Tesla V100-SXM2-16GB", "NVIDIA A10G", "NVIDIA GeForce RTX 4090"]
+
+
+@pytest.mark.parametrize("kind", REAL)
+def test_each_real_device_kind_matches_exactly_one_entry(kind):
+    matches = [chip.name for chip in CHIPS if re.fullmatch(chip.pattern, kind, re.IGNORECASE)]
+    assert matches == [REAL[kind]]
+    assert lookup(kind).name == REAL[kind]
+
+
+@pytest.mark.parametrize("kind", UNKNOWN)
+def test_untabled_kinds_match_nothing(kind):
+    assert lookup(kind) is None
+    assert table_peak(kind, jnp.bfloat16) is None
+
+
+def test_table_peaks_by_dtype():
+    assert table_peak("NVIDIA H200", jnp.bfloat16) == 989.5e12
+    assert table_peak("NVIDIA H200", "float32") == 494.5e12  # TF32: JAX's default f32 precision
+    assert table_peak("NVIDIA H200 NVL", "bfloat16") == 835.5e12
+    assert table_peak("NVIDIA H100 PCIe", jnp.bfloat16) == 756.5e12
+    assert table_peak("TPU v5 lite", jnp.bfloat16) == 197e12
+    assert table_peak("TPU v5", jnp.bfloat16) == 459e12
+    assert table_peak("TPU v6 lite", np.float32) == 918e12  # one bf16 pass by default on TPU
+    assert table_peak("nvidia  h200 ", jnp.bfloat16) == 989.5e12  # spacing and case
+    assert table_peak("NVIDIA H200", jnp.float16) is None  # not tabled: measured instead
+
+
+def test_calibration_is_positive_and_cached(tmp_path, monkeypatch):
+    cache = tmp_path / "peaks.json"
+    first = measure_peak(jnp.float32, cache_path=cache)
+    assert first > 1e8  # any CPU does 100 MFLOP/s
+    key = f"cpu|float32|{hardware._cpu_count()}"
+    assert json.loads(cache.read_text()) == {key: first}
+
+    def fail(*args, **kwargs):
+        raise AssertionError("measured again instead of reading the cache")
+
+    monkeypatch.setattr(hardware, "_measure", fail)
+    assert measure_peak(jnp.float32, cache_path=cache) == first
+    monkeypatch.setattr(hardware, "_measure", lambda dtype, device: 7.0)
+    assert measure_peak(jnp.bfloat16, cache_path=cache) == 7.0  # another dtype, another entry
+    assert set(json.loads(cache.read_text())) == {key, f"cpu|bfloat16|{hardware._cpu_count()}"}
+
+
+def test_peak_flops_sources(tmp_path, monkeypatch):
+    h200 = SimpleNamespace(device_kind="NVIDIA H200", platform="gpu")
+    assert peak_flops(h200, jnp.bfloat16) == (989.5e12, "table: NVIDIA H200 SXM")
+    assert peak_flops(h200, jnp.bfloat16, override=1e12) == (1e12, "config")
+    with pytest.raises(ConfigError, match="trainer.peak_flops"):
+        peak_flops(h200, jnp.bfloat16, override=0.0)
+
+    monkeypatch.setattr(hardware, "CACHE", tmp_path / "peaks.json")
+    monkeypatch.setattr(hardware, "_measure", lambda dtype, device: 8e9)
+    cpu = jax.devices("cpu")[0]
+    shared = len(jax.local_devices(backend="cpu"))
+    assert peak_flops(cpu, jnp.float32) == (8e9 / shared, "measured")

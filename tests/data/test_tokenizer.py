@@ -1,0 +1,94 @@
+"""Every tokenizer round-trips; byte and char are exact; bad ids and files are reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from theseus.config import ConfigError
+from theseus.data.dataset import open_dataset
+from theseus.data.tokenizer import ByteTokenizer, CharTokenizer, HFTokenizer, load_tokenizer
+
+TEXT = "def f(x):\n\treturn x  # naïve café, 日本語 ✓\n\n  spaces   end "
+CORPUS = [TEXT, "class A:\n    pass\n" * 50, "hello world " * 30]
+
+
+def tokenizers(tmp_path: Path):
+    bpe = HFTokenizer.train(CORPUS, vocab_size=300)
+    bpe.save(tmp_path)
+    return {"byte": ByteTokenizer(), "char": CharTokenizer.fit(CORPUS), "bpe": bpe,
+            "json": HFTokenizer.from_file(tmp_path / "tokenizer.json")}
+
+
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe", "json"])
+def test_round_trip(tmp_path, kind):
+    tokenizer = tokenizers(tmp_path)[kind]
+    ids = tokenizer.encode(TEXT)
+    assert all(isinstance(i, int) and 0 <= i < tokenizer.vocab_size for i in ids)
+    assert tokenizer.decode(ids) == TEXT
+    assert [a.tolist() for a in tokenizer.encode_batch(CORPUS)] == [tokenizer.encode(t) for t in CORPUS]
+
+
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
+def test_saved_tokenizer_encodes_alike(tmp_path, kind):
+    tokenizer = tokenizers(tmp_path)[kind]
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    tokenizer.save(folder)
+    loaded = load_tokenizer(folder, kind)
+    assert (loaded.vocab_size, loaded.eot) == (tokenizer.vocab_size, tokenizer.eot)
+    assert loaded.encode(TEXT) == tokenizer.encode(TEXT)
+
+
+def test_byte_ids_and_end_of_text():
+    tokenizer = ByteTokenizer()
+    assert (tokenizer.vocab_size, tokenizer.eot) == (257, 256)
+    assert tokenizer.encode("aé") == [97, 0xC3, 0xA9]
+    assert tokenizer.decode([104, 105, 256, 33, 256]) == "hi<|endoftext|>!<|endoftext|>"
+
+
+def test_bpe_vocabulary_and_end_of_text(tmp_path):
+    bpe = tokenizers(tmp_path)["bpe"]
+    assert bpe.vocab_size == 300
+    assert bpe.decode([bpe.eot]) == "<|endoftext|>"
+
+
+def test_char_vocabulary_is_the_corpus_characters():
+    tokenizer = CharTokenizer.fit(["ba", "ac"])
+    assert (tokenizer.symbols, tokenizer.vocab_size, tokenizer.eot) == ("abc", 3, None)
+    assert tokenizer.encode("cab") == [2, 0, 1]
+    with pytest.raises(ValueError, match=r"^character 'z' is not in the char vocabulary \(built from the corpus\)$"):
+        tokenizer.encode("abz")
+
+
+def test_ids_outside_the_vocabulary_are_refused():
+    with pytest.raises(ValueError, match=r"^token id 257 is outside the vocabulary \(0..256\)$"):
+        ByteTokenizer().decode([1, 257])
+    with pytest.raises(ValueError, match=r"^token id -1 is outside the vocabulary \(0..2\)$"):
+        CharTokenizer("abc").decode([-1])
+
+
+def test_tokenizer_file_that_does_not_parse(tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": ')
+    with pytest.raises(ConfigError) as err:
+        HFTokenizer.from_file(bad)
+    message = str(err.value)
+    assert message.startswith(f"{bad} does not parse as a Hugging Face tokenizer.json (")
+    assert message.endswith("): point data.tokenizer at a file saved by tokenizers.Tokenizer.save")
+    assert "\n" not in message
+
+
+def test_missing_tokenizer_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"^tokenizer file .*nope.json does not exist: set data.tokenizer to "
+                                          r"byte, char, bpe or the path of a tokenizer.json$"):
+        HFTokenizer.from_file(tmp_path / "nope.json")
+
+
+def test_char_on_tinyshakespeare(shakespeare, config):
+    ds = open_dataset(config(source="text", path=str(shakespeare), tokenizer="char"))
+    assert ds.vocab_size == 65
+    assert ds.n_tokens("train") + ds.n_tokens("val") == 1_115_394
+    text = shakespeare.read_text(encoding="utf-8")
+    assert ds.tokenizer.decode(ds.tokenizer.encode(text)) == text

@@ -1,0 +1,80 @@
+"""Sweeps: the summary of a multirun (with a failing point), the shipped sweep files, launchers."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from support import ROOT, run_python
+
+from theseus.config.compose import compose
+from theseus.sweep import RESULT, Job, SweepSummary, error_line, swept
+
+APP = str(ROOT / "tests" / "sweep_app.py")  # fake training: val_loss is least at lr=3e-3; lr >= 0.1 raises
+
+
+def sweep(tmp_path: Path, *overrides: str):
+    """Run the test app as ``-m OVERRIDES``; returns the process, the summary rows and document."""
+    result = run_python(APP, "-m", f"hydra.sweep.dir={tmp_path}", *overrides, cwd=tmp_path, timeout=120)
+    with (tmp_path / "summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    return result, rows, json.loads((tmp_path / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_failing_point_is_recorded_and_the_others_finish(tmp_path, launcher):
+    result, rows, summary = sweep(tmp_path, "optimizer.lr=0.001,0.2,0.003", f"hydra/launcher={launcher}")
+    assert result.returncode != 0  # Hydra re-raises the failure once every job has run
+    assert [(row["job"], row["optimizer.lr"], row["status"]) for row in rows] == [
+        ("0", "0.001", "ok"), ("1", "0.2", "failed"), ("2", "0.003", "ok")]
+    assert rows[1]["error"] == "FloatingPointError: loss is nan at step 20" and rows[1]["val_loss"] == ""
+    assert float(rows[2]["val_loss"]) == 2.0 < float(rows[0]["val_loss"])
+    assert float(rows[0]["tokens_per_s"]) == 1020.0 and float(rows[0]["mfu"]) == 0.01
+    assert summary["swept"] == ["optimizer.lr"]
+    assert [job["status"] for job in summary["jobs"]] == ["ok", "failed", "ok"]
+    assert json.loads((tmp_path / "2" / RESULT).read_text())["status"] == "ok"
+    assert "sweep: 3 jobs, 1 failed" in result.stdout
+    assert "job 1 failed: FloatingPointError: loss is nan at step 20" in result.stdout
+
+
+def test_lr_grid_runs_every_point(tmp_path):
+    result, rows, _ = sweep(tmp_path, "+sweep=lr")
+    assert result.returncode == 0, result.stderr
+    assert [float(row["optimizer.lr"]) for row in rows] == [1e-4, 3e-4, 1e-3, 3e-3]
+    assert {row["status"] for row in rows} == {"ok"}
+    assert "sweep: 4 jobs, 0 failed" in result.stdout
+
+
+def test_optuna_minimises_the_returned_val_loss(tmp_path):
+    result, rows, summary = sweep(tmp_path, "+sweep=lr_optuna")
+    assert result.returncode == 0, result.stderr
+    assert len(rows) == 8 and {row["status"] for row in rows} == {"ok"}
+    assert all(1e-4 <= job["params"]["optimizer.lr"] <= 1e-2 for job in summary["jobs"])
+    best = OmegaConf.load(tmp_path / "optimization_results.yaml")
+    assert best.best_value == min(job["val_loss"] for job in summary["jobs"])
+
+
+def test_sweep_files_and_launchers_compose():
+    grid = compose(["+sweep=lr"], hydra=True).hydra
+    assert grid.sweeper.params["optimizer.lr"] == "1e-4,3e-4,1e-3,3e-3"
+    optuna = compose(["+sweep=lr_optuna"], hydra=True).hydra
+    assert optuna.sweeper._target_.endswith("OptunaSweeper") and optuna.sweeper.direction == "minimize"
+    assert optuna.sweeper.sampler._target_ == "optuna.samplers.TPESampler"
+    assert optuna.sweeper.params["optimizer.lr"] == "tag(log, interval(1e-4, 1e-2))"
+    assert isinstance(instantiate(optuna.callbacks.sweep_summary), SweepSummary)
+    assert compose(["hydra/launcher=joblib"], hydra=True).hydra.launcher._target_.endswith("JoblibLauncher")
+    assert compose(["hydra/launcher=submitit_slurm"], hydra=True).hydra.launcher._target_.endswith("SlurmLauncher")
+
+
+def test_swept_keys_are_those_that_vary():
+    def job(**params):
+        return Job("0", params, "ok", "", None, None, None)
+
+    assert swept([job(experiment="a", lr=1e-3), job(experiment="a", lr=3e-3)]) == ["lr"]
+    assert swept([job(experiment="a", lr=1e-3)]) == ["experiment", "lr"]
+    assert error_line(RuntimeError("first line\nsecond")) == "RuntimeError: first line"
+    assert error_line(KeyError()) == "KeyError"

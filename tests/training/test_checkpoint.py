@@ -1,0 +1,146 @@
+"""Checkpoints as a user meets them from the command line: resume, preemption, crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from support import ROOT, run_python
+
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text(Path(json.__file__).read_text() * 3)
+    return path
+
+
+def command(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "theseus.run", "+experiment=gpt_tiny", "data.source=text",
+            f"data.path={corpus}", f"data.cache_dir={corpus.parent / 'cache'}", f"trainer.max_steps={STEPS}",
+            "trainer.log_every=1", "trainer.eval_every=6", "trainer.eval_batches=1", "trainer.checkpoint_every=3",
+            "architecture.dropout=0.1", "logger.mode=disabled", f"hydra.run.dir={run_dir}", *extra]
+
+
+def env() -> dict:
+    return {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def start_and_interrupt(cmd: list[str], after_step: int, sig: int) -> subprocess.Popen:
+    """Start a run and send ``sig`` once it has logged ``after_step``."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(), cwd=ROOT)
+    for line in proc.stdout:
+        if line.startswith(f"step {after_step}/"):
+            proc.send_signal(sig)
+            break
+    proc.output = proc.stdout.read()
+    proc.wait(timeout=600)
+    return proc
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {line["step"]: line["loss"] for line in lines if "loss" in line}
+
+
+def final_params(run_dir: Path) -> list[np.ndarray]:
+    """The params of the newest checkpoint, read back with Orbax (no theseus code involved)."""
+    import orbax.checkpoint as ocp
+
+    step_dir = run_dir / "checkpoints" / str(STEPS) / "state"
+    tree = ocp.StandardCheckpointer().restore(step_dir.absolute())
+    return [np.asarray(x) for x in _leaves(tree["params"])]
+
+
+def _leaves(tree):
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
+@pytest.fixture(scope="module")
+def straight(corpus, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("straight")
+    run(command(corpus, run_dir))
+    return run_dir
+
+
+def test_sigterm_saves_and_resume_is_bit_exact(corpus, straight, tmp_path):
+    proc = start_and_interrupt(command(corpus, tmp_path), after_step=4, sig=signal.SIGTERM)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.output[-2000:]
+    assert "checkpoint saved. Resume with: python -m theseus.run" in proc.output
+    stopped = max(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert 4 <= stopped < STEPS
+    run(command(corpus, tmp_path))
+    assert losses(tmp_path) == losses(straight)  # identical, step by step
+    for a, b in zip(final_params(tmp_path), final_params(straight), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_kill_9_at_any_moment_then_the_same_command_finishes_identically(corpus, straight, tmp_path):
+    cmd = command(corpus, tmp_path, "trainer.checkpoint_every=1")  # a write is nearly always under way
+    for after in (2, 5, 9):
+        proc = start_and_interrupt(cmd, after_step=after, sig=signal.SIGKILL)
+        assert proc.returncode == -signal.SIGKILL
+    run(cmd)
+    assert losses(tmp_path)[STEPS] == losses(straight)[STEPS]
+    for a, b in zip(final_params(tmp_path), final_params(straight), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_previous(corpus, straight, tmp_path):
+    import shutil
+
+    shutil.copytree(straight, tmp_path, dirs_exist_ok=True)
+    for array_file in (tmp_path / "checkpoints" / str(STEPS) / "state").rglob("*"):
+        if array_file.is_file() and array_file.stat().st_size > 1000:
+            array_file.write_bytes(array_file.read_bytes()[:100])  # truncated
+    proc = run(command(corpus, tmp_path))
+    report = [line for line in proc.stderr.splitlines() if "unreadable" in line]
+    assert len(report) == 1 and f"checkpoints/{STEPS} is unreadable" in report[0] and "kept as damaged-" in report[0]
+    assert "resuming from" in proc.stderr and f"at step {STEPS - 3}" in proc.stderr
+    assert losses(tmp_path)[STEPS] == losses(straight)[STEPS]
+
+
+def test_resume_never_refuses_a_used_directory(corpus, straight):
+    before = sorted(p.name for p in (straight / "checkpoints").iterdir())
+    proc = run_python("-m", "theseus.run", *command(corpus, straight, "trainer.resume=never")[3:])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"theseus: error: {straight} already has checkpoints and trainer.resume=never: "
+        "choose a new hydra.run.dir, or trainer.resume=auto to continue it"]
+    assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == before
+
+
+def test_restore_onto_other_meshes(corpus, tmp_path):
+    """Saved sharded with fsdp=8, restored with data=8 and on one device: the same run."""
+    base = command(corpus, tmp_path)[3:]
+    first = run_python("-m", "theseus.run", *base, "trainer.max_steps=6", "mesh.data=1", "mesh.fsdp=8", devices=8)
+    assert first.returncode == 0, first.stderr[-2000:]
+    for devices, mesh in ((8, ["mesh.data=8"]), (1, [])):
+        target = tmp_path.parent / f"{tmp_path.name}-{devices}"
+        import shutil
+
+        shutil.copytree(tmp_path, target)
+        proc = run_python("-m", "theseus.run", *command(corpus, target)[3:], *mesh, devices=devices)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "resuming from" in proc.stderr and "at step 6" in proc.stderr
+        assert min(losses(target)) < losses(target)[1]
+    a, b = losses(tmp_path.parent / f"{tmp_path.name}-8"), losses(tmp_path.parent / f"{tmp_path.name}-1")
+    assert [a[s] for s in range(7, STEPS + 1)] == pytest.approx([b[s] for s in range(7, STEPS + 1)], rel=1e-4)

@@ -1,0 +1,117 @@
+"""RunLogger: metrics.jsonl, the offline W&B run and its config, secrets kept out."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from theseus.training.logger import REDACTED, LoggerConfig, RunLogger, scrub, secrets
+
+KEYS = ["loss", "lr", "grad_norm", "step_time", "tokens_per_s", "flops_per_s", "mfu", "data_wait"]
+
+
+def _metrics(step: int) -> dict:
+    values = {key: 0.5 + step + i for i, key in enumerate(KEYS)}
+    values["loss"] = jnp.float32(2.5)  # a JAX scalar
+    values["mfu"] = np.float64(0.25)  # a numpy scalar
+    return values
+
+
+def _read(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_metrics_jsonl_has_every_key_and_appends_across_loggers(tmp_path, capsys):
+    config = LoggerConfig(mode="disabled")
+    with RunLogger(config, tmp_path, resolved_config={}, total_steps=4) as logger:
+        logger.log(1, _metrics(1))
+        logger.log(2, {**_metrics(2), "val_loss": float("nan")})
+        logger.log(3, {"loss": 9.0})  # after the checkpoint at step 2: replaced on resume
+        logger.summary(params=1234, device_kind="cpu")
+    with open(tmp_path / "metrics.jsonl", "a") as file:
+        file.write('{"step": 4, "lo')  # a line cut short by a crash
+    with RunLogger(config, tmp_path, resolved_config={}, total_steps=4, start_step=2) as logger:
+        logger.log(3, _metrics(3))
+        with pytest.raises(ValueError, match="'loss' must be a scalar"):
+            logger.log(4, {"loss": np.ones(2)})
+
+    rows = _read(tmp_path / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    assert all(set(KEYS) <= set(row) for row in rows)
+    assert rows[0]["loss"] == 2.5 and rows[0]["mfu"] == 0.25 and rows[2]["lr"] == 4.5
+    assert rows[1]["val_loss"] is None  # not finite: null keeps the line strict JSON
+    assert not (tmp_path / "wandb").exists()
+    out = capsys.readouterr().out
+    assert "step 3/4 loss 2.5 tok/s 7.5 mfu 25.0%" in out and "summary: params 1234, device_kind cpu" in out
+
+
+def test_only_the_main_process_writes(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    with RunLogger(LoggerConfig(), run_dir, resolved_config={}, total_steps=2, is_main=False) as logger:
+        logger.log(1, {"loss": 1.0})
+        logger.summary(params=1)
+        logger.message("hello")
+    assert not run_dir.exists()
+    assert capsys.readouterr().out == ""
+
+
+def test_scrub_hides_environment_secrets():
+    env = {"WANDB_API_KEY": "k" * 40, "HF_TOKEN": "hf_abcdefgh", "DB_PASSWORD": "pw", "HOME": "/home/me"}
+    hidden = secrets(env)
+    assert hidden[0] == "k" * 40 and set(hidden) == {"k" * 40, "hf_abcdefgh", "pw"}
+    config = {"a": {"key": "k" * 40, "url": "https://x:hf_abcdefgh@host", "home": "/home/me"}, "b": ["pw", "pwd", 3]}
+    assert scrub(config, hidden) == {
+        "a": {"key": REDACTED, "url": f"https://x:{REDACTED}@host", "home": "/home/me"},
+        "b": [REDACTED, "pwd", 3],  # a short secret is hidden only where it is the whole value
+    }
+
+
+def _wandb_records(path):
+    """The protobuf records of a ``.wandb`` file (LevelDB log format after a 7-byte header)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    records, chunk, pos, block = [], b"", 7, 32768
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
+        chunk += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(chunk)
+            records.append(record)
+            chunk = b""
+    return records
+
+
+def test_offline_wandb_run_holds_the_config_and_no_secret(tmp_path, monkeypatch):
+    api_key, token = "0123456789abcdef" * 2 + "01234567", "tok-secret-value-42"
+    monkeypatch.setenv("WANDB_API_KEY", api_key)
+    monkeypatch.setenv("MY_SERVICE_TOKEN", token)
+    resolved = {"architecture": {"n_layers": 2}, "logger": {"mode": "offline"}, "data": {"auth": token}, "k": api_key}
+    config = LoggerConfig(project="tests", name="tiny", tags=["a", "b"])
+    with RunLogger(config, tmp_path, resolved_config=resolved, total_steps=2) as logger:
+        logger.log(1, {"loss": 3.0, "mfu": 0.1})
+        logger.summary(params=10, note=f"key {api_key}")
+
+    [run] = list((tmp_path / "wandb").glob("offline-run-*"))
+    [log] = list(run.glob("run-*.wandb"))
+    config_items = {}
+    for record in _wandb_records(log):
+        items = record.run.config.update if record.HasField("run") else record.config.update
+        config_items.update({item.key: json.loads(item.value_json) for item in items})
+    assert config_items["architecture"] == {"n_layers": 2}
+    assert config_items["data"] == {"auth": REDACTED} and config_items["k"] == REDACTED
+
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert api_key.encode() not in data and token.encode() not in data, path

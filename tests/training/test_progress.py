@@ -1,0 +1,53 @@
+"""Console progress: plain lines off a terminal, a rich bar on one."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from theseus.training.progress import Progress, status
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_plain_lines_when_not_a_terminal(capsys, monkeypatch):
+    clock = Clock()
+    monkeypatch.setenv("FORCE_COLOR", "1")  # as CI logs often set: colour, but no live bar
+    progress = Progress(1000, clock=clock)  # pytest's captured stdout is not a terminal
+    progress.update(100, {"loss": 2.3456, "tokens_per_s": 12345.0, "mfu": 0.0412})
+    clock.now = 9.0  # 100 steps in 9 s: 800 steps to go take 72 s
+    progress.update(200, {"loss": 2.1, "tokens_per_s": 12300.0, "mfu": 0.041, "lr": 1e-3})
+    progress.print("[checkpoint] saved")
+    progress.close()
+    assert capsys.readouterr().out.splitlines() == [
+        "step 100/1000 loss 2.346 tok/s 12.3k mfu 4.1%",
+        "step 200/1000 loss 2.1 tok/s 12.3k mfu 4.1% eta 1m12s",
+        "[checkpoint] saved",
+    ]
+
+
+def test_status_shows_validation_loss():
+    assert status({"val_loss": 1.5}, eta=5.0) == "val_loss 1.5 eta 5s"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_rich_bar_on_a_terminal(monkeypatch):
+    monkeypatch.delenv("TTY_INTERACTIVE", raising=False)
+    out = Terminal()
+    progress = Progress(10, start=2, console=Console(file=out, width=120))
+    progress.update(5, {"loss": 0.5, "mfu": 0.25})
+    progress.print("a message")
+    progress.close()
+    text = out.getvalue()
+    assert "5/10" in text and "loss 0.5" in text and "mfu 25.0%" in text and "a message" in text

@@ -1,0 +1,143 @@
+"""Peak FLOP/s per device: a table of accelerators, and a measured peak for the rest (CPUs).
+
+The table is keyed by the strings JAX reports as ``device.device_kind``. Figures are dense
+(no structured sparsity) and per JAX device: one chip, except TPU v2/v3 and TPU7x, whose
+chips hold two TensorCores that JAX exposes as two devices. ``fp32`` is the rate of float32
+matrix products at JAX's default precision, which trades accuracy for speed: TF32 tensor
+cores on NVIDIA Ampere and later, one bfloat16 pass on TPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from theseus.config import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One accelerator: its name, the device kinds it answers to, its dense peaks."""
+
+    name: str
+    pattern: str  # a regular expression the whole device kind must match (case-insensitive)
+    bf16: float
+    fp32: float
+
+    def peak(self, dtype: Any) -> float | None:
+        """Dense peak FLOP/s in ``dtype``; None for a dtype not tabled (only bf16 and f32 are)."""
+        column = {"bfloat16": "bf16", "float32": "fp32"}.get(jnp.dtype(dtype).name)
+        return getattr(self, column) if column else None
+
+
+# Patterns are anchored (full match) and exclusive: "NVIDIA H100" cannot take "NVIDIA H200" or
+# "NVIDIA GH200", "TPU v5 lite" (v5e) cannot take v5p's "TPU v5". Sources: the vendors' data
+# sheets (NVIDIA quotes tensor-core rates with 2:4 sparsity; these are half of those).
+CHIPS: tuple[Chip, ...] = (
+    Chip("TPU v2", r"TPU v2", 22.5e12, 22.5e12),
+    Chip("TPU v3", r"TPU v3", 61.5e12, 61.5e12),
+    Chip("TPU v4", r"TPU v4", 275e12, 275e12),
+    Chip("TPU v5e", r"TPU v5( lite|e)", 197e12, 197e12),
+    Chip("TPU v5p", r"TPU v5p?", 459e12, 459e12),
+    Chip("TPU v6e", r"TPU v6( lite|e)", 918e12, 918e12),
+    Chip("TPU7x", r"TPU ?v?7x", 1153.5e12, 1153.5e12),
+    Chip("NVIDIA A10", r"NVIDIA A10", 125e12, 62.5e12),
+    Chip("NVIDIA A100", r"NVIDIA A100([- ].*)?", 312e12, 156e12),
+    Chip("NVIDIA L4", r"NVIDIA L4", 121e12, 60e12),
+    Chip("NVIDIA L40", r"NVIDIA L40", 181e12, 90.5e12),
+    Chip("NVIDIA L40S", r"NVIDIA L40S", 362e12, 183e12),
+    Chip("NVIDIA H100 SXM", r"NVIDIA H100(?!.*(PCIe|NVL)).*", 989.5e12, 494.5e12),
+    Chip("NVIDIA H100 PCIe", r"NVIDIA H100.*PCIe.*", 756.5e12, 378e12),
+    Chip("NVIDIA H100 NVL", r"NVIDIA H100.*NVL.*", 835.5e12, 417.5e12),
+    Chip("NVIDIA GH200", r"NVIDIA GH200.*", 989.5e12, 494.5e12),
+    Chip("NVIDIA H200 SXM", r"NVIDIA H200(?!.*NVL).*", 989.5e12, 494.5e12),
+    Chip("NVIDIA H200 NVL", r"NVIDIA H200.*NVL.*", 835.5e12, 417.5e12),
+    Chip("NVIDIA B200", r"NVIDIA B200.*", 2.25e15, 1.1e15),
+)
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "theseus" / "peak_flops.json"
+
+
+def lookup(device_kind: str) -> Chip | None:
+    """The table entry whose pattern matches ``device_kind`` (spacing and case ignored)."""
+    kind = " ".join(device_kind.split())
+    return next((chip for chip in CHIPS if re.fullmatch(chip.pattern, kind, re.IGNORECASE)), None)
+
+
+def table_peak(device_kind: str, dtype: Any) -> float | None:
+    """Dense peak FLOP/s of one device of ``device_kind`` in ``dtype``; None if not tabled."""
+    chip = lookup(device_kind)
+    return chip.peak(dtype) if chip else None
+
+
+def measure_peak(dtype: Any, *, device: jax.Device | None = None, cache_path: Path | None = None) -> float:
+    """FLOP/s of a chain of square matrix products in ``dtype`` on ``device`` (default: the
+    default device), measured once per machine and cached in ``cache_path`` (a JSON file,
+    default ``~/.cache/theseus/peak_flops.json``) under device kind, dtype and CPU count.
+    """
+    device = device or jax.devices()[0]
+    path = Path(cache_path) if cache_path is not None else CACHE
+    key = f"{device.device_kind}|{jnp.dtype(dtype).name}|{_cpu_count()}"
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    if key not in cache:
+        cache[key] = _measure(jnp.dtype(dtype), device)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        tmp.replace(path)
+    return float(cache[key])
+
+
+def peak_flops(device: jax.Device, dtype: Any, override: float | None = None) -> tuple[float, str]:
+    """The peak FLOP/s of ``device`` and its source: "config", "table: <chip>" or "measured".
+
+    A measured CPU peak is the host's, shared by every local CPU device (as simulated with
+    ``--xla_force_host_platform_device_count``), so each device gets its share.
+    """
+    if override is not None:
+        if not override > 0:
+            raise ConfigError(f"trainer.peak_flops must be a positive FLOP/s per device, got {override!r}")
+        return float(override), "config"
+    chip = lookup(device.device_kind)
+    peak = chip.peak(dtype) if chip else None
+    if peak is not None:
+        return peak, f"table: {chip.name}"
+    shared = len(jax.local_devices(backend="cpu")) if device.platform == "cpu" else 1
+    return measure_peak(dtype, device=device) / shared, "measured"
+
+
+def _measure(dtype: np.dtype, device: jax.Device) -> float:
+    """FLOP/s of ``n x n`` products, ``n`` doubling from 256 until one takes 2 ms (or n = 8192)."""
+    n = 256
+    while (seconds := _seconds_per_product(n, dtype, device)) < 2e-3 and n < 8192:
+        n *= 2
+    return 2 * n**3 / seconds
+
+
+def _seconds_per_product(n: int, dtype: np.dtype, device: jax.Device, rounds: int = 8) -> float:
+    """Best of three timings of ``rounds`` dependent products ``x <- x @ p`` (p a permutation:
+    values never grow, and each product needs the last, so none can be skipped or hoisted)."""
+    rng = np.random.default_rng(0)
+    x = jax.device_put(rng.standard_normal((n, n)).astype(dtype), device)
+    p = jax.device_put(np.eye(n, dtype=dtype)[rng.permutation(n)], device)
+    chain = jax.jit(lambda x, p: jax.lax.fori_loop(0, rounds, lambda _, y: y @ p, x))
+    chain(x, p).block_until_ready()  # compile
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        chain(x, p).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return best / rounds
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

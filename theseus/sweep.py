@@ -1,0 +1,162 @@
+"""The summary of a multirun sweep: swept values -> final val_loss, tokens/s, MFU, status.
+
+``SweepSummary`` is a Hydra callback (wired in ``conf/config.yaml``). Each job records its
+status in ``result.json`` in its run directory and rewrites ``summary.csv`` and
+``summary.json`` in the sweep folder, so the summary is complete however the sweep ends, with
+any launcher (jobs may run in other processes or on other hosts). At the end the table is
+printed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import csv
+import dataclasses
+import io
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from theseus.report.rundir import Run, job_dirs
+
+RESULT = "result.json"
+METRICS = ("val_loss", "tokens_per_s", "mfu")
+FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "tokens_per_s": "{:,.0f}", "mfu": "{:.2%}"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One job of a sweep as its run directory recorded it."""
+
+    name: str  # its folder in the sweep folder
+    params: dict[str, Any]  # its command-line overrides
+    status: str  # ok, failed, or unfinished (no result: still running, or killed)
+    error: str
+    val_loss: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+
+    @classmethod
+    def load(cls, path: Path) -> Job:
+        run = Run.load(path)
+        result = json.loads((path / RESULT).read_text()) if (path / RESULT).is_file() else {}
+        return cls(path.name, run.params, result.get("status", "unfinished"), result.get("error", ""),
+                   *(run.last(key) for key in METRICS))
+
+
+def collect(sweep_dir: Path) -> list[Job]:
+    """Every job of the sweep folder, in job order."""
+    return [Job.load(path) for path in job_dirs(sweep_dir)]
+
+
+def swept(jobs: Sequence[Job]) -> list[str]:
+    """The override keys whose value differs between jobs (all of them for a single job)."""
+    keys = list(dict.fromkeys(key for job in jobs for key in job.params))
+    if len(jobs) < 2:
+        return keys
+    return [key for key in keys if len({repr(job.params.get(key)) for job in jobs}) > 1]
+
+
+def rows(jobs: Sequence[Job]) -> list[dict[str, Any]]:
+    """One flat row per job: job, the swept values, the metrics, status, error."""
+    keys = swept(jobs)
+    return [{"job": job.name, **{key: job.params.get(key) for key in keys},
+             **{key: getattr(job, key) for key in METRICS}, "status": job.status, "error": job.error}
+            for job in jobs]
+
+
+def fmt(column: str, value: Any) -> str:
+    """A summary cell as text: losses to 4 decimals, tokens/s whole, MFU in percent."""
+    if value is None:
+        return ""
+    if column in FORMATS:
+        return FORMATS[column].format(value)
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def write(sweep_dir: Path, jobs: Sequence[Job]) -> None:
+    """Write summary.csv and summary.json into the sweep folder (each replaced atomically)."""
+    table = rows(jobs)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(table[0]) if table else ["job"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(table)
+    document = {"swept": swept(jobs), "jobs": [dataclasses.asdict(job) for job in jobs]}
+    _replace(sweep_dir / "summary.csv", text.getvalue())
+    _replace(sweep_dir / "summary.json", json.dumps(document, indent=2) + "\n")
+
+
+def table(jobs: Sequence[Job]) -> Table:
+    """The summary as a rich table (errors are printed beneath it, whole)."""
+    failed = sum(job.status == "failed" for job in jobs)
+    out = Table(title=f"sweep: {len(jobs)} jobs, {failed} failed", title_justify="left")
+    body = rows(jobs)
+    columns = [key for key in body[0] if key != "error"]
+    for column in columns:
+        out.add_column(column, justify="right" if column in METRICS else "left")
+    for row in body:
+        style = {"failed": "red", "unfinished": "yellow"}.get(row["status"])
+        out.add_row(*(fmt(column, row[column]) for column in columns), style=style)
+    return out
+
+
+def print_summary(sweep_dir: Path | str) -> list[Job]:
+    """Write the sweep folder's summary files and print its table; returns its jobs."""
+    sweep_dir = Path(sweep_dir)
+    jobs = collect(sweep_dir)
+    if not jobs:
+        return jobs
+    write(sweep_dir, jobs)
+    console = Console()
+    console.print(table(jobs))
+    for job in jobs:
+        if job.error:
+            console.print(f"job {job.name} failed: {job.error}", style="red", markup=False, highlight=False)
+    console.print(f"summary: {sweep_dir / 'summary.csv'}, {sweep_dir / 'summary.json'}", markup=False, highlight=False)
+    return jobs
+
+
+def error_line(exc: BaseException) -> str:
+    """``ValueError: first line of the message``."""
+    message = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+class SweepSummary(Callback):
+    """Records every job of a multirun and prints the summary table at the end."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # Hydra's BasicSweeper re-raises a failed job's error once the batch has run, and then
+        # skips on_multirun_end: the table is printed as the process exits instead.
+        atexit.register(print_summary, Path(config.hydra.sweep.dir))
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        failed = job_return.status == JobStatus.FAILED
+        # JobReturn.return_value re-raises a failure; the exception itself is _return_value.
+        result = {"status": "failed" if failed else "ok",
+                  "error": error_line(job_return._return_value) if failed else ""}
+        _replace(Path(config.hydra.runtime.output_dir) / RESULT, json.dumps(result) + "\n")
+        sweep_dir = Path(config.hydra.sweep.dir)
+        write(sweep_dir, collect(sweep_dir))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        atexit.unregister(print_summary)
+        print_summary(config.hydra.sweep.dir)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (parallel jobs rewrite the same summary)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(text)
+    os.replace(partial, path)

@@ -1,0 +1,74 @@
+"""Console progress: a live rich bar on a terminal, plain lines elsewhere (CI, SLURM logs).
+
+    step 100/1000 loss 2.345 tok/s 12.3k mfu 4.1% eta 1m23s
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
+from rich.progress import Progress as RichProgress
+
+from theseus.training.metrics import format_duration, format_si
+
+
+def status(metrics: Mapping[str, float], eta: float | None) -> str:
+    """``loss 2.345 tok/s 12.3k mfu 4.1% eta 1m23s``: the fields present, in that order."""
+    parts = [f"{key} {metrics[key]:.4g}" for key in ("loss", "val_loss") if key in metrics]
+    if "tokens_per_s" in metrics:
+        parts.append(f"tok/s {format_si(metrics['tokens_per_s'])}")
+    if "mfu" in metrics:
+        parts.append(f"mfu {100 * metrics['mfu']:.1f}%")
+    if eta is not None:
+        parts.append(f"eta {format_duration(eta)}")
+    return " ".join(parts)
+
+
+class Progress:
+    """Training progress from ``start`` to ``total`` steps.
+
+    The bar is live only when the console writes to an interactive terminal (not merely
+    one rich would colour, as with FORCE_COLOR in CI). The ETA extrapolates the wall-clock
+    rate since the first update, which leaves the first step's compilation out.
+    """
+
+    def __init__(self, total: int, start: int = 0, *, console: Console | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.total = total
+        self._console = console or Console()
+        self._clock = clock
+        self._first: tuple[int, float] | None = None  # (step, time) of the first update
+        self._bar = None
+        if self._console.is_interactive and self._console.file.isatty():
+            self._bar = RichProgress(
+                TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[status]}", markup=False),
+                console=self._console,
+            )
+            self._task = self._bar.add_task("train", total=total, completed=start, status="")
+            self._bar.start()
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Show ``step`` with its metrics: move the bar, or print one line."""
+        now = self._clock()
+        if self._first is None:
+            self._first = (step, now)
+        done, since = step - self._first[0], now - self._first[1]
+        eta = (self.total - step) * since / done if done > 0 else None
+        text = status(metrics, eta)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, status=text)
+        else:
+            self.print(f"step {step}/{self.total} {text}".rstrip())
+
+    def print(self, text: str) -> None:
+        """A line of text, above the bar when there is one."""
+        self._console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def close(self) -> None:
+        """Stop the bar (it stays on screen at its last state)."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
