@@ -17,6 +17,7 @@ from omegaconf import DictConfig, open_dict
 
 from theseus.config import ConfigError
 from theseus.config.compose import CONF, compose
+from theseus.config.registry import model_class
 
 INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc",
               "--resolve", "-p", "--package"}
@@ -54,11 +55,13 @@ def preflight(argv: list[str]) -> bool:
         run_dir = Path(cfg.hydra.run.dir)
         with open_dict(cfg):
             del cfg["hydra"]
+        if hasattr(model_class(cfg), "run"):  # a model with a task of its own
+            continue
         trainer = Trainer(cfg)
         if not multirun:
             trainer.check_run_dir(run_dir)
         trainers.append(trainer)
-    if all(t.settings.dry_run for t in trainers):
+    if trainers and all(t.settings.dry_run for t in trainers):
         for trainer in trainers:
             trainer.dry_run()
         return False
@@ -66,10 +69,16 @@ def preflight(argv: list[str]) -> bool:
 
 
 def _task(cfg: DictConfig) -> float:
-    """Hydra's task: train in the job's output directory; the final val loss is the objective."""
+    """Hydra's task in the job's output directory; returns the objective (the final val loss).
+
+    A model option may bring its own task as a classmethod ``run(cfg, run_dir) -> float``;
+    otherwise the language-model trainer trains it.
+    """
     from theseus.training.trainer import Trainer
 
-    return Trainer(cfg).run(Path(HydraConfig.get().runtime.output_dir))
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    own = getattr(model_class(cfg), "run", None)
+    return own(cfg, run_dir) if own else Trainer(cfg).run(run_dir)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,6 +11,7 @@ Its key, type, default and help live there; the Hydra schema is derived from it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Sequence
 from typing import Any
@@ -69,10 +70,11 @@ def field(
     return dataclasses.field(default=default, kw_only=kw_only, metadata=metadata)
 
 
-def specs(cls: type) -> list[FieldSpec]:
+@functools.cache
+def specs(cls: type) -> tuple[FieldSpec, ...]:
     """The config fields of a dataclass (a Flax module, a settings class), in declaration order."""
     if not dataclasses.is_dataclass(cls):
-        return []
+        return ()
     hints = _type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -93,7 +95,7 @@ def specs(cls: type) -> list[FieldSpec]:
                 owner=_owner(cls, f.name),
             )
         )
-    return out
+    return tuple(out)
 
 
 def components(cls: type) -> list[type]:

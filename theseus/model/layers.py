@@ -3,7 +3,9 @@
 Every layer is a theseus Module: its hyperparameters are config fields, its parameters carry
 logical axes, and ``flops(seq)`` counts forward + backward FLOPs of one sequence, with a
 matmul of an [m, k] by a [k, n] costing 2mkn forward and twice that backward (6 per
-parameter per position).
+parameter per position). Lookups, norms and elementwise ops count as 0.
+
+Shapes: ``x: [batch, seq, d_model]``; ``positions: int32[seq]``, the index of each position.
 """
 
 from __future__ import annotations
@@ -12,9 +14,138 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.base.axis import EMBED, MLP as MLP_AXIS
-from theseus.config import field
+from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, SEQ, VOCAB
+from theseus.base.axis import MLP as MLP_AXIS
+from theseus.config import ConfigError, configure, field
 from theseus.model.module import Module
+
+def check_vocab_size(vocab_size: int | None) -> None:
+    if vocab_size is None:
+        raise ConfigError(
+            "architecture.vocab_size is not set: set architecture.vocab_size=N "
+            "(the trainer takes it from the data's tokenizer)"
+        )
+
+
+def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None, positions: str) -> None:
+    """The head layout is consistent: heads split d_model, kv heads split heads, RoPE pairs."""
+    if d_model % n_heads:
+        raise ConfigError(f"architecture.d_model ({d_model}) must be divisible by architecture.n_heads ({n_heads})")
+    if n_kv_heads is not None and n_heads % n_kv_heads:
+        raise ConfigError(
+            f"architecture.n_heads ({n_heads}) must be divisible by architecture.n_kv_heads ({n_kv_heads})"
+        )
+    if positions == "rope" and (d_model // n_heads) % 2:
+        raise ConfigError(
+            f"architecture.positions=rope needs an even head size, but architecture.d_model / "
+            f"architecture.n_heads = {d_model // n_heads}"
+        )
+
+
+def param(module: Module, name: str, init: nn.initializers.Initializer, axes: tuple, shape: tuple) -> jax.Array:
+    """A parameter of ``module`` in its param dtype, annotated with logical ``axes``."""
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, module._param_dtype)
+
+
+def dense(equation: str, x: jax.Array, w: jax.Array, b: jax.Array | None, dtype: jnp.dtype) -> jax.Array:
+    """``einsum(equation, x, w) + b`` computed in ``dtype`` (no bias when ``b`` is None)."""
+    y = jnp.einsum(equation, x.astype(dtype), w.astype(dtype))
+    return y if b is None else y + b.astype(dtype)
+
+
+class Embedding(Module):
+    """Token embedding: ``tokens: int32[batch, seq] -> [batch, seq, d_model]``.
+
+    ``attend`` is the tied output head; its matmul is counted by the model that uses it.
+    """
+
+    vocab_size: int | None = field("architecture/vocab_size", default=None, help="vocabulary; None: the tokenizer's")
+    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
+    init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
+
+    def setup(self):
+        check_vocab_size(self.vocab_size)
+        init = nn.initializers.normal(self.init_std)
+        self.embedding = param(self, "embedding", init, (VOCAB, EMBED), (self.vocab_size, self.d_model))
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        return jnp.take(self.embedding, tokens, axis=0).astype(self._activation_dtype)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        """Logits against the embedding: ``x: [batch, seq, d_model] -> [batch, seq, vocab_size]``."""
+        return dense("bsd,vd->bsv", x, self.embedding, None, self._activation_dtype)
+
+
+class PositionEmbedding(Module):
+    """Learned absolute positions: ``positions: int32[seq] -> [seq, d_model]``."""
+
+    seq_len: int = field("architecture/seq_len", default=1024, help="context length; data windows use it")
+    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
+    init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
+
+    def setup(self):
+        init = nn.initializers.normal(self.init_std)
+        self.embedding = param(self, "embedding", init, (SEQ, EMBED), (self.seq_len, self.d_model))
+
+    def __call__(self, positions: jax.Array) -> jax.Array:
+        return jnp.take(self.embedding, positions, axis=0).astype(self._activation_dtype)
+
+
+class RoPE(Module):
+    """Rotary positions (RoFormer; GPT-NeoX/Llama "rotate half" layout).
+
+    Feature pair ``(i, i + head_dim/2)`` of every head turns by ``position * rope_theta **
+    (-2i / head_dim)``, so that query-key products depend on relative position only.
+    ``x: [batch, seq, heads, head_dim], positions: int32[seq] -> x rotated`` (float32 inside).
+    """
+
+    rope_theta: float = field("architecture/rope_theta", default=10000.0, help="RoPE base wavelength")
+
+    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        half = x.shape[-1] // 2
+        inv_freq = self.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+        angle = positions.astype(jnp.float32)[:, None] * inv_freq  # [seq, half]
+        cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]  # [seq, 1, half]
+        x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+        return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class LayerNorm(Module):
+    """``(x - mean) / sqrt(var + eps) * scale + bias`` over d_model, in float32."""
+
+    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
+    bias: bool = field("architecture/bias", default=True, help="add biases to linear layers and norms")
+    eps: float = 1e-5
+
+    def setup(self):
+        self.scale = param(self, "scale", nn.initializers.ones, (EMBED,), (self.d_model,))
+        self.offset = param(self, "bias", nn.initializers.zeros, (EMBED,), (self.d_model,)) if self.bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.astype(jnp.float32)
+        x = x - x.mean(-1, keepdims=True)
+        y = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + self.eps) * self.scale.astype(jnp.float32)
+        if self.offset is not None:
+            y = y + self.offset.astype(jnp.float32)
+        return y.astype(self._activation_dtype)
+
+
+class RMSNorm(Module):
+    """``x / sqrt(mean(x^2) + eps) * scale`` over d_model, in float32."""
+
+    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
+    eps: float = 1e-5
+
+    def setup(self):
+        self.scale = param(self, "scale", nn.initializers.ones, (EMBED,), (self.d_model,))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.astype(jnp.float32)
+        y = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + self.eps) * self.scale.astype(jnp.float32)
+        return y.astype(self._activation_dtype)
+
+
+NORMS: dict[str, type[Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
 
 
 class MLP(Module):
@@ -25,8 +156,10 @@ class MLP(Module):
 
     d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
     d_ff: int | None = field("architecture/d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
-    activation: str = field("architecture/activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity")
-    bias: bool = field("architecture/bias", default=True, help="add biases to linear layers")
+    activation: str = field(
+        "architecture/activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
+    )
+    bias: bool = field("architecture/bias", default=True, help="add biases to linear layers and norms")
     dropout: float = field("architecture/dropout", default=0.0, help="dropout rate (training only)")
     init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
 
@@ -40,14 +173,12 @@ class MLP(Module):
         return 2 if self.activation == "swiglu" else 1
 
     def setup(self):
-        init = nn.initializers.normal(self.init_std)
-        shape_in = (self.n_in, self.d_model, self.hidden)
-        self.w_in = self.param("w_in", nn.with_logical_partitioning(init, (None, EMBED, MLP_AXIS)), shape_in, self._param_dtype)
-        self.w_out = self.param("w_out", nn.with_logical_partitioning(init, (MLP_AXIS, EMBED)), (self.hidden, self.d_model), self._param_dtype)
+        init, zeros = nn.initializers.normal(self.init_std), nn.initializers.zeros
+        self.w_in = param(self, "w_in", init, (None, EMBED, MLP_AXIS), (self.n_in, self.d_model, self.hidden))
+        self.w_out = param(self, "w_out", init, (MLP_AXIS, EMBED), (self.hidden, self.d_model))
         if self.bias:
-            zeros = nn.initializers.zeros
-            self.b_in = self.param("b_in", nn.with_logical_partitioning(zeros, (None, MLP_AXIS)), (self.n_in, self.hidden), self._param_dtype)
-            self.b_out = self.param("b_out", nn.with_logical_partitioning(zeros, (EMBED,)), (self.d_model,), self._param_dtype)
+            self.b_in = param(self, "b_in", zeros, (None, MLP_AXIS), (self.n_in, self.hidden))
+            self.b_out = param(self, "b_out", zeros, (EMBED,), (self.d_model,))
         self.drop = nn.Dropout(self.dropout)
 
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
@@ -56,10 +187,134 @@ class MLP(Module):
         if self.bias:
             h = h + self.b_in.astype(dtype)[:, None, None, :]
         h = jax.nn.silu(h[0]) * h[1] if self.activation == "swiglu" else jax.nn.gelu(h[0], approximate=True)
-        y = h @ self.w_out.astype(dtype)
-        if self.bias:
-            y = y + self.b_out.astype(dtype)
+        h = nn.with_logical_constraint(h, (BATCH, SEQ, MLP_AXIS))
+        y = dense("bsf,fd->bsd", h, self.w_out, self.b_out if self.bias else None, dtype)
         return self.drop(y, deterministic=deterministic)
 
     def flops(self, seq: int) -> int:
         return 6 * (self.n_in + 1) * self.d_model * self.hidden * seq
+
+
+class KVCache(Module):
+    """Keys and values of the positions seen so far, for decoding a chunk at a time.
+
+    Its variables (collection ``cache``) are ``[batch, max_len, kv_heads, head_dim]``, sized by
+    the call that creates them (``theseus.model.generate`` creates them at prompt + new tokens).
+    """
+
+    @nn.compact
+    def __call__(self, k: jax.Array, v: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Write ``k, v: [batch, seq, kv_heads, head_dim]`` at ``positions``; return every cached
+        key and value and the causal mask ``bool[seq, max_len]`` of the queries at ``positions``."""
+        keys = self.variable("cache", "key", jnp.zeros, k.shape, k.dtype)
+        values = self.variable("cache", "value", jnp.zeros, v.shape, v.dtype)
+        keys.value = jax.lax.dynamic_update_slice_in_dim(keys.value, k, positions[0], axis=1)
+        values.value = jax.lax.dynamic_update_slice_in_dim(values.value, v, positions[0], axis=1)
+        mask = positions[:, None] >= jnp.arange(keys.value.shape[1])
+        return keys.value, values.value, mask
+
+
+class Attention(Module):
+    """Causal self-attention, multi-head or grouped-query: ``x: [batch, seq, d_model] -> same``.
+
+    ``n_heads`` query heads share ``n_kv_heads`` key/value heads (MHA when equal, MQA at 1),
+    through ``jax.nn.dot_product_attention`` (``attention_impl=cudnn``: cuDNN flash attention).
+    Dropout applies to the output (the fused kernels have none on the probabilities). With
+    ``decode``, keys and values go through a KVCache and queries see every cached position up
+    to their own.
+    """
+
+    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
+    n_heads: int = field("architecture/n_heads", default=12, help="attention (query) heads")
+    n_kv_heads: int | None = field("architecture/n_kv_heads", default=None, help="key/value heads; None: n_heads")
+    bias: bool = field("architecture/bias", default=True, help="add biases to linear layers and norms")
+    dropout: float = field("architecture/dropout", default=0.0, help="dropout rate (training only)")
+    init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
+    positions: str = field(
+        "architecture/positions", default="learned", choices=("learned", "rope"), help="position encoding"
+    )
+    attention_impl: str | None = field(
+        "architecture/attention_impl", default=None, choices=(None, "xla", "cudnn"),
+        help="jax.nn.dot_product_attention implementation; None: JAX chooses",
+    )
+    decode: bool = False  # not a config key: attend through a KVCache (generation)
+
+    def __post_init__(self):
+        check_heads(self.d_model, self.n_heads, self.n_kv_heads, self.positions)
+        super().__post_init__()
+
+    @classmethod
+    def components(cls) -> list[type]:
+        return [RoPE, KVCache]
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    def setup(self):
+        d, h, kv, hd = self.d_model, self.n_heads, self.kv_heads, self.head_dim
+        init, zeros = nn.initializers.normal(self.init_std), nn.initializers.zeros
+        self.wq = param(self, "wq", init, (EMBED, HEADS, HEAD_DIM), (d, h, hd))
+        self.wk = param(self, "wk", init, (EMBED, KV_HEADS, HEAD_DIM), (d, kv, hd))
+        self.wv = param(self, "wv", init, (EMBED, KV_HEADS, HEAD_DIM), (d, kv, hd))
+        self.wo = param(self, "wo", init, (HEADS, HEAD_DIM, EMBED), (h, hd, d))
+        self.bq = param(self, "bq", zeros, (HEADS, HEAD_DIM), (h, hd)) if self.bias else None
+        self.bk = param(self, "bk", zeros, (KV_HEADS, HEAD_DIM), (kv, hd)) if self.bias else None
+        self.bv = param(self, "bv", zeros, (KV_HEADS, HEAD_DIM), (kv, hd)) if self.bias else None
+        self.bo = param(self, "bo", zeros, (EMBED,), (d,)) if self.bias else None
+        self.rope = configure(RoPE) if self.positions == "rope" else None
+        self.cache = configure(KVCache) if self.decode else None
+        self.drop = nn.Dropout(self.dropout)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, deterministic: bool = True) -> jax.Array:
+        dtype = self._activation_dtype
+        q = dense("bsd,dnh->bsnh", x, self.wq, self.bq, dtype)  # [batch, seq, heads, head_dim]
+        k = dense("bsd,dnh->bsnh", x, self.wk, self.bk, dtype)  # [batch, seq, kv_heads, head_dim]
+        v = dense("bsd,dnh->bsnh", x, self.wv, self.bv, dtype)
+        q = nn.with_logical_constraint(q, (BATCH, SEQ, HEADS, HEAD_DIM))
+        if self.rope is not None:
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        if self.cache is None:
+            out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.attention_impl)
+        else:  # a masked step over the cache: XLA's kernel (the flash kernels want whole sequences)
+            k, v, mask = self.cache(k, v, positions)
+            out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+        y = dense("bsnh,nhd->bsd", out, self.wo, self.bo, dtype)
+        return self.drop(y, deterministic=deterministic)
+
+    def flops(self, seq: int) -> int:
+        """Projections (q, o: d_model x d_model; k, v: d_model x kv width), then scores and
+        values: 2 x 2 x seq^2 x d_model forward, x 3 with backward, in full (not causal-halved)."""
+        projections = 2 * self.d_model * (self.n_heads + self.kv_heads) * self.head_dim
+        return 6 * projections * seq + 12 * self.n_heads * self.head_dim * seq**2
+
+
+class Block(Module):
+    """Pre-norm residual block: ``x + attn(norm(x))``, then ``+ mlp(norm(x))``; x: [batch, seq, d_model]."""
+
+    norm: str = field("architecture/norm", default="layernorm", choices=tuple(NORMS), help="normalisation layer")
+    decode: bool = False  # not a config key: attend through a KVCache (generation)
+
+    @classmethod
+    def components(cls) -> list[type]:
+        return [*NORMS.values(), Attention, MLP]
+
+    def setup(self):
+        self.ln_1 = configure(NORMS[self.norm])
+        self.attn = configure(Attention, decode=self.decode)
+        self.ln_2 = configure(NORMS[self.norm])
+        self.mlp = configure(MLP)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, deterministic: bool = True) -> jax.Array:
+        x = x + self.attn(self.ln_1(x), positions, deterministic)
+        x = x + self.mlp(self.ln_2(x), deterministic)
+        return nn.with_logical_constraint(x, (BATCH, SEQ, EMBED))
+
+    def flops(self, seq: int) -> int:
+        """Attention + MLP (the norms do no matmuls)."""
+        attn, mlp = (self.detached(cls) for cls in (Attention, MLP))
+        return attn.flops(seq) + mlp.flops(seq)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TypeVar
 
 import flax.linen as nn
 import jax
@@ -17,8 +18,9 @@ import jax.numpy as jnp
 
 from theseus.base.axis import ShardingPlan, merge
 from theseus.config.context import Snapshot, active, configuration, configure
-from theseus.config.fields import Configurable, field
+from theseus.config.fields import Configurable, field, specs
 
+M = TypeVar("M", bound="Module")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -69,9 +71,22 @@ class Module(nn.Module, Configurable):
 
     def plan(self) -> ShardingPlan:
         """The merged plan of this module and every Module type in its components() tree."""
-        with configuration(self._config):
-            children = [configure(cls, parent=None) for cls in type(self).gather()[1:] if issubclass(cls, Module)]
+        children = [self.detached(cls) for cls in type(self).gather()[1:] if issubclass(cls, Module)]
         return merge([self.sharding, *(child.sharding for child in children)])
+
+    def own_configuration(self) -> Snapshot:
+        """The configuration this module was built under, with its own field values on top.
+
+        Its children are built from it, so that ``GPT(d_model=64)``, or a clone with a field
+        changed, builds children that agree with it.
+        """
+        base = self._config.to_dict() if self._config is not None else {}
+        return Snapshot({**base, **{spec.key: getattr(self, spec.name) for spec in specs(type(self))}})
+
+    def detached(self, cls: type[M], /, **kwargs) -> M:
+        """A child ``cls`` as ``setup()`` would configure it, but unbound (for flops and plans)."""
+        with configuration(self.own_configuration()):
+            return configure(cls, parent=None, **kwargs)
 
 
 def _in_own_configuration(method):
@@ -79,7 +94,7 @@ def _in_own_configuration(method):
 
     @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
-        with configuration(self._config):
+        with configuration(self.own_configuration()):
             return method(self, *args, **kwargs)
 
     return wrapped

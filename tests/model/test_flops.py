@@ -1,0 +1,69 @@
+"""GPT.flops: the documented convention, parents summing children, and XLA's own count."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from theseus.config import configuration, configure
+from theseus.model.layers import MLP, Attention, Block
+from theseus.model.models.gpt import GPT, cross_entropy
+
+GPT2 = {
+    "architecture.vocab_size": 512, "architecture.seq_len": 128, "architecture.n_layers": 2,
+    "architecture.d_model": 256, "architecture.n_heads": 4,
+}
+LLAMA = {
+    "architecture.vocab_size": 1024, "architecture.seq_len": 256, "architecture.n_layers": 2,
+    "architecture.d_model": 192, "architecture.n_heads": 6, "architecture.n_kv_heads": 2, "architecture.d_ff": 512,
+    "architecture.norm": "rmsnorm", "architecture.activation": "swiglu", "architecture.positions": "rope",
+    "architecture.bias": False, "architecture.tie_embeddings": False,
+}
+
+
+def build(cls, cfg):
+    with configuration(cfg):
+        return configure(cls)
+
+
+def matmul_params(params: dict, tied: bool) -> int:
+    """Elements of the weights used in matmuls, read off the parameter tree: the projections,
+    the untied head, or the token table when it is the head."""
+    weights = {"wq", "wk", "wv", "wo", "w_in", "w_out", "lm_head"}
+    total = params["wte"]["embedding"].size if tied else 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        total += leaf.size if path[-1].key in weights else 0
+    return total
+
+
+@pytest.mark.parametrize("cfg", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_flops_is_six_matmul_params_per_token_plus_attention(cfg):
+    model = build(GPT, cfg)
+    seq = 64
+    abstract = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, seq), jnp.int32)))["params"]
+    attention = 12 * model.n_layers * model.d_model * seq**2
+    assert model.flops(seq) == 6 * matmul_params(abstract, model.tie_embeddings) * seq + attention
+
+
+def test_a_parent_counts_its_children_plus_its_own():
+    model = build(GPT, LLAMA)
+    block, attn, mlp = (build(cls, LLAMA) for cls in (Block, Attention, MLP))
+    assert block.flops(100) == attn.flops(100) + mlp.flops(100)
+    assert model.flops(100) == 2 * block.flops(100) + 6 * 192 * 1024 * 100
+
+
+@pytest.mark.parametrize("cfg", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_flops_agrees_with_xla_cost_analysis_within_5_percent(cfg):
+    model = build(GPT, cfg)
+    seq = model.seq_len
+    x = jnp.zeros((1, seq), jnp.int32)
+    params = jax.eval_shape(model.init, jax.random.key(0), x)["params"]
+
+    def loss(p, tokens):
+        return cross_entropy(model.apply({"params": p}, tokens), tokens)
+
+    compiled = jax.jit(jax.grad(loss)).lower(params, x).compile()
+    xla = compiled.cost_analysis()["flops"]
+    assert abs(model.flops(seq) - xla) / xla < 0.05, (model.flops(seq), xla)

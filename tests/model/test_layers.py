@@ -1,0 +1,160 @@
+"""Layer math against independent references (numpy formulas, naive attention)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from theseus.config import configuration, configure
+from theseus.model.layers import MLP, Attention, Embedding, LayerNorm, RMSNorm, RoPE
+
+D = 16
+SMALL = {"architecture.d_model": D, "architecture.n_heads": 4, "architecture.d_ff": 24}
+
+
+def build(cls, **overrides):
+    with configuration({**SMALL, **overrides}):
+        return configure(cls)
+
+
+def normal(*shape: int, seed: int = 1) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def random_params(module, *args, seed=0):
+    """Variables shaped as ``module.init``'s, every leaf standard-normal (biases and scales too),
+    drawn with numpy: no RNG kernels to compile."""
+    rng = np.random.default_rng(seed)
+    abstract = nn.unbox(jax.eval_shape(module.init, jax.random.key(0), *args))
+    return jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s.shape), s.dtype), abstract)
+
+
+def test_layernorm_matches_formula_in_float32_for_bfloat16_activations():
+    norm = build(LayerNorm, **{"architecture.dtype.activation": "bfloat16"})
+    x = 3.0 + 2.0 * normal(2, 5, D, seed=1)
+    params = random_params(norm, x)
+    y = norm.apply(params, x.astype(jnp.bfloat16))
+    assert y.dtype == jnp.bfloat16
+    p, xs = params["params"], np.asarray(x.astype(jnp.bfloat16), np.float64)
+    ref = (xs - xs.mean(-1, keepdims=True)) / np.sqrt(xs.var(-1, keepdims=True) + 1e-5) * p["scale"] + p["bias"]
+    np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_layernorm_without_bias_has_no_bias_param():
+    norm = build(LayerNorm, **{"architecture.bias": False})
+    assert set(random_params(norm, jnp.ones((1, D)))["params"]) == {"scale"}
+
+
+def test_rmsnorm_matches_formula():
+    norm = build(RMSNorm)
+    x = normal(2, 5, D, seed=1)
+    params = random_params(norm, x)
+    xs = np.asarray(x, np.float64)
+    ref = xs / np.sqrt((xs**2).mean(-1, keepdims=True) + 1e-5) * params["params"]["scale"]
+    np.testing.assert_allclose(norm.apply(params, x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_rope_is_a_complex_rotation_by_position_times_frequency():
+    rope = build(RoPE, **{"architecture.rope_theta": 500.0})
+    x = normal(2, 7, 3, 8, seed=0)
+    positions = jnp.arange(7) + 5
+    xs = np.asarray(x, np.float64)
+    z = xs[..., :4] + 1j * xs[..., 4:]  # pair (i, i + 4) as one complex number
+    freq = 500.0 ** (-2 * np.arange(4) / 8)
+    z = z * np.exp(1j * np.asarray(positions)[:, None, None] * freq)
+    np.testing.assert_allclose(rope.apply({}, x, positions), np.concatenate([z.real, z.imag], -1), atol=1e-5)
+
+
+def test_rope_scores_depend_on_relative_position_only():
+    rope = build(RoPE)
+    q, k = normal(2, 1, 1, 1, 16, seed=0)
+
+    def score(m, n):
+        return jnp.sum(rope.apply({}, q, jnp.array([m])) * rope.apply({}, k, jnp.array([n])))
+
+    assert np.isclose(score(3, 1), score(10, 8), atol=1e-5) and np.isclose(score(0, 0), jnp.sum(q * k), atol=1e-5)
+    assert not np.isclose(score(3, 1), score(1, 3), atol=1e-3)
+
+
+def naive_attention(x, p, n_heads, n_kv_heads):
+    """Causal attention in float64 numpy: q, k, v per head, softmax(q k^T / sqrt(d)) v."""
+    x = np.asarray(x, np.float64)
+    q = np.einsum("bsd,dnh->bnsh", x, p["wq"]) + p["bq"][None, :, None]
+    k = np.einsum("bsd,dnh->bnsh", x, p["wk"]) + p["bk"][None, :, None]
+    v = np.einsum("bsd,dnh->bnsh", x, p["wv"]) + p["bv"][None, :, None]
+    group = n_heads // n_kv_heads
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
+    seq = x.shape[1]
+    scores = np.where(np.tril(np.ones((seq, seq), bool)), scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bnsh,nhd->bsd", probs @ v, p["wo"]) + p["bo"]
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_attention_matches_naive_causal_attention(n_kv_heads):
+    attn = build(Attention, **{"architecture.n_kv_heads": n_kv_heads})
+    x = normal(2, 6, D, seed=1)
+    positions = jnp.arange(6)
+    params = random_params(attn, x, positions, seed=n_kv_heads)
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params["params"])
+    np.testing.assert_allclose(attn.apply(params, x, positions), naive_attention(x, p, 4, n_kv_heads), atol=1e-4)
+
+
+def test_grouped_query_attention_equals_mha_with_repeated_kv_heads():
+    gqa, mha = build(Attention, **{"architecture.n_kv_heads": 2}), build(Attention)
+    x = normal(2, 6, D, seed=1)
+    positions = jnp.arange(6)
+    p = random_params(gqa, x, positions)["params"]
+    repeated = {**p, **{name: jnp.repeat(p[name], 2, axis=-2) for name in ("wk", "wv", "bk", "bv")}}
+    assert repeated["wk"].shape == random_params(mha, x, positions)["params"]["wk"].shape
+    np.testing.assert_allclose(
+        gqa.apply({"params": p}, x, positions), mha.apply({"params": repeated}, x, positions), atol=1e-5
+    )
+
+
+def test_attention_output_at_a_position_ignores_later_positions():
+    attn = build(Attention, **{"architecture.positions": "rope"})
+    x = normal(1, 6, D, seed=1)
+    positions = jnp.arange(6)
+    params = random_params(attn, x, positions)
+    changed = x.at[:, 4:].set(0.0)
+    before, after = attn.apply(params, x, positions), attn.apply(params, changed, positions)
+    np.testing.assert_allclose(before[:, :4], after[:, :4], atol=1e-6)
+    assert not np.allclose(before[:, 4:], after[:, 4:])
+
+
+def test_swiglu_mlp_matches_formula():
+    mlp = build(MLP, **{"architecture.activation": "swiglu", "architecture.bias": False})
+    x = normal(2, 3, D, seed=1)
+    params = random_params(mlp, x)
+    p = params["params"]
+    assert set(p) == {"w_in", "w_out"} and p["w_in"].shape == (2, D, 24)
+    ref = (jax.nn.silu(x @ p["w_in"][0]) * (x @ p["w_in"][1])) @ p["w_out"]
+    np.testing.assert_allclose(mlp.apply(params, x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_honours_deterministic():
+    mlp = build(MLP, **{"architecture.dropout": 0.5})
+    x = jnp.ones((2, 3, D))
+    params = random_params(mlp, x)
+    plain = build(MLP).apply(params, x)
+    np.testing.assert_array_equal(mlp.apply(params, x, deterministic=True), plain)
+    dropped = mlp.apply(params, x, deterministic=False, rngs={"dropout": jax.random.key(1)})
+    kept = np.asarray(dropped) != 0
+    assert 0 < kept.mean() < 1
+    np.testing.assert_allclose(np.asarray(dropped)[kept], 2 * np.asarray(plain)[kept], rtol=1e-5)
+
+
+def test_embedding_lookup_and_tied_head():
+    emb = build(Embedding, **{"architecture.vocab_size": 11})
+    tokens = jnp.array([[0, 3, 10]])
+    params = random_params(emb, tokens)
+    table = params["params"]["embedding"]
+    np.testing.assert_array_equal(emb.apply(params, tokens), table[tokens])
+    x = normal(1, 3, D, seed=1)
+    np.testing.assert_allclose(emb.apply(params, x, method=Embedding.attend), x @ table.T, atol=1e-6)
