@@ -13,14 +13,33 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
+from theseus.base.distributed import initialize
 from theseus.config import ConfigError
 from theseus.config.compose import CONF, compose
 from theseus.config.registry import model_class
 
-INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc",
-              "--resolve", "-p", "--package"}
+INFO_FLAGS = {"--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve", "-p", "--package"}
+USAGE = """usage: python -m theseus.run [+experiment=NAME] [KEY=VALUE ...]          train
+       python -m theseus.run -m +experiment=NAME [+sweep=NAME | KEY=A,B ...]  sweep
+       python -m theseus.run ... --cfg job                                   print the composed config
+       python -m theseus.run --hydra-help                                    Hydra's own flags
+
+Choices (GROUP=OPTION, +experiment=NAME, +sweep=NAME):
+{choices}
+
+Keys (KEY=VALUE; every one is a field() in the code):
+{listing}
+"""
+
+
+def usage() -> str:
+    """The ``--help`` text: groups, experiments, sweeps and every derived key."""
+    from theseus.config.listing import choices, listing
+
+    return USAGE.format(choices=choices(), listing=listing())
 
 
 def job_overrides(argv: list[str]) -> list[list[str]]:
@@ -74,16 +93,28 @@ def _task(cfg: DictConfig) -> float:
     A model option may bring its own task as a classmethod ``run(cfg, run_dir) -> float``;
     otherwise the language-model trainer trains it.
     """
-    from theseus.training.trainer import Trainer
+    from theseus.training.trainer import Trainer, TrainingError
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_config = HydraConfig.get()
+    run_dir = Path(hydra_config.runtime.output_dir)
     own = getattr(model_class(cfg), "run", None)
-    return own(cfg, run_dir) if own else Trainer(cfg).run(run_dir)
+    try:
+        return own(cfg, run_dir) if own else Trainer(cfg).run(run_dir)
+    except (ConfigError, TrainingError) as exc:
+        if hydra_config.mode == RunMode.MULTIRUN or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise  # the sweep records the job as failed and runs the others
+        print(f"theseus: error: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if {"--help", "-h"} & set(argv):
+        print(usage(), end="")
+        return
     try:
+        if not INFO_FLAGS & set(argv):  # join the job before anything touches a device
+            initialize(compose(job_overrides(argv)[0]))
         proceed = preflight(argv)
     except ConfigError as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":

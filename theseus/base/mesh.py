@@ -1,4 +1,4 @@
-"""The device mesh from config (axes data, fsdp, tensor), and multi-host settings."""
+"""The device mesh from config: axes data, fsdp, tensor."""
 
 from __future__ import annotations
 
@@ -24,13 +24,26 @@ class MeshConfig(Configurable):
     tensor: int = field("mesh/tensor", default=1, help="tensor-parallel size; -1: the remaining devices")
     rules: dict = field("mesh/rules", default={}, help="logical axis -> mesh axes, overriding the model's plan")
 
+    def __post_init__(self):
+        """Each rule maps a logical axis to mesh axes (a name, a list of names, or null)."""
+        for logical, axes in self.rules.items():
+            names = [] if axes is None else [axes] if isinstance(axes, str) else axes
+            if not isinstance(names, list | tuple) or any(axis not in MESH_AXES for axis in names):
+                raise ConfigError(f"mesh.rules.{logical}={axes!r} is not a mesh axis: use one of "
+                                  f"{', '.join(MESH_AXES)}, a list of them, or null (replicated)")
+
     def shape(self, n_devices: int) -> dict[str, int]:
         """``{"data": d, "fsdp": f, "tensor": t}`` with -1 resolved; ConfigError when impossible."""
         sizes = {axis: getattr(self, axis) for axis in MESH_AXES}
         given = " x ".join(f"{axis}={size}" for axis, size in sizes.items())
         free = [axis for axis, size in sizes.items() if size == -1]
-        if len(free) > 1 or any(size == 0 or size < -1 for size in sizes.values()):
-            raise ConfigError(f"mesh {given}: sizes must be positive, with at most one -1")
+        bad = [f"mesh.{axis}={size}" for axis, size in sizes.items() if size == 0 or size < -1]
+        if bad:
+            raise ConfigError(f"{', '.join(bad)}: mesh sizes must be positive (or -1: the remaining devices); "
+                              f"the mesh was {given}")
+        if len(free) > 1:
+            raise ConfigError(f"{' and '.join(f'mesh.{axis}=-1' for axis in free)}: at most one -1 (the remaining "
+                              f"devices) is allowed: give the other mesh axes a size")
         fixed = math.prod(size for size in sizes.values() if size != -1)
         if free:
             if n_devices % fixed:
@@ -42,16 +55,6 @@ class MeshConfig(Configurable):
                 f"set mesh.data/fsdp/tensor so their product is {n_devices} (-1 takes the rest)"
             )
         return sizes
-
-
-@register("distributed", "default")
-@dataclasses.dataclass(frozen=True)
-class DistributedConfig(Configurable):
-    """Multi-host settings for ``jax.distributed``; unset: detected, or a single process."""
-
-    coordinator: str | None = field("distributed/coordinator", default=None, help="host:port of process 0; unset: detected")
-    num_processes: int | None = field("distributed/num_processes", default=None, help="number of processes; unset: detected")
-    process_id: int | None = field("distributed/process_id", default=None, help="this process's index; unset: detected")
 
 
 def make_mesh(config: MeshConfig, devices: list | None = None) -> Mesh:

@@ -23,6 +23,7 @@ BUILTINS = (
     "theseus.model.models",
     "theseus.model.fit",
     "theseus.base.mesh",
+    "theseus.base.distributed",
     "theseus.data.config",
     "theseus.training.optimizer",
     "theseus.training.config",
@@ -111,6 +112,18 @@ def store() -> None:
         for name, path in folder_options(group).items():
             try:
                 node = OmegaConf.load(path)
-            except Exception as exc:
-                raise ConfigError(f"{path} does not parse as YAML: {str(exc).splitlines()[0]}") from exc
+            except Exception as exc:  # reported when chosen: an unused broken file stops nothing
+                first = " ".join(str(exc).split("\n")[0].split())
+                _BROKEN[(group, name)] = (f"{path} does not parse as YAML ({first}): fix the file "
+                                          f"(or choose another {group})")
+                continue
+            _BROKEN.pop((group, name), None)
             cs.store(group=group, name=name, node=node, package="_global_")
+
+
+_BROKEN: dict[tuple[str, str], str] = {}  # (experiment or sweep, name) -> why its file does not load
+
+
+def broken(group: str, name: str) -> str | None:
+    """Why the ``group`` file ``name`` (experiment or sweep) did not load; None when it did."""
+    return _BROKEN.get((group, name))

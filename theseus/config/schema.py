@@ -49,10 +49,24 @@ def structured(schema: Schema) -> DictConfig:
     below it, nodes are structured (types checked, unknown keys rejected).
     """
     tree = _nest(schema)
-    return OmegaConf.create(
+    node = OmegaConf.create(
         {name: OmegaConf.structured(_dataclass(name, sub)) if isinstance(sub, dict) else _default(sub).default
          for name, sub in tree.items()}
     )
+    for key, spec in schema.items():  # a dict-valued key's entries are its value: any may be set
+        if _origin(spec.type) is dict:
+            value = OmegaConf.select(node, key)
+            if OmegaConf.is_config(value):
+                OmegaConf.set_struct(value, False)
+    return node
+
+
+def _origin(tp: Any) -> Any:
+    """``dict`` for ``dict``, ``dict[str, int]`` and ``dict | None``; else the type's origin."""
+    args = [a for a in getattr(tp, "__args__", ()) if a is not type(None)]
+    if isinstance(tp, types.UnionType) or getattr(tp, "__origin__", None) is typing.Union:
+        tp = args[0] if len(args) == 1 else tp
+    return getattr(tp, "__origin__", None) or tp
 
 
 def _check_agree(a: FieldSpec, b: FieldSpec) -> None:

@@ -18,6 +18,8 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
+from theseus.config import ConfigError
+
 
 class Checkpointer:
     """Saves and restores a run's checkpoints under ``directory`` (one folder per step)."""
@@ -31,7 +33,9 @@ class Checkpointer:
         )
         self.directory = Path(directory).absolute()
         self.requested_step = requested_step  # restore this step rather than the newest
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
+                    "config": ocp.JsonCheckpointHandler()}
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     @classmethod
     def at(cls, path: Path) -> Checkpointer:
@@ -63,21 +67,37 @@ class Checkpointer:
         """The newest readable checkpoint (or ``step``): (state, loader state, config, step).
 
         ``abstract_state`` gives the shapes, dtypes and shardings to restore onto. A damaged
-        checkpoint is reported in one line and the previous one tried; None when none is left.
+        checkpoint is reported in one line, set aside and the previous one tried; None when
+        none is left. A whole checkpoint whose arrays do not fit ``abstract_state`` (another
+        model) raises ConfigError: that is a mistake in the config, not damage.
         """
         candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
         for candidate in candidates:
+            try:
+                saved = self.manager.item_metadata(candidate)["state"]
+                shapes = _shapes(saved)
+            except Exception as exc:  # noqa: BLE001 - unreadable metadata: damaged
+                self._damaged(candidate, exc, report)
+                continue
+            if shapes != _shapes(abstract_state):
+                raise ConfigError(
+                    f"checkpoint {self.directory / str(candidate)} holds arrays of other shapes than this "
+                    f"model's: resume with the config it was trained with, or use a new hydra.run.dir"
+                )
             args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
                                       config=ocp.args.JsonRestore())
             try:
                 restored = self.manager.restore(candidate, args=args)
-            except Exception as exc:  # noqa: BLE001 - any failure to read means: damaged
-                kept = self._set_aside(candidate)
-                report(f"checkpoint {self.directory / str(candidate)} is unreadable ({type(exc).__name__}); "
-                       f"kept as {kept.name}, falling back to an earlier one")
+            except Exception as exc:  # noqa: BLE001 - metadata fits but the data does not read: damaged
+                self._damaged(candidate, exc, report)
                 continue
             return restored.state, dict(restored.data), dict(restored.config), candidate
         return None
+
+    def _damaged(self, step: int, exc: Exception, report: Callable[[str], None]) -> None:
+        kept = self._set_aside(step)
+        report(f"checkpoint {self.directory / str(step)} is unreadable ({type(exc).__name__}); "
+               f"kept as {kept.name}, falling back to an earlier one")
 
     def _set_aside(self, step: int) -> Path:
         """Rename a damaged step out of the way (not deleted: nothing is lost), so it can be rewritten."""
@@ -93,4 +113,9 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _shapes(tree: Any) -> list[tuple[int, ...]]:
+    """The sorted shapes of a tree's arrays: what must agree for a checkpoint to fit."""
+    return sorted(tuple(leaf.shape) for leaf in jax.tree.leaves(tree) if hasattr(leaf, "shape"))
 

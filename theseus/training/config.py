@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from theseus.config import Configurable, field, register
+from theseus.config import ConfigError, Configurable, field, register
 
 
 @register("trainer", "default")
@@ -21,4 +21,20 @@ class TrainerConfig(Configurable):
     resume: str = field("trainer/resume", default="auto", help="auto: continue this run directory; never: refuse a used one; or a checkpoint path")
     seed: int = field("trainer/seed", default=0, help="seed of parameter init and dropout")
     dry_run: bool = field("trainer/dry_run", default=False, help="build and compile, print memory and FLOPs, then exit")
+    skip_nonfinite: bool = field("trainer/skip_nonfinite", default=False,
+                                 help="skip updates whose loss or gradients are NaN/Inf (counted) instead of stopping")
     peak_flops: float | None = field("trainer/peak_flops", default=None, help="peak FLOP/s per device for MFU; unset: table or measured")
+
+    def __post_init__(self):
+        """Counts within range, so a bad value fails before a run starts."""
+        for key in ("max_steps", "batch_size", "grad_accum", "log_every", "eval_batches", "keep_checkpoints"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"trainer.{key} must be positive, got {getattr(self, key)}")
+        for key in ("eval_every", "checkpoint_every"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"trainer.{key} must be 0 (only at the end) or positive, got {getattr(self, key)}")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise ConfigError(f"trainer.peak_flops must be positive FLOP/s per device (or null: from the table "
+                              f"or measured), got {self.peak_flops}")
+        if not self.resume:
+            raise ConfigError("trainer.resume is empty: set it to auto, never or a checkpoint path")

@@ -27,6 +27,23 @@ class OptimizerConfig(Configurable):
     min_lr_ratio: float = field("optimizer/min_lr_ratio", default=0.1, help="final lr as a fraction of lr (cosine, wsd)")
     decay_fraction: float = field("optimizer/decay_fraction", default=0.2, help="wsd: fraction of steps spent decaying")
 
+    def __post_init__(self):
+        """Each setting within its range, so a bad value fails before a run starts."""
+        if not self.lr > 0:
+            raise ConfigError(f"optimizer.lr must be positive, got {self.lr}: give a peak rate such as optimizer.lr=3e-4")
+        for key in ("b1", "b2"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ConfigError(f"optimizer.{key} must be in [0, 1), got {getattr(self, key)}: "
+                                  f"e.g. optimizer.{key}={OptimizerConfig.__dataclass_fields__[key].default}")
+        for key in ("eps", "weight_decay", "warmup_steps"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"optimizer.{key} must be 0 or more, got {getattr(self, key)}")
+        if self.clip_norm is not None and not self.clip_norm >= 0:
+            raise ConfigError(f"optimizer.clip_norm must be positive (or null: no clipping), got {self.clip_norm}")
+        for key in ("min_lr_ratio", "decay_fraction"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ConfigError(f"optimizer.{key} must be in [0, 1], got {getattr(self, key)}")
+
 
 def make_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
     """The learning rate at each step: linear warmup from 0, then constant, cosine or wsd.

@@ -17,18 +17,22 @@ from theseus.base.axis import ShardingPlan
 
 
 class TrainState(struct.PyTreeNode):
-    """Everything a step updates: float32 master params, optimizer state, the step count."""
+    """Everything a step updates: float32 master params, optimizer state, the step count, and
+    the record of updates refused for a non-finite loss or gradient."""
 
     step: jax.Array
     params: Any
     opt_state: optax.OptState
+    nonfinite: jax.Array  # int32: updates skipped so far
+    first_nonfinite: jax.Array  # int32: the first step whose loss or gradients were not finite; 0: none
 
 
 def init_state(model: nn.Module, tx: optax.GradientTransformation, seq_len: int, seed: int) -> TrainState:
     """A fresh state, with logical-axis boxes (``nn.Partitioned``) kept on params and moments."""
     tokens = jnp.zeros((1, seq_len), jnp.int32)
     params = model.init(jax.random.key(seed), tokens, deterministic=True)["params"]
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    zero = jnp.zeros((), jnp.int32)
+    return TrainState(step=zero, params=params, opt_state=tx.init(params), nonfinite=zero, first_nonfinite=zero)
 
 
 def state_shardings(abstract: TrainState, plan: ShardingPlan, mesh: Mesh) -> Any:

@@ -20,9 +20,14 @@ LossFn = Callable[[jax.Array, jax.Array], jax.Array]  # (logits, targets) -> mea
 
 
 def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, model: nn.Module,
-               tx: optax.GradientTransformation, schedule: optax.Schedule, loss_fn: LossFn
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step over ``grad_accum`` micro-batches; returns the new state and metrics."""
+               tx: optax.GradientTransformation, schedule: optax.Schedule, loss_fn: LossFn,
+               skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step over ``grad_accum`` micro-batches; returns the new state and metrics.
+
+    An update whose loss or gradients are not finite is never applied. The first such step is
+    recorded; unless ``skip_nonfinite``, every later update is refused too, so the state stays
+    the last good one until the trainer stops the run.
+    """
     step_key = jax.random.fold_in(dropout_key, state.step)
 
     def micro_loss(params, micro: jax.Array, key: jax.Array) -> jax.Array:
@@ -39,11 +44,20 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     (loss_sum, grad_sum), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros),
                                            (jnp.arange(n_micro), tokens))
-    grads = jax.tree.map(lambda g: g / n_micro, grad_sum)
+    loss, grads = loss_sum / n_micro, jax.tree.map(lambda g: g / n_micro, grad_sum)
+    grad_norm = optax.global_norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                              opt_state=opt_state)
-    metrics = {"loss": loss_sum / n_micro, "grad_norm": optax.global_norm(grads), "lr": schedule(state.step)}
+    params = optax.apply_updates(state.params, updates)
+
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    first = jnp.where((state.first_nonfinite == 0) & ~finite, state.step + 1, state.first_nonfinite)
+    apply = finite if skip_nonfinite else finite & (first == 0)
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(apply, new, old),
+                                     (params, opt_state), (state.params, state.opt_state))
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                           nonfinite=state.nonfinite + (~finite).astype(jnp.int32), first_nonfinite=first)
+    metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
+               "nonfinite_skipped": new_state.nonfinite}
     return new_state, metrics
 
 

@@ -45,6 +45,10 @@ BATCH = (DATA, FSDP)  # the mesh axes a batch is split over
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
 
 
+class TrainingError(RuntimeError):
+    """A run that cannot go on (non-finite values): reported in one line, like a ConfigError."""
+
+
 @dataclass
 class Compiled:
     """What ``Trainer.build`` makes: the mesh, the state's layout and the compiled steps."""
@@ -80,7 +84,7 @@ class Trainer:
                 f"mesh.data x mesh.fsdp={parallel}: use a multiple of {s.grad_accum * parallel}"
             )
         self.dataset = open_dataset(self.data_config)
-        self.cfg = _with_vocab(cfg, self.dataset.vocab_size)
+        self.cfg = with_vocab(cfg, self.dataset.vocab_size)
         with configuration(self.cfg):
             self.model = configure(model_class(self.cfg))
         self.seq_len = self.model.seq_len
@@ -120,7 +124,8 @@ class Trainer:
         eval_tokens = jax.ShapeDtypeStruct((micro, self.seq_len + 1), jnp.int32, sharding=self.batch_sharding(mesh))
         key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
         step = jax.jit(
-            functools.partial(train_step, model=self.model, tx=tx, schedule=schedule, loss_fn=cross_entropy),
+            functools.partial(train_step, model=self.model, tx=tx, schedule=schedule, loss_fn=cross_entropy,
+                              skip_nonfinite=s.skip_nonfinite),
             out_shardings=(shardings, replicated), donate_argnums=0,
         )
         evaluate = jax.jit(functools.partial(eval_step, model=self.model, loss_fn=cross_entropy),
@@ -190,8 +195,7 @@ class Trainer:
                                    **throughput(step_time, self.tokens_per_step, self.flops_per_step, peak,
                                                 jax.device_count()))
                     logger.log(done, metrics)
-                    if not math.isfinite(metrics["loss"]):
-                        raise FloatingPointError(f"loss is {metrics['loss']} at step {done}")
+                    self._check_finite(state, checkpointer)
                     clock, waited, since = time.perf_counter(), 0.0, 0
                 paused = time.perf_counter()  # evaluation and checkpoints are not step time
                 evaluated = (s.eval_every and done % s.eval_every == 0) or last
@@ -199,6 +203,7 @@ class Trainer:
                     val_loss = self._evaluate(compiled, state.params)
                     logger.log(done, self._val_metrics(val_loss))
                 if (s.checkpoint_every and done % s.checkpoint_every == 0) or last or preemption.requested:
+                    self._check_finite(state, checkpointer)
                     checkpointer.save(done, state, loader.get_state(), self.resolved,
                                       val_loss if evaluated else None)
                 clock += time.perf_counter() - paused
@@ -214,6 +219,17 @@ class Trainer:
         if preemption.requested:
             raise SystemExit(preemption.exit_code)
         return val_loss
+
+    def _check_finite(self, state: TrainState, checkpointer: Checkpointer) -> None:
+        """Stop (TrainingError) once a step's loss or gradients were NaN/Inf, unless skipping them."""
+        first = int(state.first_nonfinite)
+        if first and not self.settings.skip_nonfinite:
+            checkpointer.wait()
+            kept = checkpointer.steps()
+            last = f"the last good checkpoint is step {kept[-1]}" if kept else "no checkpoint was written"
+            raise TrainingError(f"the loss or gradients became NaN/Inf at step {first}; stopped ({last}). "
+                                f"Lower optimizer.lr or raise optimizer.warmup_steps, or set "
+                                f"trainer.skip_nonfinite=true to skip such updates")
 
     def _restore(self, checkpointer: Checkpointer, compiled: Compiled) -> tuple[TrainState, int, dict | None]:
         """The state to start from: a checkpoint (per ``trainer.resume``) or a fresh init."""
@@ -285,7 +301,7 @@ class Trainer:
         return rows
 
 
-def _with_vocab(cfg: DictConfig, vocab_size: int) -> DictConfig:
+def with_vocab(cfg: DictConfig, vocab_size: int) -> DictConfig:
     """``cfg`` with architecture.vocab_size from the tokenizer (or checked against it).
 
     Unset, it is the tokenizer's size rounded up to a multiple of VOCAB_MULTIPLE, so that the

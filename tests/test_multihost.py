@@ -1,0 +1,139 @@
+"""Multi-host training for real: two local processes under jax.distributed (4 CPU devices each,
+gloo collectives) against one process with 8 devices."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from support import run_python
+from theseus.base.distributed import DistributedConfig, join_arguments
+from theseus.config import ConfigError
+from theseus.launch import free_port
+
+STEPS = 10
+RESUME_AT = 5
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text(Path(json.__file__).read_text() * 3)
+    return path
+
+
+def arguments(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
+    return ["+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}", f"data.cache_dir={corpus.parent / 'cache'}",
+            f"trainer.max_steps={STEPS}", "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1",
+            f"trainer.checkpoint_every={RESUME_AT}", "trainer.keep_checkpoints=2", "logger.mode=disabled",
+            f"hydra.run.dir={run_dir}", *extra]
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory) -> dict:
+    """One process with 8 devices; two with 4 each; the two's step-5 checkpoint resumed in one."""
+    root = tmp_path_factory.mktemp("runs")
+    one, two, resumed = root / "one", root / "two", root / "resumed"
+    ok(run_python("-m", "theseus.run", *arguments(corpus, one), devices=8))
+    launched = ok(run_python("-m", "theseus.launch", "--processes", "2", "--devices-per-process", "4", "--",
+                             *arguments(corpus, two), env={"XDG_CACHE_HOME": str(root / "cache")}))
+    restarted = ok(run_python("-m", "theseus.run", *arguments(corpus, resumed),
+                              f"trainer.resume={two / 'checkpoints' / str(RESUME_AT)}", devices=8))
+    return {"one": one, "two": two, "resumed": resumed, "launched": launched, "restarted": restarted,
+            "cache": root / "cache"}
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """step -> loss from metrics.jsonl; a step logged twice is an error."""
+    steps = [(line["step"], line["loss"]) for line in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+             if "loss" in line]
+    assert len({step for step, _ in steps}) == len(steps), f"a step was logged twice: {steps}"
+    return dict(steps)
+
+
+def test_two_processes_train_as_one(runs):
+    one, two = losses(runs["one"]), losses(runs["two"])
+    assert list(two) == list(range(1, STEPS + 1))  # process 1 wrote none: each step once
+    assert list(two.values()) == pytest.approx(list(one.values()), rel=1e-5)
+    assert two[STEPS] < two[1]
+
+
+def test_only_process_0_writes_the_record_and_every_process_its_shards(runs):
+    two = runs["two"]
+    assert sorted(p.name for p in two.iterdir()) == [".hydra", "checkpoints", "metrics.jsonl", "run.log"]
+    assert "distributed.process_id=0" in (two / ".hydra" / "overrides.yaml").read_text()
+    state = two / "checkpoints" / str(STEPS) / "state"
+    assert {p.name for p in state.glob("ocdbt.process_*")} == {"ocdbt.process_0", "ocdbt.process_1"}
+    assert f"step {STEPS}/{STEPS} loss" in runs["launched"].stderr + runs["launched"].stdout  # process 0's, streamed
+
+
+def test_every_process_measures_its_own_devices(runs):
+    """A peak measured on another process's device times nothing and caches an absurd FLOP/s."""
+    (measured,) = json.loads((runs["cache"] / "theseus" / "peak_flops.json").read_text()).values()
+    assert 1e8 < measured < 1e14  # FLOP/s of this machine's CPU
+
+
+def test_two_process_checkpoint_resumes_in_one_process(runs):
+    assert f"resuming from {runs['two'] / 'checkpoints' / str(RESUME_AT)} at step {RESUME_AT}" in runs["restarted"].stderr
+    resumed, one = losses(runs["resumed"]), losses(runs["one"])
+    assert list(resumed) == list(range(RESUME_AT + 1, STEPS + 1))
+    assert list(resumed.values()) == pytest.approx([one[s] for s in resumed], rel=1e-5)
+
+
+def test_dead_coordinator_fails_fast_in_one_line(corpus, tmp_path):
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    start = time.monotonic()
+    proc = run_python("-m", "theseus.run", *arguments(corpus, tmp_path / "run"), f"distributed.coordinator={address}",
+                      "distributed.num_processes=2", "distributed.process_id=1", "distributed.timeout=5")
+    assert time.monotonic() - start < 60
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"theseus: error: process 1 of 2 (coordinator {address}) could not join the distributed job within 5 s: "
+        "check that distributed.coordinator is process 0's reachable HOST:PORT and that every process was started "
+        "(or raise distributed.timeout)"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_launcher_exits_with_a_failed_process_code(corpus, tmp_path):
+    proc = run_python("-m", "theseus.launch", "--processes", "2", "--",
+                      *arguments(corpus, tmp_path / "run", "trainer.max_steps=0"))
+    assert proc.returncode == 2
+    assert "theseus: error: trainer.max_steps must be positive, got 0" in proc.stderr
+
+
+@pytest.mark.parametrize(("settings", "detected", "expected"), [
+    ({}, None, None),  # nothing set, no cluster: one process
+    ({}, 1, None),  # a cluster job of one process: one process, every local device
+    ({}, 4, {}),  # a cluster job: JAX detects everything
+    ({"process_id": 2}, 4, {"process_id": 2}),
+    ({"coordinator": "10.0.0.1:1234", "num_processes": 2, "process_id": 1}, None,
+     {"coordinator_address": "10.0.0.1:1234", "num_processes": 2, "process_id": 1}),
+    ({"coordinator": "[::1]:1234", "num_processes": 1, "process_id": 0}, None,
+     {"coordinator_address": "[::1]:1234", "num_processes": 1, "process_id": 0}),
+])
+def test_join_arguments(settings, detected, expected):
+    assert join_arguments(DistributedConfig(**settings), detected) == expected
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"coordinator": "10.0.0.1"}, "distributed.coordinator=10.0.0.1 must be HOST:PORT of process 0"),
+    ({"coordinator": "host:99999", "num_processes": 2, "process_id": 0}, "distributed.coordinator=host:99999 must be"),
+    ({"num_processes": 0}, "distributed.num_processes must be at least 1, got 0"),
+    ({"num_processes": 2, "process_id": 2}, "distributed.process_id=2 must be in 0..1 (distributed.num_processes=2)"),
+    ({"process_id": -1}, "distributed.process_id=-1 must be 0 or more"),
+    ({"timeout": 0}, "distributed.timeout must be a positive number of seconds, got 0"),
+    ({"num_processes": 2, "process_id": 1},
+     "distributed.coordinator unset and no SLURM, Open MPI or TPU-pod job detected"),
+])
+def test_wrong_settings_name_the_key(settings, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        join_arguments(DistributedConfig(**settings), None)

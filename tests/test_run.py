@@ -1,0 +1,118 @@
+"""``python -m theseus.run`` as a user meets it: help, experiments, dry runs, sweeps, reports, sampling."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from support import ROOT, run_python
+
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
+METRICS = ("loss", "lr", "grad_norm", "step_time", "tokens_per_s", "flops_per_s", "mfu", "data_wait")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text((ROOT / "theseus" / "training" / "trainer.py").read_text() * 4)
+    return path
+
+
+def small_data(corpus: Path) -> list[str]:
+    return ["data.source=text", f"data.path={corpus}", f"data.cache_dir={corpus.parent / 'cache'}",
+            "data.tokenizer=byte"]
+
+
+def test_help_lists_groups_experiments_and_keys():
+    proc = run_python("-m", "theseus.run", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"architecture\.n_layers\s+int\s+12\s+\[GPT\] transformer blocks", proc.stdout)
+    assert "+experiment: " in proc.stdout and "gpt_small" in proc.stdout and "optimizer.lr" in proc.stdout
+
+
+def test_unknown_experiment_lists_the_available_ones(tmp_path):
+    proc = run_python("-m", "theseus.run", "+experiment=gpt_tinyy", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("theseus: error: unknown experiment 'gpt_tinyy'; available: "
+                                   f"{', '.join(EXPERIMENTS)} (files in experiments/)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_cfg_job_prints_the_composed_config():
+    proc = run_python("-m", "theseus.run", "+experiment=llama_small", "optimizer.lr=5e-4", "--cfg", "job")
+    assert proc.returncode == 0, proc.stderr
+    assert "norm: rmsnorm" in proc.stdout and "lr: 0.0005" in proc.stdout and "n_kv_heads: 2" in proc.stdout
+
+
+@pytest.mark.parametrize("experiment", [e for e in EXPERIMENTS if e != "pmm_regression"])
+def test_dry_run_of_each_experiment_prints_memory_and_writes_nothing(experiment, corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_python("-m", "theseus.run", f"+experiment={experiment}", *small_data(corpus),
+                      "trainer.batch_size=2", "trainer.grad_accum=1", "trainer.dry_run=true",
+                      f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "theseus dry run" in proc.stderr and "XLA temp / device" in proc.stderr
+    assert "step time at 100% MFU" in proc.stderr
+    assert not run_dir.exists()
+
+
+def test_pmm_regression_reports_both_test_errors(tmp_path):
+    proc = run_python("-m", "theseus.run", "+experiment=pmm_regression", "fit.epochs=20", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results) == {"pmm_test_mse", "mlp_test_mse"} and all(0 < v < 1e5 for v in results.values())
+
+
+@pytest.fixture(scope="module")
+def sweep(corpus, tmp_path_factory) -> Path:
+    """A two-point sweep of gpt_tiny, logged to offline W&B."""
+    sweep_dir = tmp_path_factory.mktemp("sweep")
+    proc = run_python("-m", "theseus.run", "-m", "+experiment=gpt_tiny", *small_data(corpus),
+                      "optimizer.lr=1e-3,3e-3", "trainer.max_steps=20", "trainer.eval_every=10",
+                      "trainer.eval_batches=2", "trainer.log_every=5", f"hydra.sweep.dir={sweep_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sweep_dir
+
+
+def test_sweep_runs_each_point_and_summarises(sweep):
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert sorted(float(row["optimizer.lr"]) for row in rows) == [1e-3, 3e-3]
+    assert all(row["status"] == "ok" and float(row["val_loss"]) < 5.6 for row in rows)
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+
+
+def test_each_run_logs_every_metric_and_an_offline_wandb_run(sweep):
+    run_dir = sweep / "0"
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [line for line in lines if "loss" in line]
+    assert [line["step"] for line in train] == [5, 10, 15, 20]
+    assert all(set(METRICS) <= set(line) and all(math.isfinite(line[k]) for k in METRICS) for line in train)
+    assert all(0 < line["mfu"] < 1 for line in train)
+    assert [line["step"] for line in lines if "val_loss" in line] == [10, 20]
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    assert b"optimizer" in next(runs[0].glob("*.wandb")).read_bytes()  # the resolved config is in the run
+
+
+def test_report_renders_a_run_and_the_sweep(sweep):
+    for path in (sweep / "0", sweep):
+        proc = run_python("-m", "theseus.report", str(path))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        html = (path / "report.html").read_text()
+        images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+        assert len(images) >= 3
+        png = base64.b64decode(images[0])
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_sample_continues_a_prompt(sweep):
+    proc = run_python("-m", "theseus.sample", str(sweep / "1"), "--prompt", "def ", "--max-new-tokens", "20",
+                      "--temperature", "0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("def ") and len(proc.stdout) > len("def ")

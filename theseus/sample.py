@@ -1,0 +1,76 @@
+"""``python -m theseus.sample RUN_DIR [--prompt TEXT]``: continue a prompt with a trained model.
+
+Loads the run's config (``RUN_DIR/.hydra/config.yaml``), its tokenizer and the parameters of
+its newest readable checkpoint (or ``--step``), and prints the generated text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import jax
+from omegaconf import OmegaConf
+
+from theseus.base.axis import ShardingPlan
+from theseus.base.mesh import MeshConfig, make_mesh
+from theseus.config import ConfigError, configuration, configure
+from theseus.config.registry import load_builtins, model_class
+from theseus.data.config import DataConfig
+from theseus.data.dataset import open_dataset
+from theseus.model.generate import sample_text
+from theseus.training.checkpoint import Checkpointer
+from theseus.training.optimizer import OptimizerConfig, make_optimizer
+from theseus.training.state import sharded_init
+from theseus.training.trainer import with_vocab
+
+
+def load(run_dir: Path, step: int | None = None):
+    """``(model, params, tokenizer)`` of a run directory's checkpoint."""
+    config_file = run_dir / ".hydra" / "config.yaml"
+    if not config_file.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml): give the folder a run wrote")
+    load_builtins()
+    cfg = OmegaConf.load(config_file)
+    with configuration(cfg):
+        dataset = open_dataset(configure(DataConfig))
+    cfg = with_vocab(cfg, dataset.vocab_size)
+    with configuration(cfg):
+        model = configure(model_class(cfg))
+        tx, _ = make_optimizer(configure(OptimizerConfig), 1)
+    mesh = make_mesh(MeshConfig(data=1), jax.devices()[:1])
+    _, target, _ = sharded_init(model, tx, model.seq_len, 0, ShardingPlan(), mesh)
+    checkpoints = Checkpointer(run_dir / "checkpoints", requested_step=step)
+    restored = checkpoints.restore(target, step=step, report=lambda line: print(line, file=sys.stderr))
+    if restored is None:
+        raise ConfigError(f"{run_dir / 'checkpoints'} holds no readable checkpoint: train first")
+    return model, restored[0].params, dataset.tokenizer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m theseus.sample", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    args = parser.parse_args(argv)
+    try:
+        model, params, tokenizer = load(args.run_dir, args.step)
+        if not args.prompt or len(tokenizer.encode(args.prompt)) + args.max_new_tokens > model.seq_len:
+            raise ConfigError(f"--prompt plus --max-new-tokens must be between 1 and architecture.seq_len "
+                              f"({model.seq_len}) tokens")
+        text = sample_text(model, params, args.prompt, tokenizer.encode, tokenizer.decode, args.max_new_tokens,
+                           temperature=args.temperature, top_k=args.top_k, rng=jax.random.key(args.seed))
+    except ConfigError as exc:
+        print(f"theseus: error: {exc}", file=sys.stderr)
+        return 2
+    print(args.prompt + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
