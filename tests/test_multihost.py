@@ -3,17 +3,21 @@ gloo collectives) against one process with 8 devices."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-
 from support import run_python
+
 from theseus.base.distributed import DistributedConfig, join_arguments
 from theseus.config import ConfigError
-from theseus.launch import free_port
+from theseus.launch import free_port, pin_output_dirs
 
 STEPS = 10
 RESUME_AT = 5
@@ -45,11 +49,10 @@ def runs(corpus, tmp_path_factory) -> dict:
     one, two, resumed = root / "one", root / "two", root / "resumed"
     ok(run_python("-m", "theseus.run", *arguments(corpus, one), devices=8))
     launched = ok(run_python("-m", "theseus.launch", "--processes", "2", "--devices-per-process", "4", "--",
-                             *arguments(corpus, two), env={"XDG_CACHE_HOME": str(root / "cache")}))
+                             *arguments(corpus, two)))
     restarted = ok(run_python("-m", "theseus.run", *arguments(corpus, resumed),
                               f"trainer.resume={two / 'checkpoints' / str(RESUME_AT)}", devices=8))
-    return {"one": one, "two": two, "resumed": resumed, "launched": launched, "restarted": restarted,
-            "cache": root / "cache"}
+    return {"one": one, "two": two, "resumed": resumed, "launched": launched, "restarted": restarted}
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -76,10 +79,24 @@ def test_only_process_0_writes_the_record_and_every_process_its_shards(runs):
     assert f"step {STEPS}/{STEPS} loss" in runs["launched"].stderr + runs["launched"].stdout  # process 0's, streamed
 
 
-def test_every_process_measures_its_own_devices(runs):
-    """A peak measured on another process's device times nothing and caches an absurd FLOP/s."""
-    (measured,) = json.loads((runs["cache"] / "theseus" / "peak_flops.json").read_text()).values()
-    assert 1e8 < measured < 1e14  # FLOP/s of this machine's CPU
+def spawn(script: str, jobs: list[tuple[list[str], dict[str, str]]]) -> list[str]:
+    """Run ``python -c script ARGS`` for each (ARGS, environment) at once; each one's ``RESULT`` line."""
+    procs = [subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "JAX_PLATFORMS": "cpu", **env}) for args, env in jobs]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    return [next((line for line in out.splitlines() if line.startswith("RESULT")), err[-2000:]) for out, err in outputs]
+
+
+def test_every_process_measures_its_own_devices(corpus, tmp_path):
+    """Process 1 measuring the peak FLOP/s on process 0's device would time nothing."""
+    script = ("import sys, jax; from theseus.config.compose import compose; from theseus.base.distributed import "
+              "initialize; cfg = compose(sys.argv[1:]); initialize(cfg); from theseus.training.trainer import Trainer; "
+              "peak, source = Trainer(cfg).peak(); print('RESULT', jax.process_index(), source, 1e8 < peak < 1e14)")
+    join = [*arguments(corpus, tmp_path), f"distributed.coordinator=127.0.0.1:{free_port()}", "distributed.num_processes=2"]
+    jobs = [([*join, f"distributed.process_id={i}"],
+             {"XDG_CACHE_HOME": str(tmp_path / f"host{i}"),  # hosts do not share a cache
+              "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}) for i in range(2)]
+    assert spawn(script, jobs) == ["RESULT 0 measured True", "RESULT 1 measured True"]
 
 
 def test_two_process_checkpoint_resumes_in_one_process(runs):
@@ -96,10 +113,10 @@ def test_dead_coordinator_fails_fast_in_one_line(corpus, tmp_path):
                       "distributed.num_processes=2", "distributed.process_id=1", "distributed.timeout=5")
     assert time.monotonic() - start < 60
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
+    assert proc.stderr.strip().splitlines() == [(
         f"theseus: error: process 1 of 2 (coordinator {address}) could not join the distributed job within 5 s: "
         "check that distributed.coordinator is process 0's reachable HOST:PORT and that every process was started "
-        "(or raise distributed.timeout)"]
+        "(or raise distributed.timeout)")]
     assert not (tmp_path / "run").exists()
 
 
@@ -108,6 +125,24 @@ def test_launcher_exits_with_a_failed_process_code(corpus, tmp_path):
                       *arguments(corpus, tmp_path / "run", "trainer.max_steps=0"))
     assert proc.returncode == 2
     assert "theseus: error: trainer.max_steps must be positive, got 0" in proc.stderr
+
+
+def test_launched_processes_share_one_output_folder():
+    now = datetime.datetime(2025, 1, 2, 3, 4, 5)
+    assert pin_output_dirs(["+experiment=gpt_tiny", "++hydra.run.dir=mine"], now) == [
+        "+experiment=gpt_tiny", "++hydra.run.dir=mine", "hydra.sweep.dir=multirun/2025-01-02/03-04-05"]
+    assert pin_output_dirs([], now) == ["hydra.run.dir=outputs/2025-01-02/03-04-05",
+                                        "hydra.sweep.dir=multirun/2025-01-02/03-04-05"]
+
+
+def test_a_slurm_job_joins_with_nothing_set():
+    """Two tasks of a (simulated) SLURM step find each other from SLURM's variables alone."""
+    script = ("import jax; from theseus.base.distributed import initialize; initialize({}); "
+              "print('RESULT', jax.process_index(), jax.process_count(), jax.device_count())")
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "2",
+             "JAX_COORDINATOR_PORT": str(free_port()), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    jobs = [([], {**slurm, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)}) for i in range(2)]
+    assert spawn(script, jobs) == ["RESULT 0 2 4", "RESULT 1 2 4"]
 
 
 @pytest.mark.parametrize(("settings", "detected", "expected"), [

@@ -10,6 +10,8 @@ stopped, and the launcher exits with the first failure's code (0 when all succee
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import os
 import signal
 import socket
@@ -28,6 +30,15 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def pin_output_dirs(args: list[str], now: datetime.datetime) -> list[str]:
+    """``args`` with Hydra's run and sweep folders fixed at ``now`` where they are not given:
+    left to each process, their timestamps could differ by a second, and so their folders."""
+    stamp = now.strftime("%Y-%m-%d/%H-%M-%S")
+    given = {arg.split("=", 1)[0].lstrip("+") for arg in args}
+    return args + [f"{key}={root}/{stamp}" for key, root in (("hydra.run.dir", "outputs"), ("hydra.sweep.dir", "multirun"))
+                   if key not in given]
 
 
 def process_command(args: list[str], port: int, processes: int, index: int) -> list[str]:
@@ -51,35 +62,35 @@ def process_env(devices: int | None) -> dict[str, str]:
 def launch(args: list[str], processes: int, devices: int | None = None) -> int:
     """Run the job; the exit code of the first process to fail, or 0.
 
-    SIGINT and SIGTERM sent to the launcher are passed on, once, to every process (each saves
-    a checkpoint and stops), which run in sessions of their own so a terminal's Ctrl-C reaches
-    them only this way.
+    SIGINT and SIGTERM sent to the launcher are passed on, once, to every process; they run in
+    sessions of their own, so that a terminal's Ctrl-C reaches them only this way.
     """
     port, env = free_port(), process_env(devices)
-    logs: list[IO[bytes] | None] = [None] + [tempfile.TemporaryFile() for _ in range(1, processes)]
-    procs = [subprocess.Popen(process_command(args, port, processes, i), env=env, start_new_session=True,
-                              stdout=logs[i], stderr=subprocess.STDOUT if logs[i] else None)
-             for i in range(processes)]
+    with contextlib.ExitStack() as stack:
+        logs: list[IO[bytes] | None] = [None, *(stack.enter_context(tempfile.TemporaryFile()) for _ in range(1, processes))]
+        procs = [subprocess.Popen(process_command(args, port, processes, i), env=env, start_new_session=True,
+                                  stdout=logs[i], stderr=subprocess.STDOUT if logs[i] else None)
+                 for i in range(processes)]
 
-    def forward(signum: int, frame: object) -> None:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signum)
+        def forward(signum: int, frame: object) -> None:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        failed = wait_first_failure(procs)
-    finally:
-        stop(procs)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if failed is None:
-        return 0
-    if logs[failed] is not None:
-        logs[failed].seek(0)
-        tail = logs[failed].read().decode(errors="replace").splitlines()[-TAIL:]
-        print("\n".join(f"[process {failed}] {line}" for line in tail), file=sys.stderr)
-    return procs[failed].returncode or 1
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            failed = wait_first_failure(procs)
+        finally:
+            stop(procs)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if failed is None:
+            return 0
+        if logs[failed] is not None:
+            logs[failed].seek(0)
+            tail = logs[failed].read().decode(errors="replace").splitlines()[-TAIL:]
+            print("\n".join(f"[process {failed}] {line}" for line in tail), file=sys.stderr)
+        return procs[failed].returncode or 1
 
 
 def wait_first_failure(procs: list[subprocess.Popen]) -> int | None:
@@ -116,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     if options.processes < 1 or (options.devices_per_process is not None and options.devices_per_process < 1):
         parser.error("--processes and --devices-per-process must be at least 1")
     args = options.args[1:] if options.args[:1] == ["--"] else options.args
-    sys.exit(launch(args, options.processes, options.devices_per_process))
+    sys.exit(launch(pin_output_dirs(args, datetime.datetime.now()), options.processes, options.devices_per_process))
 
 
 if __name__ == "__main__":

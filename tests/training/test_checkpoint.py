@@ -143,3 +143,20 @@ def test_restore_onto_other_meshes(corpus, tmp_path):
         assert min(losses(target)) < losses(target)[1]
     a, b = losses(tmp_path.parent / f"{tmp_path.name}-8"), losses(tmp_path.parent / f"{tmp_path.name}-1")
     assert [a[s] for s in range(7, STEPS + 1)] == pytest.approx([b[s] for s in range(7, STEPS + 1)], rel=1e-4)
+
+
+def test_resume_with_a_changed_config_is_refused_with_the_diff(corpus, straight, tmp_path):
+    import shutil
+
+    shutil.copytree(straight, tmp_path, dirs_exist_ok=True)
+    saved = (tmp_path / ".hydra" / "config.yaml").read_text()
+    proc = run_python("-m", "theseus.run", *command(corpus, tmp_path, "optimizer.lr=0.01", "architecture.n_layers=3")[3:])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"theseus: error: cannot resume {tmp_path} with a changed config (architecture.n_layers: 2 -> 3, "
+        "optimizer.lr: 0.003 -> 0.01): these alter shapes, data order or the optimizer; revert them, "
+        "or use a new hydra.run.dir"]
+    assert (tmp_path / ".hydra" / "config.yaml").read_text() == saved  # nothing overwritten
+    harmless = run_python("-m", "theseus.run", *command(corpus, tmp_path, "trainer.log_every=4", "trainer.eval_batches=2")[3:])
+    assert harmless.returncode == 0, harmless.stderr[-2000:]
+    assert "is complete at step 12: nothing to train" in harmless.stdout + harmless.stderr

@@ -105,7 +105,7 @@ def initialize(cfg: DictConfig | Mapping) -> None:
     with deadline(config.timeout, _who(config)):
         try:
             jax.distributed.initialize(**arguments, initialization_timeout=config.timeout + GRACE)
-        except Exception as exc:  # noqa: BLE001 - JAX raises several kinds; each means: not joined
+        except Exception as exc:  # JAX raises several kinds; each means: not joined
             reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             raise ConfigError(f"{_who(config)} could not join the distributed job: {reason}") from exc
 

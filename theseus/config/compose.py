@@ -10,7 +10,11 @@ from hydra import initialize_config_dir
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import (
-    ConfigKeyError, ConfigTypeError, InterpolationResolutionError, OmegaConfBaseException, ValidationError,
+    ConfigKeyError,
+    ConfigTypeError,
+    InterpolationResolutionError,
+    OmegaConfBaseException,
+    ValidationError,
 )
 
 from theseus.config import registry
@@ -69,7 +73,7 @@ NOT_KEYS = ("hydra", "model")  # top-level entries of a composed config that no 
 def _leaves(cfg: DictConfig, schema: Mapping, prefix: str = ""):
     """The dotted keys of ``cfg`` that no field in ``schema`` declares (a declared key's own
     contents, such as a dict's entries, are its value, not keys)."""
-    for name in cfg.keys():
+    for name in cfg:
         key = f"{prefix}{name}"
         if key in schema or (not prefix and name in NOT_KEYS):
             continue
@@ -126,7 +130,9 @@ def explain(exc: BaseException) -> ConfigError:
         return unknown_key(key, where)
     if isinstance(cause, ValidationError) and key:
         spec = registry.every_key().get(key)
-        detail = f" ({spec.describe()}): give one, e.g. {key}={_cli(spec.default)}" if spec and not spec.required else ""
+        detail = f" ({spec.describe()})" if spec else ""
+        if spec and not spec.required and spec.default is not None:
+            detail += f": give one, e.g. {key}={_cli(spec.default)}"
         return ConfigError(f"{where}{key}: {str(cause).splitlines()[0]}{detail}")
     return ConfigError(where + " ".join(str(exc).split()))
 

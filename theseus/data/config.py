@@ -23,8 +23,9 @@ class DataConfig(Configurable):
                                   help="use only the first N files of the corpus (stdlib, text)")
 
     def __post_init__(self):
-        if not 0 <= self.val_fraction < 1:
-            raise ConfigError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}: "
+                              f"runs evaluate on that held-out part, e.g. data.val_fraction=0.01")
         if self.tokenizer == "bpe" and self.bpe_vocab_size <= 257:
             raise ConfigError(f"data.bpe_vocab_size={self.bpe_vocab_size} leaves no merges "
                               "(256 bytes + <|endoftext|> come first): set it above 257, e.g. 8192")

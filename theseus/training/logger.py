@@ -91,7 +91,8 @@ class RunLogger:
         run_dir.mkdir(parents=True, exist_ok=True)
         self._hidden = secrets()
         wandb_config = scrub(resolved_config, self._hidden)
-        self._run = None if config.mode == "disabled" else _start_wandb(config, run_dir, wandb_config)
+        naming = scrub({"project": config.project, "name": config.name, "tags": list(config.tags)}, self._hidden)
+        self._run = None if config.mode == "disabled" else _start_wandb(config.mode, run_dir, naming, wandb_config)
         path = run_dir / "metrics.jsonl"
         if path.exists():
             _truncate(path, start_step)
@@ -132,7 +133,8 @@ class RunLogger:
         self._open = False
         self._progress.close()
         if self._summary:
-            self._progress.print("summary: " + ", ".join(f"{k} {_show(v)}" for k, v in self._summary.items()))
+            shown = {k: _show(v) for k, v in self._summary.items()}  # long texts stay in W&B only
+            self._progress.print("summary: " + ", ".join(f"{k} {v}" for k, v in shown.items() if len(v) <= 40))
         if self._run is not None:
             _finish_wandb(self._run, exit_code=1 if failed else 0)
         self._file.close()
@@ -144,7 +146,7 @@ class RunLogger:
         self.close(failed=exc_type is not None)
 
 
-def _start_wandb(config: LoggerConfig, run_dir: Path, resolved_config: Mapping[str, Any]):
+def _start_wandb(mode: str, run_dir: Path, naming: Mapping[str, Any], resolved_config: Mapping[str, Any]):
     import wandb  # here, not at the top: importing it costs a third of a second (W&B off: no cost)
 
     settings = wandb.Settings(
@@ -152,8 +154,7 @@ def _start_wandb(config: LoggerConfig, run_dir: Path, resolved_config: Mapping[s
         x_disable_stats=True, x_disable_machine_info=True, x_save_requirements=False,
     )
     return wandb.init(
-        mode=config.mode, dir=str(run_dir), project=config.project, name=config.name, tags=list(config.tags),
-        config=dict(resolved_config), settings=settings,
+        mode=mode, dir=str(run_dir), **naming, config=dict(resolved_config), settings=settings,
     )
 
 

@@ -34,10 +34,11 @@ from theseus.data.dataset import open_dataset
 from theseus.model.models.gpt import cross_entropy
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
-from theseus.training.logger import LoggerConfig, RunLogger
+from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets
 from theseus.training.metrics import format_bytes, memory_report, throughput, xla_flops
 from theseus.training.optimizer import OptimizerConfig, make_optimizer
 from theseus.training.preemption import Preemption
+from theseus.training.resume import check_resume
 from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
 from theseus.training.step import eval_step, train_step
 
@@ -83,13 +84,23 @@ class Trainer:
                 f"trainer.batch_size={s.batch_size} must divide by trainer.grad_accum={s.grad_accum} x "
                 f"mesh.data x mesh.fsdp={parallel}: use a multiple of {s.grad_accum * parallel}"
             )
+        with configuration(cfg):  # the model's own checks, before the data is prepared (minutes)
+            configure(model_class(cfg), vocab_size=OmegaConf.select(cfg, "architecture.vocab_size") or VOCAB_MULTIPLE)
         self.dataset = open_dataset(self.data_config)
+        self.composed = cfg
         self.cfg = with_vocab(cfg, self.dataset.vocab_size)
         with configuration(self.cfg):
             self.model = configure(model_class(self.cfg))
         self.seq_len = self.model.seq_len
+        for split in ("train", "val"):
+            if self.dataset.n_tokens(split) < self.seq_len + 1:
+                raise ConfigError(
+                    f"the {split} split has {self.dataset.n_tokens(split)} tokens, fewer than one window of "
+                    f"architecture.seq_len+1={self.seq_len + 1}: lower architecture.seq_len, use more data or "
+                    f"raise data.val_fraction"
+                )
         self.plan = self.model.plan().merge(ShardingPlan(batch=BATCH)).override(self.mesh_config.rules)
-        self.resolved = OmegaConf.to_container(self.cfg, resolve=True)
+        self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
 
     @property
     def tokens_per_step(self) -> int:
@@ -101,13 +112,22 @@ class Trainer:
         return self.model.flops(self.seq_len) * self.settings.batch_size
 
     def check_run_dir(self, run_dir: Path) -> None:
-        """``trainer.resume=never`` refuses a run directory that already has checkpoints."""
-        if self.settings.resume == "never" and Checkpointer.exists(run_dir / "checkpoints"):
+        """Refuse what ``trainer.resume`` cannot do with ``run_dir`` (before anything is written).
+
+        ``never`` refuses a directory with checkpoints; ``auto`` refuses to continue one whose
+        saved config differs in shapes, data order or optimizer; a path must exist.
+        """
+        resume, used = self.settings.resume, Checkpointer.exists(run_dir / "checkpoints")
+        if resume == "never" and used:
             raise ConfigError(f"{run_dir} already has checkpoints and trainer.resume=never: "
                               f"choose a new hydra.run.dir, or trainer.resume=auto to continue it")
-        if self.settings.resume not in ("auto", "never") and not Path(self.settings.resume).exists():
-            raise ConfigError(f"trainer.resume={self.settings.resume}: no such checkpoint; "
+        if resume not in ("auto", "never") and not Path(resume).exists():
+            raise ConfigError(f"trainer.resume={resume}: no such checkpoint; "
                               f"give a run directory, its checkpoints/ folder or one step's folder")
+        saved = run_dir / ".hydra" / "config.yaml"
+        if resume == "auto" and used and saved.is_file():
+            check_resume(run_dir, OmegaConf.to_container(OmegaConf.load(saved), resolve=True),
+                         OmegaConf.to_container(self.composed, resolve=True))
 
     # -- building -------------------------------------------------------------------------
 
