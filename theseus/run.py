@@ -68,13 +68,14 @@ def preflight(argv: list[str]) -> bool:
         compose(job_overrides(argv)[0])
         return True
     multirun = bool({"-m", "--multirun"} & set(argv))
+    remote = any(arg.startswith("hydra/launcher=submitit") for arg in argv)  # other machines, other devices
     trainers = []
     for overrides in job_overrides(argv):
         cfg = compose(overrides, hydra=True)
         run_dir = Path(cfg.hydra.run.dir)
         with open_dict(cfg):
             del cfg["hydra"]
-        if hasattr(model_class(cfg), "run"):  # a model with a task of its own
+        if remote or hasattr(model_class(cfg), "run"):  # checked where it runs, or a task of its own
             continue
         trainer = Trainer(cfg)
         if not multirun:
@@ -95,6 +96,7 @@ def _task(cfg: DictConfig) -> float:
     """
     from theseus.training.trainer import Trainer, TrainingError
 
+    initialize(cfg)  # a no-op when main() has joined already; launchers such as submitit call here first
     hydra_config = HydraConfig.get()
     run_dir = Path(hydra_config.runtime.output_dir)
     own = getattr(model_class(cfg), "run", None)

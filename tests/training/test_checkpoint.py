@@ -129,7 +129,8 @@ def test_resume_never_refuses_a_used_directory(corpus, straight):
 
 def test_restore_onto_other_meshes(corpus, tmp_path):
     """Saved sharded with fsdp=8, restored with data=8 and on one device: the same run."""
-    base = command(corpus, tmp_path)[3:]
+    constant = ["optimizer.schedule=constant", "optimizer.warmup_steps=2"]  # so the run may be extended
+    base = command(corpus, tmp_path, *constant)[3:]
     first = run_python("-m", "theseus.run", *base, "trainer.max_steps=6", "mesh.data=1", "mesh.fsdp=8", devices=8)
     assert first.returncode == 0, first.stderr[-2000:]
     for devices, mesh in ((8, ["mesh.data=8"]), (1, [])):
@@ -137,7 +138,7 @@ def test_restore_onto_other_meshes(corpus, tmp_path):
         import shutil
 
         shutil.copytree(tmp_path, target)
-        proc = run_python("-m", "theseus.run", *command(corpus, target)[3:], *mesh, devices=devices)
+        proc = run_python("-m", "theseus.run", *command(corpus, target, *constant)[3:], *mesh, devices=devices)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "resuming from" in proc.stderr and "at step 6" in proc.stderr
         assert min(losses(target)) < losses(target)[1]
@@ -160,3 +161,13 @@ def test_resume_with_a_changed_config_is_refused_with_the_diff(corpus, straight,
     harmless = run_python("-m", "theseus.run", *command(corpus, tmp_path, "trainer.log_every=4", "trainer.eval_batches=2")[3:])
     assert harmless.returncode == 0, harmless.stderr[-2000:]
     assert "is complete at step 12: nothing to train" in harmless.stdout + harmless.stderr
+
+
+def test_resume_rules():
+    from theseus.training.resume import unsafe_changes
+
+    saved = {"optimizer": {"schedule": "cosine", "warmup_steps": 10}, "trainer": {"max_steps": 100, "log_every": 5}}
+    extended = {"optimizer": {"schedule": "cosine", "warmup_steps": 10}, "trainer": {"max_steps": 200, "log_every": 1}}
+    assert unsafe_changes(saved, extended) == [("trainer.max_steps", 100, 200)]  # the cosine would change
+    saved["optimizer"]["schedule"] = extended["optimizer"]["schedule"] = "constant"
+    assert unsafe_changes(saved, extended) == []

@@ -84,7 +84,7 @@ def measure_peak(dtype: Any, *, device: jax.Device | None = None, cache_path: Pa
     default device), measured once per machine and cached in ``cache_path`` (a JSON file,
     default ``~/.cache/theseus/peak_flops.json``) under device kind, dtype and CPU count.
     """
-    device = device or jax.devices()[0]
+    device = device or jax.local_devices()[0]
     path = Path(cache_path) if cache_path is not None else CACHE
     key = f"{device.device_kind}|{jnp.dtype(dtype).name}|{_cpu_count()}"
     cache = json.loads(path.read_text()) if path.exists() else {}

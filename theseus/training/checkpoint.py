@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from theseus.config import ConfigError
@@ -74,10 +76,11 @@ class Checkpointer:
         candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
         for candidate in candidates:
             try:
-                saved = self.manager.item_metadata(candidate)["state"]
-                shapes = _shapes(saved)
+                shapes, problem = _shapes(self.manager.item_metadata(candidate)["state"]), None
             except Exception as exc:  # noqa: BLE001 - unreadable metadata: damaged
-                self._damaged(candidate, exc, report)
+                shapes, problem = None, exc
+            if not _everywhere(problem is None):
+                self._damaged(candidate, problem, report)
                 continue
             if shapes != _shapes(abstract_state):
                 raise ConfigError(
@@ -87,16 +90,19 @@ class Checkpointer:
             args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
                                       config=ocp.args.JsonRestore())
             try:
-                restored = self.manager.restore(candidate, args=args)
+                restored, problem = self.manager.restore(candidate, args=args), None
             except Exception as exc:  # noqa: BLE001 - metadata fits but the data does not read: damaged
-                self._damaged(candidate, exc, report)
+                restored, problem = None, exc
+            if not _everywhere(problem is None):
+                self._damaged(candidate, problem, report)
                 continue
             return restored.state, dict(restored.data), dict(restored.config), candidate
         return None
 
-    def _damaged(self, step: int, exc: Exception, report: Callable[[str], None]) -> None:
+    def _damaged(self, step: int, exc: Exception | None, report: Callable[[str], None]) -> None:
         kept = self._set_aside(step)
-        report(f"checkpoint {self.directory / str(step)} is unreadable ({type(exc).__name__}); "
+        reason = type(exc).__name__ if exc else "on another process"
+        report(f"checkpoint {self.directory / str(step)} is unreadable ({reason}); "
                f"kept as {kept.name}, falling back to an earlier one")
 
     def _set_aside(self, step: int) -> Path:
@@ -104,6 +110,8 @@ class Checkpointer:
         damaged = self.directory / f"damaged-{step}-{int(time.time())}"
         if jax.process_index() == 0:
             (self.directory / str(step)).rename(damaged)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"theseus: set aside checkpoint {step}")
         self.manager.reload()
         return damaged
 
@@ -113,6 +121,13 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _everywhere(ok: bool) -> bool:
+    """Whether ``ok`` holds in every process (each judges its own shards of a checkpoint)."""
+    if jax.process_count() == 1:
+        return ok
+    return bool(multihost_utils.process_allgather(np.int32(ok)).min())
 
 
 def _shapes(tree: Any) -> list[tuple[int, ...]]:

@@ -10,6 +10,10 @@ import os
 import signal
 import threading
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -35,7 +39,14 @@ class Preemption:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
-    @property
-    def exit_code(self) -> int:
-        """The shell's convention for a process ended by this signal: 128 + its number."""
-        return 128 + (self.requested or 0)
+    def agreed(self, now: bool) -> int | None:
+        """The signal to stop on, the same in every process (None: go on).
+
+        With several processes the signals are compared only when ``now`` (the trainer's log
+        steps): a collective every step would stall the dispatch of the next one.
+        """
+        if jax.process_count() == 1:
+            return self.requested
+        if not now:
+            return None
+        return int(multihost_utils.process_allgather(np.int32(self.requested or 0)).max()) or None

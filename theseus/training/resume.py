@@ -31,11 +31,19 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def unsafe_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(key, saved value, new value)`` for every change a resume cannot honour."""
+    """``(key, saved value, new value)`` for every change a resume cannot honour.
+
+    ``trainer.max_steps`` may change (a run extended or cut short) when the learning rate does
+    not depend on it: a constant schedule whose warmup ends before both.
+    """
     old, cur = flatten(saved), flatten(new)
+    safe = SAFE
+    warmup = cur.get("optimizer.warmup_steps", 0)
+    if cur.get("optimizer.schedule") == "constant" and warmup <= min(old.get("trainer.max_steps", 0),
+                                                                      cur.get("trainer.max_steps", 0)):
+        safe = (*SAFE, "trainer.max_steps")
     keys = sorted(set(old) | set(cur))
-    return [(k, old.get(k), cur.get(k)) for k in keys
-            if old.get(k) != cur.get(k) and not k.startswith(SAFE)]
+    return [(k, old.get(k), cur.get(k)) for k in keys if old.get(k) != cur.get(k) and not k.startswith(safe)]
 
 
 def check_resume(run_dir: Any, saved: Mapping[str, Any], new: Mapping[str, Any]) -> None:

@@ -79,11 +79,14 @@ class Trainer:
                 raise ConfigError(f"trainer.{key} must be positive, got {getattr(s, key)}")
         self.mesh_shape = self.mesh_config.shape(jax.device_count())
         parallel = self.mesh_shape[DATA] * self.mesh_shape[FSDP]
-        if s.batch_size % (s.grad_accum * parallel) or s.batch_size % jax.process_count():
+        if s.batch_size % (s.grad_accum * parallel):
             raise ConfigError(
                 f"trainer.batch_size={s.batch_size} must divide by trainer.grad_accum={s.grad_accum} x "
                 f"mesh.data x mesh.fsdp={parallel}: use a multiple of {s.grad_accum * parallel}"
             )
+        if s.batch_size % jax.process_count():
+            raise ConfigError(f"trainer.batch_size={s.batch_size} must divide by the {jax.process_count()} "
+                              f"processes: each reads an equal share of every batch")
         with configuration(cfg):  # the model's own checks, before the data is prepared (minutes)
             configure(model_class(cfg), vocab_size=OmegaConf.select(cfg, "architecture.vocab_size") or VOCAB_MULTIPLE)
         self.dataset = open_dataset(self.data_config)
@@ -164,7 +167,7 @@ class Trainer:
         return NamedSharding(mesh, spec)
 
     def peak(self) -> tuple[float, str]:
-        return peak_flops(jax.devices()[0], self.model._activation_dtype, self.settings.peak_flops)
+        return peak_flops(jax.local_devices()[0], self.model._activation_dtype, self.settings.peak_flops)
 
     # -- running --------------------------------------------------------------------------
 
@@ -175,7 +178,8 @@ class Trainer:
         abstract_params = compiled.target.params
         rows = self._describe(compiled, peak, source, n_params(abstract_params))
         rows.append(("step time at 100% MFU", f"{self.flops_per_step / (peak * jax.device_count()) * 1e3:.2f} ms"))
-        _print_table("theseus dry run", rows)
+        if jax.process_index() == 0:
+            _print_table("theseus dry run", rows)
 
     def run(self, run_dir: Path) -> float:
         """Train to ``trainer.max_steps``, resuming from checkpoints; returns the final val loss."""
@@ -201,7 +205,7 @@ class Trainer:
             if start >= s.max_steps:
                 logger.message(f"{run_dir} is complete at step {start}: nothing to train")
                 val_loss = self._evaluate(compiled, state.params)
-            clock, waited, since = time.perf_counter(), 0.0, 0
+            clock, waited, since, stop = time.perf_counter(), 0.0, 0, None
             for done in range(start + 1, s.max_steps + 1):
                 tokens = self._global_batch(next(loader), compiled.mesh)
                 waited += loader.last_wait
@@ -218,26 +222,27 @@ class Trainer:
                     self._check_finite(state, checkpointer)
                     clock, waited, since = time.perf_counter(), 0.0, 0
                 paused = time.perf_counter()  # evaluation and checkpoints are not step time
+                stop = preemption.agreed(now=done % s.log_every == 0 or last)
                 evaluated = (s.eval_every and done % s.eval_every == 0) or last
                 if evaluated:
                     val_loss = self._evaluate(compiled, state.params)
                     logger.log(done, self._val_metrics(val_loss))
-                if (s.checkpoint_every and done % s.checkpoint_every == 0) or last or preemption.requested:
+                if (s.checkpoint_every and done % s.checkpoint_every == 0) or last or stop:
                     self._check_finite(state, checkpointer)
                     checkpointer.save(done, state, loader.get_state(), self.resolved,
                                       val_loss if evaluated else None)
                 clock += time.perf_counter() - paused
-                if preemption.requested:
+                if stop:
                     checkpointer.wait()
-                    logger.message(f"stopped by signal {preemption.requested} after step {done}; checkpoint saved. "
+                    logger.message(f"stopped by signal {stop} after step {done}; checkpoint saved. "
                                    f"Resume with: python -m theseus.run {' '.join(sys.argv[1:])} "
                                    f"hydra.run.dir={run_dir}")
                     break
             checkpointer.wait()
             checkpointer.close()
             logger.summary(final_val_loss=val_loss)
-        if preemption.requested:
-            raise SystemExit(preemption.exit_code)
+        if stop:
+            raise SystemExit(128 + stop)  # the shell's code for a process ended by that signal
         return val_loss
 
     def _check_finite(self, state: TrainState, checkpointer: Checkpointer) -> None:
@@ -298,7 +303,7 @@ class Trainer:
                   f"by more than 25%")
         return {"n_params": params, "flops_per_step": analytic, "xla_flops_per_step": compiled.xla_flops,
                 "flops_ratio_xla": ratio, "peak_flops": peak, "peak_flops_source": source,
-                "device_kind": jax.devices()[0].device_kind, "n_devices": jax.device_count(),
+                "device_kind": jax.local_devices()[0].device_kind, "n_devices": jax.device_count(),
                 "mesh": self.mesh_shape,
                 "flops_convention": "model.flops(seq): forward+backward, 6 x matmul params x seq + "
                                     "12 x n_layers x d_model x seq^2 per sequence; MFU = FLOP/s / (peak x devices)"}
@@ -308,7 +313,7 @@ class Trainer:
         rows = [
             ("model", f"{type(self.model).__name__}: {params:,} parameters"),
             ("mesh", " x ".join(f"{k}={v}" for k, v in self.mesh_shape.items())
-             + f" = {jax.device_count()} x {jax.devices()[0].device_kind}"),
+             + f" = {jax.device_count()} x {jax.local_devices()[0].device_kind}"),
             ("params / device", format_bytes(bytes_per_device(shapes.params))),
             ("optimizer state / device", format_bytes(bytes_per_device(shapes.opt_state))),
             ("tokens / step", f"{self.tokens_per_step:,}"),
