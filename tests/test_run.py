@@ -26,7 +26,7 @@ def corpus(tmp_path_factory) -> Path:
 
 def small_data(corpus: Path) -> list[str]:
     return ["data.source=text", f"data.path={corpus}", f"data.cache_dir={corpus.parent / 'cache'}",
-            "data.tokenizer=byte"]
+            "data.tokenizer=byte", "data.val_fraction=0.1"]
 
 
 def test_help_lists_groups_experiments_and_keys():

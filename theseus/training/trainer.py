@@ -234,9 +234,9 @@ class Trainer:
                 clock += time.perf_counter() - paused
                 if stop:
                     checkpointer.wait()
+                    again = [arg for arg in sys.argv[1:] if not arg.startswith("hydra.run.dir=")]
                     logger.message(f"stopped by signal {stop} after step {done}; checkpoint saved. "
-                                   f"Resume with: python -m theseus.run {' '.join(sys.argv[1:])} "
-                                   f"hydra.run.dir={run_dir}")
+                                   f"Resume with: python -m theseus.run {' '.join(again)} hydra.run.dir={run_dir}")
                     break
             checkpointer.wait()
             checkpointer.close()
