@@ -109,11 +109,23 @@ def _task(cfg: DictConfig) -> float:
         sys.exit(1)
 
 
+def use_compilation_cache() -> None:
+    """Keep compiled programs across runs in JAX's persistent cache (~/.cache/theseus/jax), unless
+    JAX_COMPILATION_CACHE_DIR names another place: a job run again starts without compiling."""
+    import jax
+
+    from theseus.base.hardware import CACHE
+
+    if not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(CACHE.parent / "jax"))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if {"--help", "-h"} & set(argv):
         print(usage(), end="")
         return
+    use_compilation_cache()
     try:
         if not INFO_FLAGS & set(argv):  # join the job before anything touches a device
             initialize(compose(job_overrides(argv)[0]))

@@ -183,9 +183,10 @@ class MLP(Module):
 
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
         dtype = self._activation_dtype
-        h = jnp.einsum("bsd,ndf->nbsf", x.astype(dtype), self.w_in.astype(dtype))
-        if self.bias:
-            h = h + self.b_in.astype(dtype)[:, None, None, :]
+        # one [batch, seq, hidden] product per input projection: an einsum to [n_in, batch, seq,
+        # hidden] makes XLA transpose activations and their gradients (a fifth of gpt_small's CPU step)
+        h = [dense("bsd,df->bsf", x, self.w_in[i], self.b_in[i] if self.bias else None, dtype)
+             for i in range(self.n_in)]
         h = jax.nn.silu(h[0]) * h[1] if self.activation == "swiglu" else jax.nn.gelu(h[0], approximate=True)
         h = nn.with_logical_constraint(h, (BATCH, SEQ, MLP_AXIS))
         y = dense("bsf,fd->bsd", h, self.w_out, self.b_out if self.bias else None, dtype)

@@ -2,7 +2,8 @@
 
 A batch arrives as ``tokens: int32 [grad_accum, micro_batch, seq + 1]``: inputs are
 ``tokens[..., :-1]``, next-token targets ``tokens[..., 1:]``. Gradients of the micro-batches
-are averaged in a ``lax.scan`` so memory holds one micro-batch of activations at a time.
+are summed in a ``lax.scan`` so memory holds one micro-batch of activations at a time; each
+micro-batch's loss is scaled by 1 / grad_accum first, so the sum is the mean.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
     """One optimizer step over ``grad_accum`` micro-batches; returns the new state and metrics.
 
     An update whose loss or gradients are not finite is never applied. The first such step is
-    recorded; unless ``skip_nonfinite``, every later update is refused too, so the state stays
-    the last good one until the trainer stops the run.
+    recorded; unless ``skip_nonfinite``, every later update is refused too, so the parameters
+    stay the last good ones until the trainer stops the run (the optimizer state, never saved
+    after that step, is then left as it comes: guarding it too costs a pass over the moments).
     """
     step_key = jax.random.fold_in(dropout_key, state.step)
+    n_micro = tokens.shape[0]
 
     def micro_loss(params, micro: jax.Array, key: jax.Array) -> jax.Array:
         logits = model.apply({"params": params}, micro[:, :-1], deterministic=False, rngs={"dropout": key})
-        return loss_fn(logits, micro[:, 1:])
+        return loss_fn(logits, micro[:, 1:]) / n_micro  # summed over micro-batches: the mean
 
     def accumulate(carry, inputs):
         loss_sum, grad_sum = carry
@@ -40,11 +43,8 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
         loss, grads = jax.value_and_grad(micro_loss)(state.params, micro, jax.random.fold_in(step_key, index))
         return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
 
-    n_micro = tokens.shape[0]
     zeros = jax.tree.map(jnp.zeros_like, state.params)
-    (loss_sum, grad_sum), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros),
-                                           (jnp.arange(n_micro), tokens))
-    loss, grads = loss_sum / n_micro, jax.tree.map(lambda g: g / n_micro, grad_sum)
+    (loss, grads), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), (jnp.arange(n_micro), tokens))
     grad_norm = optax.global_norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -52,8 +52,9 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     first = jnp.where((state.first_nonfinite == 0) & ~finite, state.step + 1, state.first_nonfinite)
     apply = finite if skip_nonfinite else finite & (first == 0)
-    params, opt_state = jax.tree.map(lambda new, old: jnp.where(apply, new, old),
-                                     (params, opt_state), (state.params, state.opt_state))
+    params = jax.tree.map(lambda new, old: jnp.where(apply, new, old), params, state.params)
+    if skip_nonfinite:  # training goes on: the moments must not take the NaN in
+        opt_state = jax.tree.map(lambda new, old: jnp.where(apply, new, old), opt_state, state.opt_state)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                            nonfinite=state.nonfinite + (~finite).astype(jnp.int32), first_nonfinite=first)
     metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),

@@ -1,0 +1,137 @@
+"""What every benchmark shares: the model sizes, building a Trainer, interleaved timing, the
+table on the console and the JSON record in ``benchmarks/results/``.
+
+Machines here are shared and noisy: a comparison is always measured in one process, its
+sides interleaved (A B B A ...), and reported as a ratio of medians.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# Stand-ins for experiments with no file (yet); an existing experiments/NAME.yaml wins.
+# gpt_small: the README's ~10M-parameter job; gpt_medium: a size between; gpt2_124m: GPT's
+# defaults (GPT-2 small) with GPT-2's vocabulary padded to 50304, as nanoGPT does.
+STAND_INS = {
+    "gpt_small": ["+experiment=gpt_tiny", "architecture.n_layers=6", "architecture.d_model=384",
+                  "architecture.n_heads=6", "architecture.seq_len=256", "trainer.batch_size=32"],
+    "gpt_medium": ["+experiment=gpt_tiny", "architecture.n_layers=8", "architecture.d_model=512",
+                   "architecture.n_heads=8", "architecture.seq_len=512", "architecture.vocab_size=8192"],
+    "gpt2_124m": ["+experiment=gpt_tiny", "architecture.n_layers=12", "architecture.d_model=768",
+                  "architecture.n_heads=12", "architecture.seq_len=1024", "architecture.vocab_size=50304"],
+}
+SIZES = ("gpt_tiny", "gpt_small", "gpt_medium", "gpt2_124m")  # the FLOPs table, smallest first
+QUIET = ["logger.mode=disabled"]
+CONSOLE = Console(width=160)  # wide enough for every table, also when piped
+
+
+def experiment(name: str) -> list[str]:
+    """Overrides selecting experiment ``name``: its file when there is one, else its stand-in."""
+    return list(STAND_INS[name]) if stand_in(name) else [f"+experiment={name}"]
+
+
+def stand_in(name: str) -> bool:
+    """True when experiments/NAME.yaml does not exist and ``experiment(name)`` is a stand-in."""
+    return not (ROOT / "experiments" / f"{name}.yaml").exists()
+
+
+def make_trainer(overrides: Sequence[str]):
+    """A resolved ``Trainer`` for ``overrides`` (W&B off)."""
+    from theseus.config.compose import compose
+    from theseus.training.trainer import Trainer
+
+    return Trainer(compose([*overrides, *QUIET]))
+
+
+def interleaved(sides: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Call each side ``rounds`` times, alternating the order (A B, B A, ...); each call returns
+    the seconds it measured. Returns every side's samples."""
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            samples[name].append(sides[name]())
+    return samples
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, min and max of ``values``."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def stopwatch(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """``(seconds, result)`` of ``fn()``."""
+    began = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - began, result
+
+
+def child(script: str, *args: str) -> Any:
+    """Run ``python SCRIPT ARGS`` in a fresh process; the JSON its last line of output holds."""
+    output = subprocess.run([sys.executable, script, *args], cwd=ROOT, check=True, stdout=subprocess.PIPE,
+                            text=True).stdout
+    return json.loads(output.splitlines()[-1])
+
+
+def program_cost(compiled) -> dict[str, float]:
+    """XLA's static cost of a compiled program (one device's share; a loop body counted once):
+    ``flops``, ``bytes_accessed`` and ``temp_bytes`` (its scratch memory)."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    memory = compiled.memory_analysis()
+    return {"flops": float(cost.get("flops", 0.0)), "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+            "temp_bytes": float(memory.temp_size_in_bytes if memory else 0)}
+
+
+def show(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], note: str | None = None) -> None:
+    """A table on the console; floats get four significant digits."""
+    table = Table(title=title, caption=note)
+    for column in columns:
+        table.add_column(column, justify="right" if column != columns[0] else "left")
+    for row in rows:
+        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
+    CONSOLE.print(table)
+
+
+def save(name: str, results: Any) -> Path:
+    """Write ``results`` with the machine and command to ``benchmarks/results/NAME.json``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    record = {"benchmark": name, "command": " ".join([Path(sys.executable).name, *sys.argv]),
+              "machine": machine(), "results": results}
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    CONSOLE.print(f"wrote {path.relative_to(ROOT)}")
+    return path
+
+
+def machine() -> dict[str, Any]:
+    """The host and JAX backend the figures were measured on."""
+    import jax
+
+    return {"cpu": _cpu_model(), "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+            "jax": jax.__version__, "backend": jax.default_backend(), "devices": jax.device_count(),
+            "device_kind": jax.devices()[0].device_kind, "xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
+def _cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()

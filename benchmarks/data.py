@@ -1,0 +1,76 @@
+"""Data: the loader's throughput (tokens/s) against what training consumes.
+
+For each job's batch shape: the bare gather (``Windows.batch``, on the calling thread), the
+loader as the trainer sees it (``next()``, fed by its prefetching thread), and that plus the
+global device array the trainer builds from each batch. Demand is the most a job could eat:
+its tokens/s at 100% MFU, on this machine (gpt_small, the measured CPU peak) and on an H200
+(gpt2_124m, bf16 from the peak table).
+
+    python benchmarks/data.py [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+from common import experiment, make_trainer, save, show
+
+from theseus.base.hardware import table_peak
+
+# job -> (overrides, device kind for demand; None: this machine's). Bytes as tokens: the
+# loader gathers the same int windows whatever the tokenizer.
+JOBS = {
+    "gpt_small": (experiment("gpt_small"), None),
+    "gpt2_124m": ([*experiment("gpt2_124m"), "data.tokenizer=byte"], "NVIDIA H200"),
+}
+
+
+def rate(fetch, tokens_per_call: int, seconds: float) -> float:
+    """Tokens/s of calling ``fetch`` repeatedly for about ``seconds``."""
+    calls, began = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - began) < seconds:
+        fetch()
+        calls += 1
+    return calls * tokens_per_call / elapsed
+
+
+def measure(job: str, seconds: float) -> dict:
+    overrides, device_kind = JOBS[job]
+    trainer = make_trainer(overrides)
+    s = trainer.settings
+    loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.data_config.seed)
+    mesh = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"))
+    windows, position = loader.windows, iter(range(0, 1 << 62, loader.windows.stride))
+    rates = {
+        "gather": rate(lambda: windows.batch(next(position)), trainer.tokens_per_step, seconds),
+        "loader": rate(lambda: next(loader), trainer.tokens_per_step, seconds),
+        "loader + device array": rate(lambda: jax.block_until_ready(trainer._global_batch(next(loader), mesh)),
+                                      trainer.tokens_per_step, seconds),
+    }
+    loader.close()
+    flops_per_token = trainer.flops_per_step / trainer.tokens_per_step
+    peak = table_peak(device_kind, "bfloat16") if device_kind else trainer.peak()[0] * jax.device_count()
+    demand = peak / flops_per_token
+    return {"batch_size": s.batch_size, "seq_len": trainer.seq_len, "tokens_per_step": trainer.tokens_per_step,
+            "tokens_per_s": rates, "demand_device": device_kind or jax.devices()[0].device_kind,
+            "demand_tokens_per_s_at_100pct_mfu": demand,
+            "headroom": {name: r / demand for name, r in rates.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per measurement")
+    args = parser.parse_args()
+    results = {job: measure(job, args.seconds) for job in JOBS}
+    rows = [(f"{job} ({r['batch_size']}x{r['seq_len']})", name, f"{tps:,.0f}",
+             f"{r['demand_tokens_per_s_at_100pct_mfu']:,.0f} ({r['demand_device']})", r["headroom"][name])
+            for job, r in results.items() for name, tps in r["tokens_per_s"].items()]
+    show("data: loader throughput vs what training consumes", ["job (batch x seq)", "path", "tokens/s",
+                                                                "demand at 100% MFU", "headroom x"], rows)
+    save("data", results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Run every CPU benchmark, each in a fresh process, then check the headline figures against
+their targets. The GPU script (benchmarks/gpu.py) runs only where a GPU is lent.
+
+    python benchmarks/run_all.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import RESULTS, ROOT, show
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = ("overhead", "flops", "startup", "scaling", "data")
+
+
+def checks() -> list[tuple[str, str, str, bool]]:
+    """(figure, measured, target, met) from the results the scripts wrote."""
+    r = {name: json.loads((RESULTS / f"{name}.json").read_text())["results"] for name in SCRIPTS}
+    rows = [(f"overhead, paired ratio, {case}", f"{v['paired_ratio']:.3f} (of medians {v['ratio']:.3f})", "<= 1.02",
+             v["paired_ratio"] <= 1.02) for case, v in r["overhead"].items()]
+    rows += [(f"overhead losses agree, {case}", f"{v['max_loss_rel_diff']:.1e}", "<= 1e-4",
+              v["max_loss_rel_diff"] <= 1e-4) for case, v in r["overhead"].items()]
+    rows += [(f"matmul FLOPs (jaxpr) / model.flops, {size}", f"{v['matmul_over_model']:.6f}", "1 exactly",
+              v["matmul_flops"] == v["model_flops"]) for size, v in r["flops"].items()]
+    rows += [(f"XLA / model.flops, {size}", f"{v['xla_over_model']:.3f}", "within 5%",
+              abs(v["xla_over_model"] - 1) <= 0.05) for size, v in r["flops"].items()]
+    rows += [("first step of gpt_small", f"{r['startup']['first_step_s']:.1f} s", "< 20 s",
+              r["startup"]["first_step_s"] < 20),
+             ("--help", f"{r['startup']['help_s']:.2f} s", "< 1.5 s", r["startup"]["help_s"] < 1.5)]
+    losses = [v["loss"] for v in r["scaling"]["layouts"].values()]
+    rows.append(("scaling: losses agree across meshes", f"{max(losses) - min(losses):.1e}", "<= 1e-4",
+                 max(losses) - min(losses) <= 1e-4))
+    rows += [(f"data headroom, {job}", f"{min(v['headroom'].values()):,.0f}x", ">= 1x", min(v["headroom"].values()) >= 1)
+             for job, v in r["data"].items()]
+    return rows
+
+
+def main() -> None:
+    began, failed = time.perf_counter(), []
+    for name in SCRIPTS:
+        print(f"\n== benchmarks/{name}.py", flush=True)
+        if subprocess.run([sys.executable, str(HERE / f"{name}.py")], cwd=ROOT, check=False).returncode:
+            failed.append(name)
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
+    rows = checks()
+    show(f"targets ({time.perf_counter() - began:.0f} s in all)", ["figure", "measured", "target", "met"],
+         [(f, m, t, "yes" if ok else "NO") for f, m, t, ok in rows])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Start-up: seconds from ``python -m theseus.run +experiment=gpt_small`` to its first completed
+step, the latency of ``python -m theseus.run --help``, and where the start-up time goes.
+
+The run is the real command line (W&B off, a log line every step) in a fresh process; it is
+stopped once its first step is logged. The phases are timed in another fresh process that
+walks the same path by hand: import, compose, Trainer, build (trace + compile of the train
+and eval steps), init (compiled on first use), first batch, first step.
+
+    python benchmarks/startup.py [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from common import ROOT, child, experiment, save, show, stand_in
+
+FIRST_STEP = re.compile(r"^step 1/")
+TARGETS = {"first_step_s": 20.0, "help_s": 1.5}
+
+
+def first_step(overrides: list[str]) -> dict[str, float]:
+    """Seconds from launch until the run prints its table and its first step line."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        command = [sys.executable, "-m", "theseus.run", *overrides, "trainer.max_steps=2", "trainer.log_every=1",
+                   "logger.mode=disabled", f"hydra.run.dir={run_dir}"]
+        began = time.perf_counter()
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen: dict[str, float] = {}
+        for line in process.stdout:
+            if "theseus run" in line and "table_s" not in seen:
+                seen["table_s"] = time.perf_counter() - began  # built, compiled, initialised: the table
+            if FIRST_STEP.match(line):
+                seen["first_step_s"] = time.perf_counter() - began
+                break
+        process.kill()
+        process.wait()
+    if "first_step_s" not in seen:
+        raise RuntimeError(f"no first step from: {' '.join(command)}")
+    return seen
+
+
+def help_latency() -> float:
+    seconds = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "theseus.run", "--help"], cwd=ROOT, check=True, capture_output=True)
+    return time.perf_counter() - seconds
+
+
+def _time_phases(overrides: list[str]) -> None:
+    """The run's start-up path by hand, each phase timed; prints one JSON line."""
+    clock = time.perf_counter()
+    times: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        times[name], clock = now - clock, now
+
+    import jax
+
+    import theseus.run  # noqa: F401  (what the command line imports)
+    from theseus.config.compose import compose
+    from theseus.training.trainer import Trainer
+    lap("import")
+    cfg = compose([*overrides, "logger.mode=disabled"])
+    lap("compose")
+    trainer = Trainer(cfg)
+    lap("Trainer(cfg)")
+    compiled = trainer.build()
+    lap("build: trace + compile step, eval")
+    state = compiled.init()
+    jax.block_until_ready(state)
+    lap("init: compile + run")
+    s = trainer.settings
+    loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.data_config.seed)
+    tokens = trainer._global_batch(next(loader), compiled.mesh)
+    lap("loader + first batch")
+    trainer.peak()
+    lap("peak FLOP/s")
+    jax.block_until_ready(compiled.step(state, tokens, jax.random.key(0)))
+    lap("first step")
+    print(json.dumps(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each command line (median)")
+    parser.add_argument("--phases", nargs="*", help=argparse.SUPPRESS)  # the phase timer's own process
+    args = parser.parse_args()
+    if args.phases is not None:
+        return _time_phases(args.phases)
+    overrides = experiment("gpt_small")
+    runs = [first_step(overrides) for _ in range(args.repeats)]
+    helps = [help_latency() for _ in range(max(3, args.repeats))]
+    results = {
+        "experiment": "gpt_small", "stand_in": stand_in("gpt_small"), "overrides": overrides,
+        "first_step_s": statistics.median(r["first_step_s"] for r in runs),
+        "table_s": statistics.median(r["table_s"] for r in runs),
+        "help_s": statistics.median(helps), "runs": runs, "helps": helps, "phases": child(__file__, "--phases", *overrides),
+    }
+    show("start-up (median of fresh processes)", ["measure", "seconds", "target"],
+         [("python -m theseus.run +experiment=gpt_small: first step", results["first_step_s"], "< 20"),
+          ("  ... of which until the summary table (built, compiled, initialised)", results["table_s"], ""),
+          ("python -m theseus.run --help", results["help_s"], "< 1.5")])
+    show("start-up phases (one fresh process, the run's path by hand)", ["phase", "seconds"],
+         [*results["phases"].items(), ("total", sum(results["phases"].values()))])
+    save("startup", results)
+
+
+if __name__ == "__main__":
+    main()
