@@ -23,13 +23,6 @@ STEPS = 10
 RESUME_AT = 5
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text(Path(json.__file__).read_text() * 3)
-    return path
-
-
 def arguments(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
     return ["+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}", f"data.cache_dir={corpus.parent / 'cache'}",
             f"trainer.max_steps={STEPS}", "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1",

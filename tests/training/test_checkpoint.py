@@ -17,13 +17,6 @@ from support import ROOT, run_python
 STEPS = 12
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text(Path(json.__file__).read_text() * 3)
-    return path
-
-
 def command(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "theseus.run", "+experiment=gpt_tiny", "data.source=text",
             f"data.path={corpus}", f"data.cache_dir={corpus.parent / 'cache'}", f"trainer.max_steps={STEPS}",
