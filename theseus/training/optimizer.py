@@ -78,8 +78,6 @@ def decay_mask(params: Any) -> Any:
 
 def make_optimizer(config: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """AdamW with decoupled, masked weight decay behind global-norm clipping, and its schedule."""
-    if config.lr <= 0:
-        raise ConfigError(f"optimizer.lr must be positive, got {config.lr}")
     schedule = make_schedule(config, total_steps)
     adamw = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
                         weight_decay=config.weight_decay, mask=decay_mask)

@@ -73,10 +73,7 @@ class Trainer:
             self.data_config = configure(DataConfig)
             self.mesh_config = configure(MeshConfig)
             self.logger_config = configure(LoggerConfig)
-        s = self.settings
-        for key in ("max_steps", "batch_size", "grad_accum", "log_every", "eval_batches"):
-            if getattr(s, key) <= 0:
-                raise ConfigError(f"trainer.{key} must be positive, got {getattr(s, key)}")
+        s = self.settings  # each settings class has checked its own ranges
         self.mesh_shape = self.mesh_config.shape(jax.device_count())
         parallel = self.mesh_shape[DATA] * self.mesh_shape[FSDP]
         if s.batch_size % (s.grad_accum * parallel):
