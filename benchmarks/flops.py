@@ -1,13 +1,18 @@
-"""FLOPs: ``model.flops(seq)`` against XLA's count of the compiled train step and against the
-6N + 12·L·d·T formula, for four sizes from gpt_tiny to gpt2_124m. Compiles only, runs nothing.
+"""FLOPs: ``model.flops(seq)`` against XLA's count and against the 6N + 12·L·d·T formula, for
+four sizes from gpt_tiny to gpt2_124m. Compiles only, runs nothing.
 
-XLA's count is ``Trainer.build()``'s: cost_analysis of the train step, which counts one
-device's share and a scan's body once, scaled back to all devices and micro-batches. It
-includes what the analytic count leaves out (norms, softmax, GELU, the loss, AdamW), so it
-sits a little above. The matmul column walks the jaxpr of forward + backward and adds up
-every ``dot_general`` (2 x output size x contracted size): exactly what the analytic
-convention counts, so it should match ``model.flops`` to the FLOP. The formula is nanoGPT's/PaLM's per token: 6N + 12·L·d·T, with N the
-parameters less the position embedding (the tied token embedding counts: it is the head).
+``model.flops(seq)`` counts the matrix products of forward + backward of one sequence, so
+each count is of that same program, the gradient of the loss of one sequence:
+
+- XLA: ``cost_analysis()`` of the compiled program. It also counts what the analytic
+  convention leaves out (norms, softmax, GELU, the loss), so it sits a little above.
+- XLA dots: every ``dot`` left in the optimized HLO (2 x output size x contracted size): the
+  matrix products XLA actually runs, the analytic convention exactly.
+- jaxpr dots: every ``dot_general`` in the jaxpr, the same before XLA.
+- formula: nanoGPT's/PaLM's 6N + 12·L·d·T per token, N the parameters less the position
+  embedding (the tied token embedding counts: it is the head).
+- train step: the cross-check ``Trainer.build()`` logs, XLA's count of the whole step at the
+  experiment's batch; it adds AdamW (about 15 FLOPs a parameter a step).
 
     python benchmarks/flops.py [--sizes gpt_tiny gpt_small ...]
 """
@@ -16,17 +21,31 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 import jax
 import jax.numpy as jnp
-from common import SIZES, experiment, make_trainer, save, show, stand_in, stopwatch
+from common import SIZES, experiment, make_trainer, program_cost, save, show, stand_in, stopwatch
 from jax.extend.core import jaxprs_in_params
 
 from theseus.model.models.gpt import cross_entropy
 
-# FLOPs of one sequence; bytes as tokens (a declared vocab_size fixes the shapes, and no BPE
-# needs fitting to compile gpt2_124m)
-PER_SEQUENCE = ["trainer.batch_size=1", "trainer.grad_accum=1", "data.tokenizer=byte"]
+# one micro-batch, so the compiled step has no loop; bytes as tokens (a declared vocab_size
+# fixes the shapes, and no BPE needs fitting to compile gpt2_124m)
+ONE_MICRO_BATCH = ["trainer.grad_accum=1", "data.tokenizer=byte"]
+
+# in optimized HLO text: every instruction's name and shape, and each dot's output shape, left
+# operand and the contracted dimensions of that operand
+_DEFINITION = re.compile(r"%([\w.\-]+) = \w+\[([\d,]*)\]")
+_DOT = re.compile(r"= \w+\[([\d,]*)\]\S* dot\((?:\S+ )?%([\w.\-]+),.*?lhs_contracting_dims=\{([\d,]*)\}")
+
+
+def gradient(trainer):
+    """The gradient of the loss of one sequence: ``(params, tokens [1, seq + 1]) -> grads``."""
+    def loss(params, tokens):
+        return cross_entropy(trainer.model.apply({"params": params}, tokens[:, :-1]), tokens[:, 1:])
+
+    return jax.grad(loss)
 
 
 def formula(trainer, params) -> int:
@@ -37,39 +56,52 @@ def formula(trainer, params) -> int:
     return (6 * n + 12 * model.n_layers * model.d_model * seq) * seq
 
 
-def matmul_flops(trainer, params) -> int:
-    """FLOPs of every matrix product in forward + backward of one sequence, from the jaxpr."""
-    tokens = jax.ShapeDtypeStruct((1, trainer.seq_len + 1), jnp.int32)
-
-    def loss(p, t):
-        return cross_entropy(trainer.model.apply({"params": p}, t[:, :-1]), t[:, 1:])
-
-    return _dot_flops(jax.make_jaxpr(jax.grad(loss))(params, tokens).jaxpr)
-
-
-def _dot_flops(jaxpr) -> int:
+def jaxpr_dot_flops(jaxpr) -> int:
+    """FLOPs of every ``dot_general`` in ``jaxpr`` and the jaxprs inside it (a scan's body
+    times its length)."""
     total = 0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
             (contracting, _), _ = eqn.params["dimension_numbers"]
             lhs = eqn.invars[0].aval.shape
             total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contracting)
-        repeats = eqn.params.get("length", 1)  # a scan runs its body `length` times
-        total += repeats * sum(_dot_flops(sub) for sub in jaxprs_in_params(eqn.params))
+        repeats = eqn.params.get("length", 1)
+        total += repeats * sum(jaxpr_dot_flops(sub) for sub in jaxprs_in_params(eqn.params))
     return total
 
 
+def xla_dot_flops(compiled) -> int:
+    """FLOPs of every ``dot`` XLA kept in a compiled program (one device's share). Refuses a
+    program with a loop, whose body the text holds once."""
+    text = compiled.as_text()
+    if re.search(r"\bwhile\(", text):
+        raise ValueError("the compiled program has a loop: count a program without one")
+    shapes = {name: _dims(shape) for name, shape in _DEFINITION.findall(text)}
+    return sum(2 * math.prod(_dims(out)) * math.prod(shapes[lhs][d] for d in _dims(contracting))
+               for out, lhs, contracting in _DOT.findall(text))
+
+
+def _dims(text: str) -> list[int]:
+    return [int(d) for d in text.split(",") if d]
+
+
 def count(size: str) -> dict:
-    trainer = make_trainer([*experiment(size), *PER_SEQUENCE])
-    seconds, compiled = stopwatch(trainer.build)
-    params = compiled.target.params
-    analytic, by_formula, matmuls = trainer.flops_per_step, formula(trainer, params), matmul_flops(trainer, params)
+    trainer = make_trainer([*experiment(size), *ONE_MICRO_BATCH])
+    seconds, step = stopwatch(trainer.build)
+    params = step.target.params
+    tokens = jax.ShapeDtypeStruct((1, trainer.seq_len + 1), jnp.int32)
+    grad = gradient(trainer)
+    compiled = jax.jit(grad).lower(params, tokens).compile()
+    analytic = trainer.model.flops(trainer.seq_len)
+    counts = {"xla": program_cost(compiled)["flops"], "xla_dots": xla_dot_flops(compiled),
+              "jaxpr_dots": jaxpr_dot_flops(jax.make_jaxpr(grad)(params, tokens).jaxpr),
+              "formula": formula(trainer, params)}
     m = trainer.model
     return {"stand_in": stand_in(size), "n_layers": m.n_layers, "d_model": m.d_model, "seq_len": trainer.seq_len,
             "vocab_size": m.vocab_size, "n_params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
-            "model_flops": analytic, "matmul_flops": matmuls, "xla_flops": compiled.xla_flops,
-            "formula_flops": by_formula, "matmul_over_model": matmuls / analytic,
-            "xla_over_model": compiled.xla_flops / analytic, "formula_over_model": by_formula / analytic,
+            "model_flops": analytic, **{f"{k}_flops": v for k, v in counts.items()},
+            **{f"{k}_over_model": v / analytic for k, v in counts.items()},
+            "batch_size": trainer.settings.batch_size, "train_step_xla_over_model": step.xla_flops / trainer.flops_per_step,
             "compile_s": seconds}
 
 
@@ -79,12 +111,13 @@ def main() -> None:
     args = parser.parse_args()
     results = {size: count(size) for size in args.sizes}
     rows = [(size + (" *" if r["stand_in"] else ""), f"{r['n_params'] / 1e6:.2f}M", r["seq_len"],
-             f"{r['model_flops']:.4g}", f"{r['xla_flops']:.4g}", f"{r['formula_flops']:.4g}",
-             f"{r['matmul_over_model']:.6f}", r["xla_over_model"], r["formula_over_model"], r["compile_s"])
+             f"{r['model_flops']:.4g}", f"{r['xla_flops']:.4g}", r["xla_over_model"],
+             f"{r['xla_dots_over_model']:.6f}", f"{r['jaxpr_dots_over_model']:.6f}", r["formula_over_model"],
+             f"{r['train_step_xla_over_model']:.4f} (batch {r['batch_size']})")
             for size, r in results.items()]
-    show("FLOPs of one sequence (forward + backward): model.flops vs XLA vs 6N + 12·L·d·T",
-         ["size", "params", "seq", "model.flops", "XLA", "formula", "matmuls / model", "XLA / model",
-          "formula / model", "compile s"],
+    show("FLOPs of forward + backward of one sequence: model.flops vs XLA vs 6N + 12·L·d·T",
+         ["size", "params", "seq", "model.flops", "XLA", "XLA / model", "XLA dots / model", "jaxpr dots / model",
+          "formula / model", "train step: XLA / model"],
          rows, note="target: within 5%; * a stand-in (no experiments/NAME.yaml): overrides in benchmarks/common.py")
     save("flops", results)
 

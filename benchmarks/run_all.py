@@ -25,8 +25,8 @@ def checks() -> list[tuple[str, str, str, bool]]:
              v["paired_ratio"] <= 1.02) for case, v in r["overhead"].items()]
     rows += [(f"overhead losses agree, {case}", f"{v['max_loss_rel_diff']:.1e}", "<= 1e-4",
               v["max_loss_rel_diff"] <= 1e-4) for case, v in r["overhead"].items()]
-    rows += [(f"matmul FLOPs (jaxpr) / model.flops, {size}", f"{v['matmul_over_model']:.6f}", "1 exactly",
-              v["matmul_flops"] == v["model_flops"]) for size, v in r["flops"].items()]
+    rows += [(f"matrix products ({where}) / model.flops, {size}", f"{v[f'{where}_dots_over_model']:.6f}", "1 exactly",
+              v[f"{where}_dots_flops"] == v["model_flops"]) for size, v in r["flops"].items() for where in ("jaxpr", "xla")]
     rows += [(f"XLA / model.flops, {size}", f"{v['xla_over_model']:.3f}", "within 5%",
               abs(v["xla_over_model"] - 1) <= 0.05) for size, v in r["flops"].items()]
     rows += [("first step of gpt_small", f"{r['startup']['first_step_s']:.1f} s", "< 20 s",

@@ -116,3 +116,31 @@ def test_sample_continues_a_prompt(sweep):
                       "--temperature", "0")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("def ") and len(proc.stdout) > len("def ")
+
+
+# lr 1e30: step 1's update overflows the parameters, step 3's loss is NaN
+DIVERGING = ["+experiment=gpt_tiny", "trainer.max_steps=8", "trainer.log_every=2", "trainer.checkpoint_every=2",
+             "trainer.eval_every=0", "logger.mode=disabled"]
+DIVERGED = ("TrainingError: the loss or gradients became NaN/Inf at step 3; stopped "
+            "(the last good checkpoint is step 2)")
+
+
+def test_a_diverging_sweep_job_fails_in_one_line_and_keeps_its_last_good_checkpoint(corpus, tmp_path):
+    proc = run_python("-m", "theseus.run", "-m", *DIVERGING, *small_data(corpus), "optimizer.lr=1e-3,1e30",
+                      f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr and DIVERGED in proc.stderr
+    rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert [row["status"] for row in rows] == ["ok", "failed"] and rows[1]["error"].startswith(DIVERGED)
+    assert [p.name for p in (tmp_path / "1" / "checkpoints").iterdir()] == ["2"]
+    assert sorted(p.name for p in (tmp_path / "0" / "checkpoints").iterdir()) == ["4", "6", "8"]
+
+
+def test_skip_nonfinite_skips_and_counts_the_updates_and_finishes(corpus, tmp_path):
+    proc = run_python("-m", "theseus.run", *DIVERGING, *small_data(corpus), "optimizer.lr=1e30",
+                      "trainer.skip_nonfinite=true", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    skipped = [line["nonfinite_skipped"] for line in lines if "nonfinite_skipped" in line]
+    assert skipped[0] == 0 and skipped[-1] > 0 and skipped == sorted(skipped)
+    assert (tmp_path / "checkpoints" / "8").is_dir()

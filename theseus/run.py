@@ -13,6 +13,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
@@ -88,6 +89,11 @@ def preflight(argv: list[str]) -> bool:
     return True
 
 
+class JobFailed(CompactHydraException):
+    """A sweep job's ConfigError or TrainingError, as ``TrainingError: message``: Hydra records
+    the job as failed, runs the others, then prints this line instead of a traceback."""
+
+
 def _task(cfg: DictConfig) -> float:
     """Hydra's task in the job's output directory; returns the objective (the final val loss).
 
@@ -103,8 +109,10 @@ def _task(cfg: DictConfig) -> float:
     try:
         return own(cfg, run_dir) if own else Trainer(cfg).run(run_dir)
     except (ConfigError, TrainingError) as exc:
-        if hydra_config.mode == RunMode.MULTIRUN or os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise  # the sweep records the job as failed and runs the others
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        if hydra_config.mode == RunMode.MULTIRUN:
+            raise JobFailed(f"{type(exc).__name__}: {exc}") from exc
         print(f"theseus: error: {exc}", file=sys.stderr)
         sys.exit(1)
 

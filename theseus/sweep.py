@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -126,8 +127,10 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
 
 
 def error_line(exc: BaseException) -> str:
-    """``ValueError: first line of the message``."""
+    """``ValueError: first line of the message``; a Hydra compact error's message is that line."""
     message = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    if isinstance(exc, CompactHydraException):
+        return message
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
