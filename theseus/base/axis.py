@@ -117,6 +117,23 @@ class ShardingPlan(Mapping[str, MeshAxes]):
         return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, nn.Partitioned | PartitionSpec))
 
 
+def in_use(w: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+    """Weight ``w`` (logical ``axes``) as a layer computes with it: gathered over the mesh axes
+    that split the batch, still split over the others (tensor).
+
+    FSDP splits weights over the batch's mesh axes at rest only (ZeRO-3). Left to itself, XLA
+    may keep them split and move the activations instead: on data x fsdp meshes it then
+    replicates a [batch, seq, embed] block ("Involuntary full rematerialization"). Outside a
+    mesh with logical rules (plain ``apply``) this is ``w``.
+    """
+    rules = nn.get_logical_axis_rules()
+    if not rules:
+        return w
+    batch = set(_axes(dict(rules).get(BATCH)))
+    gathered = tuple((logical, tuple(a for a in _axes(mesh) if a not in batch) or None) for logical, mesh in rules)
+    return nn.with_logical_constraint(w, tuple(axes), rules=gathered)
+
+
 def merge(plans: Iterable[Mapping[str, MeshAxes]]) -> ShardingPlan:
     """The union of ``plans`` (see ShardingPlan.merge)."""
     return ShardingPlan().merge(*plans)

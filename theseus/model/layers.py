@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, SEQ, VOCAB
+from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, SEQ, VOCAB, in_use
 from theseus.base.axis import MLP as MLP_AXIS
 from theseus.config import ConfigError, configure, field
 from theseus.model.module import Module
@@ -43,8 +43,9 @@ def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None, positions: s
 
 
 def param(module: Module, name: str, init: nn.initializers.Initializer, axes: tuple, shape: tuple) -> jax.Array:
-    """A parameter of ``module`` in its param dtype, annotated with logical ``axes``."""
-    return module.param(name, nn.with_logical_partitioning(init, axes), shape, module._param_dtype)
+    """A parameter of ``module`` in its param dtype, annotated with logical ``axes``; what the
+    layer computes with is gathered over the batch's mesh axes (``in_use``: FSDP)."""
+    return in_use(module.param(name, nn.with_logical_partitioning(init, axes), shape, module._param_dtype), axes)
 
 
 def dense(equation: str, x: jax.Array, w: jax.Array, b: jax.Array | None, dtype: jnp.dtype) -> jax.Array:

@@ -55,7 +55,7 @@ def sharded_init(model: nn.Module, tx: optax.GradientTransformation, seq_len: in
     jitted = jax.jit(lambda: nn.unbox(init_state(model, tx, seq_len, seed)), out_shardings=shardings)
 
     def init() -> TrainState:
-        with mesh, nn.logical_axis_rules(plan.rules()):
+        with jax.set_mesh(mesh), nn.logical_axis_rules(plan.rules()):
             return jitted()
 
     return init, target, shardings

@@ -150,7 +150,7 @@ class Trainer:
         )
         evaluate = jax.jit(functools.partial(eval_step, model=self.model, loss_fn=cross_entropy),
                            out_shardings=replicated)
-        with mesh, nn.logical_axis_rules(self.plan.rules()):
+        with jax.set_mesh(mesh), nn.logical_axis_rules(self.plan.rules()):
             step = step.lower(target, tokens, key).compile()
             evaluate = evaluate.lower(target.params, eval_tokens).compile()
         measured = xla_flops(step)
