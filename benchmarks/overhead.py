@@ -13,7 +13,7 @@ them: on this shared 2-core machine one process in five or so runs one side's co
 10-25% slower throughout (the same program, HLO identical; placement, not code), which a
 single process cannot tell from overhead.
 
-    python benchmarks/overhead.py [--cases gpt_tiny gpt_small] [--rounds N] [--processes P]
+    python benchmarks/overhead.py [--cases gpt_tiny gpt_small] [--rounds N] [--processes P (5)]
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--rounds", type=int, help="windows per side and process (default: per case)")
-    parser.add_argument("--processes", type=int, default=3, help="fresh processes per case (median)")
+    parser.add_argument("--processes", type=int, default=5, help="fresh processes per case (median)")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one case, in this process: prints JSON
     args = parser.parse_args()
     if args.child:

@@ -19,6 +19,7 @@ from theseus.base.axis import MLP as MLP_AXIS
 from theseus.config import ConfigError, configure, field
 from theseus.model.module import Module
 
+
 def check_vocab_size(vocab_size: int | None) -> None:
     if vocab_size is None:
         raise ConfigError(

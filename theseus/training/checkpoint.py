@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 import numpy as np
-
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies

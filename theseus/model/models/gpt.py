@@ -20,9 +20,7 @@ import numpy as np
 
 from theseus.base.axis import BATCH, DATA, EMBED, FSDP, HEADS, KV_HEADS, MLP, SEQ, TENSOR, VOCAB, ShardingPlan
 from theseus.config import ConfigError, configure, field, register
-from theseus.model.layers import (
-    NORMS, Block, Embedding, PositionEmbedding, check_heads, check_vocab_size, param,
-)
+from theseus.model.layers import NORMS, Block, Embedding, PositionEmbedding, check_heads, check_vocab_size, param
 from theseus.model.module import Module
 
 
