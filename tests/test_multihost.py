@@ -23,10 +23,10 @@ STEPS = 10
 RESUME_AT = 5
 
 
-def arguments(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
+def arguments(corpus: Path, run_dir: Path, *extra: str, logger: str = "disabled") -> list[str]:
     return ["+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}", f"data.cache_dir={corpus.parent / 'cache'}",
             f"trainer.max_steps={STEPS}", "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1",
-            f"trainer.checkpoint_every={RESUME_AT}", "trainer.keep_checkpoints=2", "logger.mode=disabled",
+            f"trainer.checkpoint_every={RESUME_AT}", "trainer.keep_checkpoints=2", f"logger.mode={logger}",
             f"hydra.run.dir={run_dir}", *extra]
 
 
@@ -42,7 +42,7 @@ def runs(corpus, tmp_path_factory) -> dict:
     one, two, resumed = root / "one", root / "two", root / "resumed"
     ok(run_python("-m", "theseus.run", *arguments(corpus, one), devices=8))
     launched = ok(run_python("-m", "theseus.launch", "--processes", "2", "--devices-per-process", "4", "--",
-                             *arguments(corpus, two)))
+                             *arguments(corpus, two, logger="offline")))
     restarted = ok(run_python("-m", "theseus.run", *arguments(corpus, resumed),
                               f"trainer.resume={two / 'checkpoints' / str(RESUME_AT)}", devices=8))
     return {"one": one, "two": two, "resumed": resumed, "launched": launched, "restarted": restarted}
@@ -65,7 +65,8 @@ def test_two_processes_train_as_one(runs):
 
 def test_only_process_0_writes_the_record_and_every_process_its_shards(runs):
     two = runs["two"]
-    assert sorted(p.name for p in two.iterdir()) == [".hydra", "checkpoints", "metrics.jsonl", "run.log"]
+    assert sorted(p.name for p in two.iterdir()) == [".hydra", "checkpoints", "metrics.jsonl", "run.log", "wandb"]
+    assert len(list((two / "wandb").glob("offline-run-*"))) == 1  # one W&B run, process 0's
     assert "distributed.process_id=0" in (two / ".hydra" / "overrides.yaml").read_text()
     state = two / "checkpoints" / str(STEPS) / "state"
     assert {p.name for p in state.glob("ocdbt.process_*")} == {"ocdbt.process_0", "ocdbt.process_1"}
@@ -78,6 +79,18 @@ def spawn(script: str, jobs: list[tuple[list[str], dict[str, str]]]) -> list[str
                               text=True, env={**os.environ, "JAX_PLATFORMS": "cpu", **env}) for args, env in jobs]
     outputs = [proc.communicate(timeout=120) for proc in procs]
     return [next((line for line in out.splitlines() if line.startswith("RESULT")), err[-2000:]) for out, err in outputs]
+
+
+def test_a_tensor_axis_spanning_the_processes_trains_as_one(corpus, tmp_path):
+    """mesh.tensor=8 over 2 processes: both hold every sequence of the batch, so both read the
+    whole batch (a 1/2 share each would be half a batch)."""
+    tensor = ["mesh.data=1", "mesh.tensor=8", "architecture.n_heads=8", "trainer.max_steps=4",
+              "trainer.checkpoint_every=0"]
+    ok(run_python("-m", "theseus.run", *arguments(corpus, tmp_path / "one", *tensor), devices=8))
+    ok(run_python("-m", "theseus.launch", "--processes", "2", "--devices-per-process", "4", "--",
+                  *arguments(corpus, tmp_path / "two", *tensor)))
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert list(two) == [1, 2, 3, 4] and list(two.values()) == pytest.approx(list(one.values()), rel=1e-5)
 
 
 def test_every_process_measures_its_own_devices(corpus, tmp_path):

@@ -185,9 +185,9 @@ class Trainer:
         compiled = self.build()
         checkpointer = Checkpointer(run_dir / "checkpoints", s.keep_checkpoints)
         state, start, loader_state = self._restore(checkpointer, compiled)
-        n_local = s.batch_size // jax.process_count()
-        loader = self.dataset.loader("train", self.seq_len, n_local, seed=self.data_config.seed,
-                                     process_index=jax.process_index(), process_count=jax.process_count())
+        index, count = self.share(compiled.mesh)
+        loader = self.dataset.loader("train", self.seq_len, s.batch_size // count, seed=self.data_config.seed,
+                                     process_index=index, process_count=count)
         if loader_state is not None:
             loader.set_state(loader_state)
         peak, source = self.peak()
@@ -264,6 +264,24 @@ class Trainer:
         _warn(f"resuming from {source.directory / str(step)} at step {step}")
         return state, step, loader_state
 
+    def share(self, mesh: Mesh) -> tuple[int, int]:
+        """``(index, count)``: this process reads share ``index`` of ``count`` equal, contiguous
+        shares of every batch, the sequences its devices hold under the batch sharding.
+
+        ``count`` is the number of processes when the batch's mesh axes split it across them;
+        processes whose devices hold the same sequences (a tensor axis spanning hosts) read the
+        same share.
+        """
+        micro = self.settings.batch_size // self.settings.grad_accum
+        held = {(rows.start or 0, micro if rows.stop is None else rows.stop)
+                for rows, *_ in self.batch_sharding(mesh).addressable_devices_indices_map((micro, 1)).values()}
+        first, end = min(start for start, _ in held), max(stop for _, stop in held)
+        if sum(stop - start for start, stop in held) != end - first or first % (end - first):
+            raise ConfigError(f"process {jax.process_index()}'s devices hold sequences {sorted(held)} of each "
+                              f"batch of {micro}, not one contiguous share: give mesh.data x mesh.fsdp a multiple "
+                              f"of the {jax.process_count()} processes, or make it 1")
+        return first // (end - first), micro // (end - first)
+
     def _global_batch(self, host: np.ndarray, mesh: Mesh) -> jax.Array:
         """This process's ``[local_batch, seq + 1]`` tokens as one global, sharded array."""
         s = self.settings
@@ -275,8 +293,9 @@ class Trainer:
         """Mean loss over ``trainer.eval_batches`` batches of the validation split (same each time)."""
         s = self.settings
         micro = s.batch_size // s.grad_accum
-        loader = self.dataset.loader("val", self.seq_len, micro // jax.process_count(), seed=self.data_config.seed,
-                                     process_index=jax.process_index(), process_count=jax.process_count())
+        index, count = self.share(compiled.mesh)
+        loader = self.dataset.loader("val", self.seq_len, micro // count, seed=self.data_config.seed,
+                                     process_index=index, process_count=count)
         sharding = self.batch_sharding(compiled.mesh)
         losses = []
         for _ in range(s.eval_batches):
