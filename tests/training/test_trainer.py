@@ -108,7 +108,8 @@ base = ["+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}", f"dat
 out = {}
 for name, mesh in {"fsdp8": ["mesh.data=1", "mesh.fsdp=8"], "data2_fsdp4": ["mesh.data=2", "mesh.fsdp=4"]}.items():
     compiled = Trainer(compose(base + mesh)).build()
-    shapes = re.findall(r"= \w+\[([\d,]*)\]\S* all-gather\(", compiled.step.as_text())
+    results = re.findall(r"= (\(.*?\)|\S+) all-gather(?:-start)?\(", compiled.step.as_text())  # one array or a tuple
+    shapes = [dims for result in results for dims in re.findall(r"\[([\d,]*)\]", result)]
     out[name] = {"gathered": [math.prod(int(d) for d in s.split(",") if d) for s in shapes],
                  "largest_param": max(math.prod(p.shape) for p in jax.tree.leaves(compiled.target.params))}
 print("RESULT" + json.dumps(out))
