@@ -22,7 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).resolve().parent / "results"
+# where save() writes; BENCHMARK_RESULTS moves it (the tests run the scripts into a temporary folder)
+RESULTS = Path(os.environ.get("BENCHMARK_RESULTS") or Path(__file__).resolve().parent / "results")
 
 # Stand-ins for experiments with no file (yet); an existing experiments/NAME.yaml wins.
 # gpt_small: the README's ~10M-parameter job; gpt_medium: a size between; gpt2_124m: GPT's
@@ -115,7 +116,7 @@ def save(name: str, results: Any) -> Path:
     record = {"benchmark": name, "command": " ".join([Path(sys.executable).name, *sys.argv]),
               "machine": machine(), "results": results}
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    CONSOLE.print(f"wrote {path.relative_to(ROOT)}")
+    CONSOLE.print(f"wrote {path}")
     return path
 
 
