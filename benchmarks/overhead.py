@@ -58,7 +58,8 @@ class TheseusLoop:
         self.trainer, self.every = trainer, s.log_every
         self.compiled = trainer.build()
         self.state = self.compiled.init()
-        self.loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.data_config.seed)
+        self.loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.data_config.seed,
+                                             prefetch=trainer.prefetch)
         self.key = jax.random.key(s.seed + 1)
         self.peak = trainer.peak()[0]
         self.logger = RunLogger(trainer.logger_config, run_dir, resolved_config=trainer.resolved,

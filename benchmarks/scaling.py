@@ -49,7 +49,8 @@ class Layout:
         self.compiled = self.trainer.build()
         self.state = self.compiled.init()
         s = self.trainer.settings
-        self.loader = self.trainer.dataset.loader("train", self.trainer.seq_len, s.batch_size, seed=0)
+        self.loader = self.trainer.dataset.loader("train", self.trainer.seq_len, s.batch_size, seed=0,
+                                                  prefetch=self.trainer.prefetch)
         self.key = jax.random.key(s.seed + 1)
         self.loss = float("nan")
 

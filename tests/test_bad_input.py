@@ -72,6 +72,7 @@ CASES = [
     _case("zero_checkpoints_kept", ["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints must be positive"),
     _case("dropout_above_one", ["architecture.dropout=1.5"], "architecture.dropout must be in [0, 1)"),
     _case("val_fraction_above_one", ["data.val_fraction=1.5"], "data.val_fraction must be in (0, 1)"),
+    _case("negative_prefetch", ["data.prefetch=-1"], "data.prefetch must be 0 (no thread) or more, got -1"),
     _case("unknown_experiment", [], "unknown experiment 'gpt_huge'", "available:", "gpt_tiny",
           argv_head=["+experiment=gpt_huge"]),
     _case("experiment_file_not_yaml", [], "experiments/broken.yaml does not parse as YAML", "fix the file",

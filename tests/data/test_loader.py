@@ -6,6 +6,7 @@ The token array is ``arange``, so a window's first token is its start offset.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import numpy as np
@@ -59,6 +60,16 @@ def test_next_follows_the_stream_whether_queued_or_gathered_inline():
             time.sleep(0.02)  # let the producer fill its queue
         np.testing.assert_array_equal(next(loader), loader.windows.batch(4 * step))
         assert loader.last_wait >= 0.0
+
+
+def test_without_prefetch_no_thread_starts_and_the_stream_is_the_same():
+    before = threading.active_count()
+    inline, threaded = Loader(TOKENS, SEQ, 4, seed=0, prefetch=0), Loader(TOKENS, SEQ, 4, seed=0)
+    assert threading.active_count() == before + 1  # the threaded loader's producer only
+    np.testing.assert_array_equal(take(inline, 30), take(threaded, 30))
+    state = inline.get_state()
+    inline.set_state(state)
+    np.testing.assert_array_equal(take(inline, 5), take(threaded, 5))
 
 
 def test_restored_state_continues_identically():

@@ -21,6 +21,8 @@ class DataConfig(Configurable):
                                 help="vocabulary size the bpe tokenizer is trained to")
     max_files: int | None = field("data/max_files", default=None,
                                   help="use only the first N files of the corpus (stdlib, text)")
+    prefetch: int | None = field("data/prefetch", default=None,
+                                 help="batches a thread gathers ahead; None: 8 on accelerators, 0 on CPU (no thread)")
 
     def __post_init__(self):
         if not 0 < self.val_fraction < 1:
@@ -29,5 +31,7 @@ class DataConfig(Configurable):
         if self.tokenizer == "bpe" and self.bpe_vocab_size <= 257:
             raise ConfigError(f"data.bpe_vocab_size={self.bpe_vocab_size} leaves no merges "
                               "(256 bytes + <|endoftext|> come first): set it above 257, e.g. 8192")
+        if self.prefetch is not None and self.prefetch < 0:
+            raise ConfigError(f"data.prefetch must be 0 (no thread) or more, got {self.prefetch}")
         if self.max_files is not None and self.max_files < 1:
             raise ConfigError(f"data.max_files must be at least 1 (or unset for every file), got {self.max_files}")

@@ -68,7 +68,9 @@ class Windows:
 class Loader:
     """An endless iterator of batches (int32 ``[batch_size, seq_len + 1]``) with resumable state.
 
-    ``last_wait`` is how long the latest ``next()`` blocked for data, in seconds.
+    A thread gathers up to ``prefetch`` batches ahead; with ``prefetch=0`` each batch is
+    gathered by ``next()`` itself (microseconds), which suits a CPU backend, whose cores also
+    run the steps. ``last_wait`` is how long the latest ``next()`` blocked for data, in seconds.
     """
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int,
@@ -112,8 +114,18 @@ class Loader:
 
     def _start(self, position: int) -> None:
         self._position = position
-        self._producer = _Producer(self.windows, position, self.prefetch)
+        self._producer = _Producer(self.windows, position, self.prefetch) if self.prefetch else _Inline(self.windows)
         self._finalizer = weakref.finalize(self, self._producer.stop)
+
+
+class _Inline:
+    """No thread: ``take`` gathers the batch on the caller's thread."""
+
+    def __init__(self, windows: Windows):
+        self.take = windows.batch
+
+    def stop(self) -> None:
+        pass
 
 
 class _Producer:
@@ -127,7 +139,7 @@ class _Producer:
 
     def __init__(self, windows: Windows, position: int, prefetch: int):
         self.windows = windows
-        self.prefetch = max(1, prefetch)
+        self.prefetch = prefetch
         self.wanted = position  # the consumer's position; the thread never gathers below it
         self.ready: collections.deque[tuple[int, np.ndarray | BaseException]] = collections.deque()
         self._stop = threading.Event()
