@@ -9,8 +9,8 @@ one writes by hand: a jitted value_and_grad + optax update, ``device_put`` of a 
 Both sides see the same stream of batches, so their losses must agree step for step.
 
 Each comparison runs in several fresh processes and the ratio reported is the median over
-them: on this shared 2-core machine one process in five or so runs one side's compiled step
-10-25% slower throughout (the same program, HLO identical; placement, not code), which a
+them: on this shared 2-core machine now and then a whole process runs the theseus loop
+10-35% slower (its compiled step, timed alone, is not; the cause is not found), which a
 single process cannot tell from overhead.
 
     python benchmarks/overhead.py [--cases gpt_tiny gpt_small] [--rounds N] [--processes P (5)]
