@@ -105,7 +105,7 @@ class Trainer:
     @property
     def prefetch(self) -> int:
         """Batches the loader's thread gathers ahead: ``data.prefetch``, else 8, or none on a CPU
-        backend, whose cores run the steps (a thread there slows gpt_tiny's step ~1-3%)."""
+        backend, where the thread would compete with the step for the same cores."""
         if self.data_config.prefetch is not None:
             return self.data_config.prefetch
         return 0 if jax.default_backend() == "cpu" else 8
