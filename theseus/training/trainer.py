@@ -61,6 +61,7 @@ class Compiled:
     evaluate: Any  # (params, tokens [micro, seq + 1]) -> loss
     xla_flops: float | None  # XLA's count for one step, all devices
     memory: dict[str, int]  # XLA's memory analysis of the step, bytes per device
+    share: tuple[int, int]  # (index, count): the share of every batch this process reads
 
 
 class Trainer:
@@ -143,6 +144,7 @@ class Trainer:
         """Mesh, sharded state layout, and the train and eval steps compiled ahead of time."""
         s = self.settings
         mesh = make_mesh(self.mesh_config)
+        share = self.share(mesh)
         tx, schedule = make_optimizer(self.optimizer, s.max_steps)
         init, target, shardings = sharded_init(self.model, tx, self.seq_len, s.seed, self.plan, mesh)
         replicated = NamedSharding(mesh, PartitionSpec())
@@ -164,7 +166,7 @@ class Trainer:
         measured = xla_flops(step)
         if measured is not None:  # XLA counts one device's share, and a scan's body once
             measured *= jax.device_count() * s.grad_accum
-        return Compiled(mesh, init, target, step, evaluate, measured, memory_report(step))
+        return Compiled(mesh, init, target, step, evaluate, measured, memory_report(step), share)
 
     def batch_sharding(self, mesh: Mesh, accumulated: bool = False) -> NamedSharding:
         """Sequences split over (data, fsdp); ``accumulated`` batches lead with grad_accum."""
@@ -193,7 +195,7 @@ class Trainer:
         compiled = self.build()
         checkpointer = Checkpointer(run_dir / "checkpoints", s.keep_checkpoints)
         state, start, loader_state = self._restore(checkpointer, compiled)
-        index, count = self.share(compiled.mesh)
+        index, count = compiled.share
         loader = self.dataset.loader("train", self.seq_len, s.batch_size // count, seed=self.data_config.seed,
                                      process_index=index, process_count=count, prefetch=self.prefetch)
         if loader_state is not None:
@@ -294,24 +296,21 @@ class Trainer:
         """This process's ``[local_batch, seq + 1]`` tokens as one global, sharded array."""
         s = self.settings
         local = host.reshape(s.grad_accum, -1, host.shape[-1])
-        sharding = self.batch_sharding(mesh, accumulated=True)
-        if jax.process_count() == 1:
-            return jax.device_put(local, sharding)
         shape = (s.grad_accum, s.batch_size // s.grad_accum, host.shape[-1])
-        return jax.make_array_from_process_local_data(sharding, local, shape)
+        return _on_devices(local, self.batch_sharding(mesh, accumulated=True), shape)
 
     def _evaluate(self, compiled: Compiled, params: Any) -> float:
         """Mean loss over ``trainer.eval_batches`` batches of the validation split (same each time)."""
         s = self.settings
         micro = s.batch_size // s.grad_accum
-        index, count = self.share(compiled.mesh)
+        index, count = compiled.share
         loader = self.dataset.loader("val", self.seq_len, micro // count, seed=self.data_config.seed,
                                      process_index=index, process_count=count, prefetch=self.prefetch)
         sharding = self.batch_sharding(compiled.mesh)
         losses = []
         for _ in range(s.eval_batches):
             host = next(loader)
-            batch = jax.make_array_from_process_local_data(sharding, host, (micro, host.shape[-1]))
+            batch = _on_devices(host, sharding, (micro, host.shape[-1]))
             losses.append(compiled.evaluate(params, batch))
         return float(jnp.mean(jnp.stack(losses)))
 
@@ -377,6 +376,14 @@ def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
     for key, value in rows:
         table.add_row(key, value)
     Console(stderr=True).print(table)
+
+
+def _on_devices(local: np.ndarray, sharding: NamedSharding, shape: tuple[int, ...]) -> jax.Array:
+    """The global array of ``shape`` laid out by ``sharding`` whose part on this process's
+    devices is ``local``; with one process a plain ``device_put``, the cheaper call."""
+    if jax.process_count() == 1:
+        return jax.device_put(local, sharding)
+    return jax.make_array_from_process_local_data(sharding, local, shape)
 
 
 def _warn(text: str) -> None:
