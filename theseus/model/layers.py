@@ -10,6 +10,9 @@ Shapes: ``x: [batch, seq, d_model]``; ``positions: int32[seq]``, the index of ea
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -41,6 +44,13 @@ def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None, positions: s
             f"architecture.positions=rope needs an even head size, but architecture.d_model / "
             f"architecture.n_heads = {d_model // n_heads}"
         )
+
+
+def check_norm(norm: str, owner: type) -> None:
+    """``architecture.norm`` names one of ``owner.norms``."""
+    if norm not in owner.norms:
+        raise ConfigError(f"architecture.norm must be one of {', '.join(owner.norms)}, got {norm!r} "
+                          f"(the keys of {owner.__name__}.norms)")
 
 
 def param(module: Module, name: str, init: nn.initializers.Initializer, axes: tuple, shape: tuple) -> jax.Array:
@@ -297,20 +307,33 @@ class Attention(Module):
 
 
 class Block(Module):
-    """Pre-norm residual block: ``x + attn(norm(x))``, then ``+ mlp(norm(x))``; x: [batch, seq, d_model]."""
+    """Pre-norm residual block: ``x + attn(norm(x))``, then ``+ mlp(norm(x))``; x: [batch, seq, d_model].
 
-    norm: str = field("architecture/norm", default="layernorm", choices=tuple(NORMS), help="normalisation layer")
+    Its children are class attributes that a subclass overrides (``mlp_cls = MyMLP``);
+    ``components()`` follows them. ``norms`` maps each ``architecture.norm`` choice to its class.
+    """
+
+    attention_cls: ClassVar[type[Module]] = Attention
+    mlp_cls: ClassVar[type[Module]] = MLP
+    norms: ClassVar[Mapping[str, type[Module]]] = NORMS
+
+    norm: str = field("architecture/norm", default="layernorm", help="normalisation layer: layernorm or rmsnorm")
     decode: bool = False  # not a config key: attend through a KVCache (generation)
+
+    def __post_init__(self):
+        check_norm(self.norm, type(self))
+        super().__post_init__()
 
     @classmethod
     def components(cls) -> list[type]:
-        return [*NORMS.values(), Attention, MLP]
+        return [*cls.norms.values(), cls.attention_cls, cls.mlp_cls]
 
     def setup(self):
-        self.ln_1 = configure(NORMS[self.norm])
-        self.attn = configure(Attention, decode=self.decode)
-        self.ln_2 = configure(NORMS[self.norm])
-        self.mlp = configure(MLP)
+        norm = self.norms[self.norm]
+        self.ln_1 = configure(norm)
+        self.attn = configure(self.attention_cls, decode=self.decode)
+        self.ln_2 = configure(norm)
+        self.mlp = configure(self.mlp_cls)
 
     def __call__(self, x: jax.Array, positions: jax.Array, deterministic: bool = True) -> jax.Array:
         x = x + self.attn(self.ln_1(x), positions, deterministic)
@@ -319,5 +342,4 @@ class Block(Module):
 
     def flops(self, seq: int) -> int:
         """Attention + MLP (the norms do no matmuls)."""
-        attn, mlp = (self.detached(cls) for cls in (Attention, MLP))
-        return attn.flops(seq) + mlp.flops(seq)
+        return self.attn.flops(seq) + self.mlp.flops(seq)

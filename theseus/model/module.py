@@ -43,6 +43,8 @@ class Module(nn.Module, Configurable):
         for name, method in list(cls.__dict__.items()):
             if name == "setup" or getattr(method, "compact", False):  # where children are built
                 setattr(cls, name, _in_own_configuration(method))
+        if "flops" in cls.__dict__:
+            cls.flops = _bound_for_flops(cls.__dict__["flops"])
         super().__init_subclass__(**kwargs)
 
     def __post_init__(self):
@@ -66,7 +68,13 @@ class Module(nn.Module, Configurable):
         return ShardingPlan()
 
     def flops(self, seq: int) -> int:
-        """Forward + backward FLOPs of one sequence of ``seq`` positions (default 0)."""
+        """Forward + backward FLOPs of one sequence of ``seq`` positions (default 0).
+
+        An override may count through its children either way: bound (``self.mlp.flops(seq)``,
+        the children ``setup()`` made) or unbound (``self.detached(MLP).flops(seq)``). Called
+        on an unbound module, it runs on an abstract binding (``jax.eval_shape`` of ``init``:
+        no parameter is allocated), so both kinds compose.
+        """
         return 0
 
     def plan(self) -> ShardingPlan:
@@ -87,6 +95,20 @@ class Module(nn.Module, Configurable):
         """A child ``cls`` as ``setup()`` would configure it, but unbound (for flops and plans)."""
         with configuration(self.own_configuration()):
             return configure(cls, parent=None, **kwargs)
+
+
+def _bound_for_flops(flops):
+    """Wrap ``flops`` so that, called on an unbound module, it runs bound to abstract variables."""
+
+    @functools.wraps(flops)
+    def wrapped(self, seq: int) -> int:
+        if self.scope is not None:
+            return flops(self, seq)
+        counted = []
+        jax.eval_shape(lambda: self.init(jax.random.key(0), method=lambda bound: counted.append(bound.flops(seq))))
+        return counted[0]
+
+    return wrapped
 
 
 def _in_own_configuration(method):

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -20,7 +20,16 @@ import numpy as np
 
 from theseus.base.axis import BATCH, DATA, EMBED, FSDP, HEADS, KV_HEADS, MLP, SEQ, TENSOR, VOCAB, ShardingPlan
 from theseus.config import ConfigError, configure, field, register
-from theseus.model.layers import NORMS, Block, Embedding, PositionEmbedding, check_heads, check_vocab_size, param
+from theseus.model.layers import (
+    NORMS,
+    Block,
+    Embedding,
+    PositionEmbedding,
+    check_heads,
+    check_norm,
+    check_vocab_size,
+    param,
+)
 from theseus.model.module import Module
 
 
@@ -29,8 +38,14 @@ class GPT(Module):
     """``tokens: int32[batch, seq] -> logits [batch, seq, vocab_size]`` in the activation dtype.
 
     Token (+ learned position) embedding, dropout, ``n_layers`` pre-norm Blocks, a final norm
-    and the output head (the token embedding itself when tied).
+    and the output head (the token embedding itself when tied). A subclass swaps a child by its
+    class attribute (``block_cls = MyBlock``); ``components()`` follows.
     """
+
+    block_cls: ClassVar[type[Module]] = Block
+    embedding_cls: ClassVar[type[Module]] = Embedding
+    position_embedding_cls: ClassVar[type[Module]] = PositionEmbedding
+    norms: ClassVar[Mapping[str, type[Module]]] = NORMS
 
     # The whole architecture, so that a GPT's fields alone determine its network: its children
     # take these values (Module.own_configuration), whatever configuration they are built under.
@@ -43,7 +58,7 @@ class GPT(Module):
     d_ff: int | None = field("architecture/d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
     dropout: float = field("architecture/dropout", default=0.0, help="dropout rate (training only)")
     bias: bool = field("architecture/bias", default=True, help="add biases to linear layers and norms")
-    norm: str = field("architecture/norm", default="layernorm", choices=tuple(NORMS), help="normalisation layer")
+    norm: str = field("architecture/norm", default="layernorm", help="normalisation layer: layernorm or rmsnorm")
     activation: str = field(
         "architecture/activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
     )
@@ -68,11 +83,12 @@ class GPT(Module):
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"architecture.dropout must be in [0, 1), got {self.dropout}")
         check_heads(self.d_model, self.n_heads, self.n_kv_heads, self.positions)
+        check_norm(self.norm, type(self))
         super().__post_init__()
 
     @classmethod
     def components(cls) -> list[type]:
-        return [Embedding, PositionEmbedding, Block, *NORMS.values()]
+        return [cls.embedding_cls, cls.position_embedding_cls, cls.block_cls, *cls.norms.values()]
 
     @property
     def sharding(self) -> ShardingPlan:
@@ -84,11 +100,11 @@ class GPT(Module):
         })
 
     def setup(self):
-        self.wte = configure(Embedding)
-        self.wpe = configure(PositionEmbedding) if self.positions == "learned" else None
+        self.wte = configure(self.embedding_cls)
+        self.wpe = configure(self.position_embedding_cls) if self.positions == "learned" else None
         self.drop = nn.Dropout(self.dropout)
-        self.h = [configure(Block, decode=self.decode) for _ in range(self.n_layers)]
-        self.ln_f = configure(NORMS[self.norm])
+        self.h = [configure(self.block_cls, decode=self.decode) for _ in range(self.n_layers)]
+        self.ln_f = configure(self.norms[self.norm])
         if not self.tie_embeddings:
             init = nn.initializers.normal(self.init_std)
             self.lm_head = param(self, "lm_head", init, (EMBED, VOCAB), (self.d_model, self.vocab_size))
@@ -125,8 +141,7 @@ class GPT(Module):
         for causality). Lookups, norms and elementwise ops are not counted. It is the blocks'
         count plus the output head's matmul (d_model x vocab_size).
         """
-        block = self.detached(Block)
-        return self.n_layers * block.flops(seq) + 6 * self.d_model * self.vocab_size * seq
+        return sum(block.flops(seq) for block in self.h) + 6 * self.d_model * self.vocab_size * seq
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
