@@ -1,3 +1,33 @@
-"""theseus: a Hydra-driven experiment framework for training JAX/Flax models."""
+"""theseus: a Hydra-driven experiment framework for training JAX/Flax models.
+
+The Python API beside the command line (imported on first use, so ``import theseus`` is light)::
+
+    import theseus
+    cfg = theseus.compose(["+experiment=gpt_tiny", "optimizer.lr=1e-3"])  # checked like the CLI
+    model = theseus.build_model(cfg, vocab_size=256)                       # a configured Flax module
+    val_loss = theseus.train(cfg, "outputs/notebook")                       # or train(overrides, dir)
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+_API = {
+    "compose": "theseus.config.compose",
+    "configure": "theseus.config",
+    "configuration": "theseus.config",
+    "field": "theseus.config",
+    "register": "theseus.config",
+    "ConfigError": "theseus.config",
+    "build_model": "theseus.config.registry",
+    "train": "theseus.run",
+}
+__all__ = [*_API, "__version__"]
+
+
+def __getattr__(name: str):
+    if name not in _API:
+        raise AttributeError(f"module 'theseus' has no attribute {name!r}")
+    return getattr(importlib.import_module(_API[name]), name)

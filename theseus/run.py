@@ -1,31 +1,39 @@
 """``python -m theseus.run +experiment=NAME [key=value ...]``: compose, check, train.
 
 Every job's config is composed and resolved before Hydra creates a run directory: a
-misspelt key, a wrong type, an impossible shape, mesh or batch fails in one line with
-nothing written. ``trainer.dry_run=true`` compiles and reports, then exits, also writing nothing.
+misspelt key (on the command line, in an experiment or a sweep file), a wrong type, an
+impossible shape, mesh or batch fails in one line with nothing written.
+``trainer.dry_run=true`` compiles and reports, then exits, also writing nothing.
+
+From Python, ``train(overrides_or_cfg, run_dir)`` runs one job with the same checks.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from theseus.base.distributed import initialize
 from theseus.config import ConfigError
-from theseus.config.compose import CONF, compose
-from theseus.config.registry import model_class
+from theseus.config.compose import compose, conf_dir
+from theseus.config.registry import load, model_class
 
+# Hydra's flags that print instead of running; the value after each of VALUED is not an override
 INFO_FLAGS = {"--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve", "-p", "--package"}
+VALUED = {"--shell-completion", "-sc", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+          "--config-dir", "-cd", "--experimental-rerun"}
 USAGE = """usage: python -m theseus.run [+experiment=NAME] [KEY=VALUE ...]          train
        python -m theseus.run -m +experiment=NAME [+sweep=NAME | KEY=A,B ...]  sweep
        python -m theseus.run ... --cfg job                                   print the composed config
+       python -m theseus.run -sc install=bash                                shell completion
        python -m theseus.run --hydra-help                                    Hydra's own flags
 
 Choices (GROUP=OPTION, +experiment=NAME, +sweep=NAME):
@@ -43,50 +51,88 @@ def usage() -> str:
     return USAGE.format(choices=choices(), listing=listing())
 
 
-def job_overrides(argv: list[str]) -> list[list[str]]:
-    """The overrides of each job that ``argv`` asks for (several with ``-m``)."""
-    overrides = [arg for arg in argv if not arg.startswith("-") and ("=" in arg or arg.startswith("~"))]
-    if not {"-m", "--multirun"} & set(argv):
+def overrides_of(argv: Sequence[str]) -> list[str]:
+    """The ``KEY=VALUE`` (and ``~KEY``) overrides in ``argv``, without flags and their values."""
+    out, skip = [], False
+    for arg in argv:
+        if skip or arg in VALUED:
+            skip = not skip and arg in VALUED
+            continue
+        if not arg.startswith("-") and ("=" in arg or arg.startswith("~")):
+            out.append(arg)
+    return out
+
+
+def is_multirun(argv: Sequence[str]) -> bool:
+    return bool({"-m", "--multirun"} & set(argv))
+
+
+def job_overrides(argv: Sequence[str], sweep_params: Sequence[str] = ()) -> list[list[str]]:
+    """The overrides of each job that ``argv`` asks for: several with ``-m``, where the sweep
+    file's ``hydra.sweeper.params`` (``sweep_params``, as ``KEY=VALUES``) come first, as Hydra's
+    basic sweeper puts them."""
+    overrides = overrides_of(argv)
+    if not is_multirun(argv):
         return [overrides]
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-        return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        parsed = OverridesParser.create().parse_overrides([*sweep_params, *overrides])
     except Exception:  # a sweeper's own syntax (optuna's interval(...)): check the plain keys
         return [[o for o in overrides if "(" not in o]]
+    return [job for batch in _split_sweep(parsed) for job in batch]
 
 
-def preflight(argv: list[str]) -> bool:
+def _split_sweep(parsed: list) -> list[list[list[str]]]:
+    """Hydra's own expansion of parsed sweep overrides into jobs (its one private API used here;
+    tests/test_run.py fails loudly should it change)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    return BasicSweeper.split_arguments(parsed, None)
+
+
+def sweep_params(cfg: DictConfig) -> list[str]:
+    """A composed config's ``hydra.sweeper.params`` as ``KEY=VALUES`` overrides."""
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
+    return [f"{key}={value}" for key, value in params.items()]
+
+
+def preflight(argv: list[str]) -> list | None:
     """Compose and resolve every job ``argv`` describes; ConfigError on the first mistake.
 
-    Returns False when there is nothing left for Hydra to do (a dry run has been done).
+    Returns the jobs' Trainers (one each; none for a task of its own, or one checked where it
+    runs), or None when there is nothing left for Hydra to do (a dry run has been done).
     """
     from theseus.training.trainer import Trainer
 
+    base = compose(job_overrides(argv)[0], hydra=True)  # the first job of the command line: its sweep file
     if INFO_FLAGS & set(argv):
-        compose(job_overrides(argv)[0])
-        return True
-    multirun = bool({"-m", "--multirun"} & set(argv))
+        return []
+    initialize(_job(base)[0])  # join the job (several hosts) before anything touches a device
     remote = any(arg.startswith("hydra/launcher=submitit") for arg in argv)  # other machines, other devices
     trainers = []
-    for overrides in job_overrides(argv):
-        cfg = compose(overrides, hydra=True)
-        run_dir = Path(cfg.hydra.run.dir)
-        with open_dict(cfg):
-            del cfg["hydra"]
+    for overrides in job_overrides(argv, sweep_params(base) if is_multirun(argv) else ()):
+        cfg, run_dir = _job(compose(overrides, hydra=True) if is_multirun(argv) else base)
         if remote or hasattr(model_class(cfg), "run"):  # checked where it runs, or a task of its own
             continue
         trainer = Trainer(cfg)
-        if not multirun:
+        if not is_multirun(argv):
             trainer.check_run_dir(run_dir)
         trainers.append(trainer)
     if trainers and all(t.settings.dry_run for t in trainers):
         for trainer in trainers:
             trainer.dry_run()
-        return False
-    return True
+        return None
+    return trainers
+
+
+def _job(composed: DictConfig) -> tuple[DictConfig, Path]:
+    """A composed config (with its ``hydra`` node) as the job's config and run directory."""
+    cfg = composed.copy()
+    run_dir = Path(cfg.hydra.run.dir)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, run_dir
 
 
 class JobFailed(CompactHydraException):
@@ -94,27 +140,61 @@ class JobFailed(CompactHydraException):
     the job as failed, runs the others, then prints this line instead of a traceback."""
 
 
-def _task(cfg: DictConfig) -> float:
-    """Hydra's task in the job's output directory; returns the objective (the final val loss).
+def execute(cfg: DictConfig, run_dir: Path, trainer=None) -> float:
+    """Run one job in ``run_dir``; returns the objective (the final val loss).
 
     A model option may bring its own task as a classmethod ``run(cfg, run_dir) -> float``;
-    otherwise the language-model trainer trains it.
+    otherwise the language-model trainer trains it (``trainer``: one already built for ``cfg``).
     """
-    from theseus.training.trainer import Trainer, TrainingError
+    from theseus.training.trainer import Trainer
 
-    initialize(cfg)  # a no-op when main() has joined already; launchers such as submitit call here first
-    hydra_config = HydraConfig.get()
-    run_dir = Path(hydra_config.runtime.output_dir)
     own = getattr(model_class(cfg), "run", None)
-    try:
-        return own(cfg, run_dir) if own else Trainer(cfg).run(run_dir)
-    except (ConfigError, TrainingError) as exc:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        if hydra_config.mode == RunMode.MULTIRUN:
-            raise JobFailed(f"{type(exc).__name__}: {exc}") from exc
-        print(f"theseus: error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    if own is not None:
+        return own(cfg, run_dir)
+    return (trainer or Trainer(cfg)).run(run_dir)
+
+
+def hydra_task(trainer=None):
+    """Hydra's task function: runs the job in its output directory, reporting a ConfigError or
+    TrainingError in one line. ``trainer``: the preflight's, reused by a single run."""
+
+    def task(cfg: DictConfig) -> float:
+        from theseus.training.trainer import TrainingError
+
+        load()  # a fresh worker process (joblib, submitit) registers the user's modules here
+        initialize(cfg)  # a no-op when main() has joined already; launchers such as submitit call here first
+        hydra_config = HydraConfig.get()
+        try:
+            return execute(cfg, Path(hydra_config.runtime.output_dir), trainer)
+        except (ConfigError, TrainingError) as exc:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            if hydra_config.mode == RunMode.MULTIRUN:
+                raise JobFailed(f"{type(exc).__name__}: {exc}") from exc
+            print(f"theseus: error: {exc}", file=sys.stderr)
+            sys.exit(1)
+
+    return task
+
+
+def train(config: Sequence[str] | DictConfig, run_dir: str | Path) -> float:
+    """Train one job from Python, with the command line's checks; returns the final val loss.
+
+    ``config``: overrides as on the command line (``["+experiment=gpt_tiny", "optimizer.lr=1e-3"]``)
+    or a config from ``theseus.compose``. ``run_dir`` receives what a command-line run writes
+    (``.hydra/config.yaml`` included, so ``theseus.sample`` reads it); a run there is resumed.
+    """
+    from theseus.training.trainer import Trainer
+
+    cfg = compose(list(config)) if not isinstance(config, DictConfig) else config
+    run_dir = Path(run_dir)
+    own = hasattr(model_class(cfg), "run")
+    trainer = None if own else Trainer(cfg)
+    if trainer is not None:
+        trainer.check_run_dir(run_dir)
+    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    return execute(cfg, run_dir, trainer)
 
 
 def use_compilation_cache() -> None:
@@ -130,21 +210,29 @@ def use_compilation_cache() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if {"--help", "-h"} & set(argv):
-        print(usage(), end="")
-        return
-    use_compilation_cache()
+    completion = {"-sc", "--shell-completion"} & set(argv)
     try:
-        if not INFO_FLAGS & set(argv):  # join the job before anything touches a device
-            initialize(compose(job_overrides(argv)[0]))
-        proceed = preflight(argv)
+        if {"--help", "-h"} & set(argv):
+            print(usage(), end="")
+            return
+        if completion:  # completion asks Hydra alone, and must not fail on a half-typed line
+            load()
+            from theseus.config import registry
+
+            registry.store()
+            trainers = []
+        else:
+            use_compilation_cache()
+            trainers = preflight(argv)
     except ConfigError as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"theseus: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    if proceed:
-        hydra.main(config_path=str(CONF), config_name="config", version_base=None)(_task)()
+    if trainers is not None:
+        single = trainers[0] if len(trainers) == 1 and not is_multirun(argv) else None
+        sys.argv = [sys.argv[0], *argv]  # what Hydra parses
+        hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)(hydra_task(single))()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 from theseus.base.axis import ShardingPlan
 from theseus.base.mesh import MeshConfig, make_mesh
 from theseus.config import ConfigError, configuration, configure
-from theseus.config.registry import load_builtins, model_class
+from theseus.config import registry
+from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.model.generate import sample_text
@@ -31,7 +32,7 @@ def load(run_dir: Path, step: int | None = None):
     config_file = run_dir / ".hydra" / "config.yaml"
     if not config_file.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml): give the folder a run wrote")
-    load_builtins()
+    registry.load()
     cfg = OmegaConf.load(config_file)
     with configuration(cfg):
         dataset = open_dataset(configure(DataConfig))

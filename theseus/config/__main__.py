@@ -15,12 +15,12 @@ from theseus.config.listing import choices, listing
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(f"{listing()}\n\nchoices:\n{choices()}")
+    if {"-h", "--help"} & set(argv):
+        print(__doc__.strip())
         return 0
     try:
-        print(OmegaConf.to_yaml(compose(argv)), end="")
-    except ConfigError as exc:
+        print(OmegaConf.to_yaml(compose(argv)) if argv else f"{listing()}\n\nchoices:\n{choices()}", end="")
+    except ConfigError as exc:  # a user module that does not import, too
         print(f"theseus: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -1,9 +1,15 @@
-"""Composing the Hydra config outside a run, and turning composition errors into one line."""
+"""Composing the Hydra config outside a run, and turning composition errors into one line.
+
+Keys are checked in one place, ``unknown_keys``, against every declared key, before Hydra
+composes: the command line's, and those that the chosen experiment and sweep files set
+(a sweep file's ``hydra.sweeper.params`` included). After composition, ``validate`` checks
+the composed config against the schema of the options it chose.
+"""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -19,10 +25,9 @@ from omegaconf.errors import (
 
 from theseus.config import registry
 from theseus.config.context import check
+from theseus.config.discovery import HOW_TO_DECLARE
 from theseus.config.errors import ConfigError, suggest
 from theseus.config.fields import MISSING
-
-CONF = registry.ROOT / "conf"
 
 
 def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig:
@@ -31,36 +36,42 @@ def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig
     Raises ConfigError (one line) for an unknown key, a wrong type, a value outside its
     choices or an unknown experiment. ``hydra=True`` keeps the ``hydra`` node.
     """
-    registry.load_builtins()
+    registry.load()
     registry.store()
     _check_folder_choices(overrides)
-    _check_override_keys(overrides)
+    for key, where in undeclared(overrides):
+        raise unknown_key(key, where)
     try:
-        with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
     except HydraException as exc:
-        raise explain(exc) from exc
+        raise explain(exc, overrides) from exc
     try:
-        validate(cfg)
+        validate(cfg, overrides)
     except OmegaConfBaseException as exc:  # an interpolation that does not resolve, ...
-        raise explain(exc) from exc
+        raise explain(exc, overrides) from exc
     if not hydra:
         with open_dict(cfg):
             del cfg["hydra"]
     return cfg
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check that every key is declared, and every declared key's value against its field
-    (type and choices).
+def conf_dir() -> Path:
+    """The primary config's folder (``conf/``, shipped with theseus)."""
+    return registry.shipped("conf")
 
-    Hydra adds an undeclared key given with ``+`` (``+trainer.max_stepz=5``) or written in an
-    experiment file under a plain group without complaint: it is refused here.
+
+def validate(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
+    """Check that every key of ``cfg`` is declared by the options it chose, and every declared
+    key's value against its field (type and choices).
+
+    A key of another option (``optimizer.momentum`` with ``optimizer=adamw``), added with ``+``
+    or written in an experiment file, is refused here.
     """
     choices = OmegaConf.to_container(cfg.hydra.runtime.choices) if "hydra" in cfg else None
     schema = registry.schema(choices)
     for key in _leaves(cfg, schema):
-        raise unknown_key(key)
+        raise unknown_key(key, origin(key, overrides))
     for key, spec in schema.items():
         value = OmegaConf.select(cfg, key, default=MISSING, throw_on_missing=False)
         if value is not MISSING and value != "???" and not OmegaConf.is_missing(cfg, key):
@@ -90,6 +101,51 @@ def _is_prefix(key: str, schema: Mapping) -> bool:
     return any(known.startswith(f"{key}.") for known in schema)
 
 
+def undeclared(overrides: Sequence[str]) -> Iterator[tuple[str, str]]:
+    """``(key, where)`` for every key that no option declares, set by ``overrides``: on the
+    command line (``where`` empty), or in the experiment and sweep files they choose
+    (``where``: ``in PATH: ``), a sweep file's ``hydra.sweeper.params`` included.
+
+    Group choices (``model=gpt``), Hydra's own settings and what its parser reports are not keys.
+    """
+    known = registry.every_key()
+    for override in overrides:
+        if override.startswith("-") or "=" not in override and not override.startswith("~"):
+            continue
+        key = override.lstrip("+~").partition("=")[0]
+        if (not key or key in (*registry.groups(), *registry.FOLDERS) or key.split(".")[0] == "hydra"
+                or any(c in key for c in "/@${}[]()'\" ,")):
+            continue
+        if not _declared(key, known):
+            yield key, ""
+    for path in chosen_files(overrides):
+        node = OmegaConf.load(path)
+        where = f"in {path}: "
+        body = OmegaConf.create({name: value for name, value in node.items() if name not in ("defaults", "hydra")})
+        yield from ((key, where) for key in _leaves(body, known))
+        params = OmegaConf.select(node, "hydra.sweeper.params", default=None) or {}
+        yield from ((str(key), where) for key in params if not _declared(str(key), known))
+
+
+def chosen_files(overrides: Sequence[str]) -> list[Path]:
+    """The experiment and sweep files that ``+experiment=A,B`` / ``+sweep=NAME`` choose."""
+    files = []
+    for override in overrides:
+        group, _, names = override.lstrip("+~").partition("=")
+        if group in registry.FOLDERS:
+            available = registry.folder_options(group)
+            files += [available[name] for name in names.split(",") if name in available]
+    return files
+
+
+def origin(key: str, overrides: Sequence[str]) -> str:
+    """``in PATH: `` when a chosen experiment or sweep file sets ``key``, else empty."""
+    for path in chosen_files(overrides):
+        if OmegaConf.select(OmegaConf.load(path), key, default=None) is not None:
+            return f"in {path}: "
+    return ""
+
+
 def _declared(key: str, schema: Mapping) -> bool:
     """``key`` is a declared key, a group of them, or inside a declared (dict) value."""
     parts = key.split(".")
@@ -99,26 +155,24 @@ def _declared(key: str, schema: Mapping) -> bool:
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
 
-def explain(exc: BaseException) -> ConfigError:
-    """A Hydra/OmegaConf composition error as one line naming the key and the fix."""
+def explain(exc: BaseException, overrides: Sequence[str] = ()) -> ConfigError:
+    """A Hydra/OmegaConf composition error as one line naming the key and the fix.
+
+    Read from the exception's type and attributes (the key it names), not from its message.
+    """
     if isinstance(exc, MissingConfigException) and exc.options is not None:
-        group = (exc.missing_cfg_file or "").split("/")[0]
-        name = (exc.missing_cfg_file or "").split("/")[-1]
+        group, _, name = (exc.missing_cfg_file or "").rpartition("/")
+        hint = f"; to add yours, {HOW_TO_DECLARE}" if group in registry.groups() else ""
         return ConfigError(f"unknown {group} {name!r}; available: {', '.join(sorted(exc.options))} "
-                           f"(set {group}=NAME)")
+                           f"(set {group}=NAME){hint}")
     if isinstance(exc, OverrideParseException):
-        reason = " ".join(exc.message.split()).split(" See https://")[0]
-        reason = reason.replace(f"Error parsing override '{exc.override}' ", "")
-        reason = reason.split(" expecting {")[0]  # the grammar's whole token list says nothing
         key = exc.override.lstrip("+~").partition("=")[0]
-        return ConfigError(f"override {exc.override!r} of {key} does not parse ({reason}): write KEY=VALUE, "
-                           f"quoting a value with special characters, e.g. {key}='...' (see {GRAMMAR})")
-    where = _file_of(str(exc))
+        return ConfigError(f"override {exc.override!r} of {key} does not parse: write KEY=VALUE, quoting a value "
+                           f"with special characters, e.g. {key}='...', and give comma-separated values only with "
+                           f"--multirun (see {GRAMMAR})")
     cause = _omegaconf_cause(exc)
     key = getattr(cause, "full_key", None)
-    deleted = re.search(r"Could not delete from config\. '(.+?)' does not exist", str(exc))
-    if deleted:
-        return unknown_key(deleted.group(1), where)
+    where = origin(key, overrides) if key else ""
     if isinstance(cause, ConfigTypeError) and key and "deletion" in str(cause):
         spec = registry.every_key().get(key)
         detail = f" ({spec.describe()})" if spec else ""
@@ -134,7 +188,7 @@ def explain(exc: BaseException) -> ConfigError:
         if spec and not spec.required and spec.default is not None:
             detail += f": give one, e.g. {key}={_cli(spec.default)}"
         return ConfigError(f"{where}{key}: {str(cause).splitlines()[0]}{detail}")
-    return ConfigError(where + " ".join(str(exc).split()))
+    return ConfigError(" ".join(str(exc).split()))
 
 
 def unknown_key(key: str, where: str = "") -> ConfigError:
@@ -143,25 +197,11 @@ def unknown_key(key: str, where: str = "") -> ConfigError:
     known = registry.every_key()
     close = suggest(key, known)
     if not close:
-        return ConfigError(f"{where}unknown config key {key!r}; `python -m theseus.config` lists every key")
+        return ConfigError(f"{where}unknown config key {key!r}; `python -m theseus.config` lists every key (a key "
+                           f"of your own module appears once you {HOW_TO_DECLARE})")
     best, others = close[0], close[1:]
     also = f" (also close: {', '.join(others)})" if others else ""
     return ConfigError(f"{where}unknown config key {key!r}; did you mean {best} ({known[best].describe()})?{also}")
-
-
-def _check_override_keys(overrides: Sequence[str]) -> None:
-    """Each ``key=value`` override names a declared key (checked before Hydra, which reports a
-    misspelt group as the group alone: ``architectur``, not ``architectur.n_layers``)."""
-    known = registry.every_key()
-    for override in overrides:
-        if override.startswith("-") or "=" not in override and not override.startswith("~"):
-            continue
-        key = override.lstrip("+~").partition("=")[0]
-        if (not key or key in (*registry.GROUPS, *registry.FOLDERS) or key.split(".")[0] == "hydra"
-                or any(c in key for c in "/@${}[]()'\" ,")):
-            continue  # Hydra's own settings, group choices, and what its parser reports
-        if not _declared(key, known):
-            raise unknown_key(key)
 
 
 def _cli(value) -> str:
@@ -171,15 +211,6 @@ def _cli(value) -> str:
     if isinstance(value, list | tuple):
         return "[" + ",".join(map(_cli, value)) + "]"
     return str(value)
-
-
-def _file_of(message: str) -> str:
-    """``in experiments/NAME.yaml: `` when Hydra says the error is in a folder option's file."""
-    found = re.match(r"In '(\w+)/([^']+)'", message)
-    if not found or found.group(1) not in registry.FOLDERS:
-        return ""
-    path = registry.folder_options(found.group(1)).get(found.group(2))
-    return f"in {path}: " if path else ""
 
 
 def _check_folder_choices(overrides: Sequence[str]) -> None:

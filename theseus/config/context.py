@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -15,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from theseus.config.errors import ConfigError
 from theseus.config.fields import MISSING, FieldSpec, specs, type_name
+from theseus.config.schema import schema_of
 
 T = TypeVar("T")
 
@@ -78,8 +80,18 @@ def configure(cls: type[T], /, **kwargs: Any) -> T:
     """Build ``cls`` with its field values from the active configuration; kwargs win.
 
     With no active configuration the fields' defaults are used. Inside a Module's ``setup()``
-    this builds configured children.
+    this builds configured children. A keyword that is not an attribute of ``cls`` sets a key
+    of its components() tree for the children that declare it: ``configure(ScaledGPT,
+    ff_scale=3.0)`` sets ``architecture.ff_scale`` (by attribute name when one key has it;
+    ``**{"architecture.ff_scale": 3.0}`` names the key itself).
     """
+    own = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(kwargs)
+    tree = {name: kwargs.pop(name) for name in list(kwargs) if name not in own}
+    if tree:
+        snapshot = _ACTIVE.get()
+        overlay = {**(snapshot.to_dict() if snapshot is not None else {}), **tree_keys(cls, tree)}
+        with configuration(overlay):
+            return configure(cls, **kwargs)
     snapshot = _ACTIVE.get()
     values = {}
     for spec in specs(cls):
@@ -95,6 +107,24 @@ def configure(cls: type[T], /, **kwargs: Any) -> T:
             continue
         values[spec.name] = check(spec, value)
     return cls(**values, **kwargs)
+
+
+def tree_keys(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` named by attribute or by dotted key, as dotted keys of ``cls``'s component
+    tree, each checked against its field; TypeError for a name the tree does not declare,
+    ConfigError for an attribute name that several keys share."""
+    schema = schema_of(cls)
+    out = {}
+    for name, value in values.items():
+        keys = [name] if name in schema else sorted({key for key, spec in schema.items() if spec.name == name})
+        if not keys:
+            raise TypeError(f"{cls.__name__} got an unexpected keyword argument {name!r}: neither one of its "
+                            f"fields nor a key of its components() tree (`python -m theseus.config` lists them)")
+        if len(keys) > 1:
+            raise ConfigError(f"{cls.__name__}: {name}= names several keys of its tree ({', '.join(keys)}): "
+                              f"pass the key itself, e.g. **{{{keys[0]!r}: ...}}")
+        out[keys[0]] = check(schema[keys[0]], value)
+    return out
 
 
 def check(spec: FieldSpec, value: Any) -> Any:

@@ -9,9 +9,9 @@ from theseus.config.schema import schema_of
 
 def listing() -> str:
     """Every option of every group with the keys it declares (type, default, declaring class, help)."""
-    registry.load_builtins()
+    registry.load()
     lines = []
-    for group in registry.GROUPS:
+    for group in registry.groups():
         for name, cls in registry.options(group).items():
             lines.append(f"{group}={name}  ({cls.__module__}.{cls.__qualname__})")
             for key, spec in schema_of(cls).items():
@@ -23,8 +23,8 @@ def listing() -> str:
 
 def choices() -> str:
     """One line per group: its options, then the experiment and sweep files."""
-    registry.load_builtins()
-    lines = [f"  {group}: {', '.join(registry.options(group))}" for group in registry.GROUPS]
+    registry.load()
+    lines = [f"  {group}: {', '.join(registry.options(group))}" for group in registry.groups()]
     for group, folder in registry.FOLDERS.items():
         names = ", ".join(registry.folder_options(group)) or "(none)"
         lines.append(f"  +{group}: {names}  ({folder}/)")

@@ -7,45 +7,42 @@ become the ``experiment`` and ``sweep`` groups. Nothing here is written in YAML 
 
 from __future__ import annotations
 
-import importlib
+from importlib import resources
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from theseus.config.context import configuration, configure
+from theseus.config.discovery import HOW_TO_DECLARE, Project, find_project, load_modules
 from theseus.config.errors import ConfigError
 from theseus.config.schema import Schema, schema_of, structured
 
-GROUPS = ("model", "optimizer", "data", "trainer", "mesh", "distributed", "logger")
+FOLDERS = {"experiment": "experiments", "sweep": "sweeps"}  # +experiment=NAME: experiments/NAME.yaml
 
-# The modules whose import registers theseus's own options.
-BUILTINS = (
-    "theseus.model.models",
-    "theseus.model.fit",
-    "theseus.base.mesh",
-    "theseus.base.distributed",
-    "theseus.data.config",
-    "theseus.training.optimizer",
-    "theseus.training.config",
-    "theseus.training.logger",
-)
+_OPTIONS: dict[str, dict[str, type]] = {}  # group -> option name -> root class, in registration order
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: conf/, experiments/, sweeps/
-FOLDERS = {"experiment": "experiments", "sweep": "sweeps"}
 
-_OPTIONS: dict[str, dict[str, type]] = {group: {} for group in GROUPS}
+def shipped(folder: str) -> Path:
+    """A folder that ships with theseus (``conf``, ``experiments``, ``sweeps``): inside the
+    installed package (a wheel), else beside it (a source checkout)."""
+    inside = resources.files("theseus") / folder
+    if inside.is_dir():
+        return Path(str(inside))
+    return Path(__file__).resolve().parents[2] / folder
 
 
 def register(group: str, name: str):
     """Class decorator: make ``cls`` the option ``name`` of config group ``group``."""
-    if group not in _OPTIONS:
-        raise ValueError(f"unknown config group {group!r}; groups are {', '.join(GROUPS)}")
+    if not group.isidentifier() or group in FOLDERS or group == "hydra":
+        raise ValueError(f"config group {group!r} must be an identifier other than hydra, experiment and sweep")
 
     def decorate(cls: type) -> type:
-        taken = _OPTIONS[group].get(name)
+        options = _OPTIONS.setdefault(group, {})
+        taken = options.get(name)
         if taken is not None and taken.__qualname__ != cls.__qualname__:
-            raise ValueError(f"{group}={name} is already registered to {taken.__qualname__}")
-        _OPTIONS[group][name] = cls
+            raise ValueError(f"{group}={name} is already registered to {taken.__module__}.{taken.__qualname__}")
+        options[name] = cls
         return cls
 
     return decorate
@@ -54,20 +51,33 @@ def register(group: str, name: str):
 def model_class(cfg) -> type:
     """The registered model class a composed config chose (its ``model`` key)."""
     name = cfg.get("model")
-    if name not in _OPTIONS["model"]:
-        raise ConfigError(f"unknown model {name!r}; available: {', '.join(_OPTIONS['model'])}")
-    return _OPTIONS["model"][name]
+    models = options("model")
+    if name not in models:
+        raise ConfigError(f"unknown model {name!r}; available: {', '.join(models)}; to add yours, {HOW_TO_DECLARE}")
+    return models[name]
+
+
+def build_model(cfg, **kwargs):
+    """The model a composed config chose, configured from it (``kwargs`` win: e.g. ``vocab_size``,
+    which a run takes from its tokenizer). A Flax module, to ``init`` and ``apply`` as any other."""
+    with configuration(cfg):
+        return configure(model_class(cfg), **kwargs)
+
+
+def groups() -> tuple[str, ...]:
+    """The config groups that options were registered to, in registration order."""
+    return tuple(_OPTIONS)
 
 
 def options(group: str) -> dict[str, type]:
     """The registered options of ``group``: name -> root class."""
-    return dict(_OPTIONS[group])
+    return dict(_OPTIONS.get(group, {}))
 
 
-def load_builtins() -> None:
-    """Import theseus's own components so that they register."""
-    for module in BUILTINS:
-        importlib.import_module(module)
+def load() -> Project | None:
+    """Import every module that registers options: theseus's own and the user's (see
+    ``theseus.config.discovery``). Returns the user's project folder, if any."""
+    return load_modules()
 
 
 def schema(choices: dict[str, str] | None = None) -> Schema:
@@ -91,10 +101,13 @@ def every_key() -> Schema:
 
 
 def folder_options(group: str) -> dict[str, Path]:
-    """The YAML files of ``experiment`` or ``sweep``: the checkout's folder, then ./ (wins)."""
+    """The YAML files of ``experiment`` or ``sweep``: the shipped ones, then the project
+    folder's, then the working directory's (a later one of the same name wins)."""
+    project = find_project()
     found = {}
-    for base in (ROOT, Path.cwd()):
-        for path in sorted((base / FOLDERS[group]).glob("*.yaml")):
+    for folder in dict.fromkeys((shipped(FOLDERS[group]), *([project.root / FOLDERS[group]] if project else []),
+                                 Path.cwd() / FOLDERS[group])):
+        for path in sorted(folder.glob("*.yaml")):
             found[path.stem] = path
     return found
 

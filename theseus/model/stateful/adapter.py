@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from theseus.config import MISSING, configuration, configure, schema_of, specs
-from theseus.config.registry import load_builtins
+from theseus.config.registry import load
 from theseus.model.base import BaseModule, Forward, precision_bits, qualified_name, resolve
 from theseus.model.module import Module
 
@@ -62,7 +62,7 @@ class FlaxAdapter(BaseModule):
             raise ValueError(f"FlaxAdapter hyperparameters are module, config and input_shape, got {sorted(hyperparameters)}")
         module = None
         if merged["module"] is not None:
-            load_builtins()  # theseus's own Modules are always resolvable
+            load()  # theseus's own Modules are always resolvable
             with configuration(merged["config"]):
                 module = configure(resolve(Module, merged["module"]))
         shape = merged["input_shape"]

@@ -1,0 +1,47 @@
+"""``theseus COMMAND [ARGS]`` (or ``python -m theseus COMMAND``): one command for every entry point.
+
+    theseus run +experiment=gpt_tiny        python -m theseus.run ...
+    theseus sample RUN_DIR                  python -m theseus.sample ...
+    theseus report PATH                     python -m theseus.report ...
+    theseus config [OVERRIDES]              python -m theseus.config ...
+    theseus prepare [data.* OVERRIDES]      python -m theseus.data.prepare ...
+    theseus launch --processes 2 -- ARGS    python -m theseus.launch ...
+
+Hydra's shell completion works for ``theseus run``: ``eval "$(theseus -sc install=bash)"``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+COMMANDS = {
+    "run": "theseus.run",
+    "sample": "theseus.sample",
+    "report": "theseus.report.__main__",
+    "config": "theseus.config.__main__",
+    "prepare": "theseus.data.prepare",
+    "launch": "theseus.launch",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-sc", "--shell-completion"):  # Hydra's completion script calls `theseus -sc ...`
+        program, _, rest = os.environ.get("COMP_LINE", "").partition(" ")
+        if rest.split(" ", 1)[0] == "run":  # `theseus run ARGS` completes as the run command's line
+            os.environ["COMP_LINE"] = f"{program} {rest[3:].lstrip()}"
+        argv = ["run", *argv]
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__.strip() if not argv or argv[0] in ("-h", "--help") else
+              f"theseus: error: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}",
+              file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    command, args = argv[0], argv[1:]
+    sys.argv = ["theseus", *args]  # the program name Hydra's completion script installs under
+    return importlib.import_module(COMMANDS[command]).main(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
