@@ -1,0 +1,52 @@
+"""The built wheel, installed (no editable checkout) into a fresh environment, runs a job from
+an unrelated folder: conf/, experiments/ and sweeps/ ship inside the package."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from support import ROOT
+
+
+def test_wheel_installs_and_runs_gpt_tiny_from_another_folder(tmp_path):
+    dist = tmp_path / "dist"
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(dist), str(ROOT)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    wheel = next(dist.glob("theseus-*.whl"))
+    env_dir = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    python = env_dir / "bin" / "python"
+    fresh_site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                              text=True).strip())
+    # theseus's dependencies come from this environment's site-packages, added as a plain path:
+    # the .pth files there (this checkout's editable install among them) are not processed
+    (fresh_site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
+                              str(wheel)], capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr[-3000:]
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    (work / "corpus.txt").write_text((ROOT / "README.md").read_text() * 8)
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["JAX_PLATFORMS"] = "cpu"
+    where = subprocess.run([python, "-c", "import theseus.config.registry as r; print(r.shipped('experiments'))"],
+                           capture_output=True, text=True, cwd=work, env=env)
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()).is_relative_to(fresh_site), where.stdout
+    run = subprocess.run([python, "-m", "theseus.run", "+experiment=gpt_tiny", "trainer.max_steps=2",
+                          "trainer.eval_every=2", "data.source=text", "data.path=corpus.txt", "logger.mode=disabled",
+                          f"data.cache_dir={tmp_path / 'cache'}", "hydra.run.dir=run"],
+                         capture_output=True, text=True, cwd=work, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 2 and "val_loss" in rows[-1]
+    console = env_dir / "bin" / "theseus"
+    listing = subprocess.run([console, "config"], capture_output=True, text=True, cwd=work, env=env)
+    assert listing.returncode == 0 and "+experiment: gpt2_124m, gpt_small, gpt_tiny" in listing.stdout, listing.stderr
