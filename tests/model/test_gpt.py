@@ -133,6 +133,8 @@ def test_field_values_reach_the_children():
         ({"architecture.n_kv_heads": 3}, r"architecture.n_heads \(4\) must be divisible by architecture.n_kv_heads"),
         ({"architecture.n_heads": 32, "architecture.positions": "rope"}, "architecture.positions=rope needs an even"),
         ({"architecture.n_layers": 0}, "architecture.n_layers must be positive, got 0"),
+        ({"architecture.rope_theta": -1.0}, "architecture.rope_theta must be positive, got -1.0"),
+        ({"architecture.init_std": -0.02}, "architecture.init_std must be positive, got -0.02"),
         ({"architecture.dropout": 1.0}, r"architecture.dropout must be in \[0, 1\), got 1.0"),
         ({"architecture.norm": "batchnorm"}, "architecture.norm must be one of layernorm, rmsnorm, got 'batchnorm'"),
     ],

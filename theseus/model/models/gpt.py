@@ -76,9 +76,10 @@ class GPT(Module):
 
     def __post_init__(self):
         check_vocab_size(self.vocab_size)
-        for key in ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff"):
+        for key in ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "rope_theta",
+                    "init_std"):
             value = getattr(self, key)
-            if value is not None and value < 1:
+            if value is not None and value <= 0:
                 raise ConfigError(f"architecture.{key} must be positive, got {value}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"architecture.dropout must be in [0, 1), got {self.dropout}")
