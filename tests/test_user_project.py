@@ -12,34 +12,13 @@ import pytest
 
 from support import ROOT, run_python
 
-MODELS = '''
-# myproj/mymodels.py
-from theseus.config import field, register
-from theseus.model.layers import MLP, Block
-from theseus.model.models.gpt import GPT
-
-
-class ScaledMLP(MLP):
-    ff_scale: float = field("architecture/ff_scale", default=1.0, help="multiplier on the MLP output")
-
-    def __call__(self, x, deterministic=True):
-        return self.ff_scale * super().__call__(x, deterministic=deterministic)
-
-
-class ScaledBlock(Block):
-    mlp_cls = ScaledMLP
-
-
-@register("model", "scaled_gpt")
-class ScaledGPT(GPT):
-    block_cls = ScaledBlock
-'''
+MODELS = Path(__file__).parent / "examples" / "mymodels.py"  # the README's example
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("myproj")
-    (root / "mymodels.py").write_text(MODELS)
+    (root / "mymodels.py").write_text(MODELS.read_text())
     (root / "pyproject.toml").write_text('[project]\nname = "myproj"\nversion = "0.1"\n\n'
                                          '[tool.theseus]\nimports = ["mymodels"]\n')
     (root / "corpus.txt").write_text((ROOT / "theseus" / "training" / "trainer.py").read_text() * 4)
@@ -72,6 +51,11 @@ def trained(project) -> Path:
     proc = theseus(project, *TINY, "model=scaled_gpt", "architecture.ff_scale=2", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir
+
+
+def test_the_readme_shows_this_example():
+    body = MODELS.read_text().split("\n", 1)[1]  # below its first comment line
+    assert body in (ROOT / "README.md").read_text()
 
 
 def test_trains_the_users_model(trained):

@@ -6,12 +6,13 @@ import textwrap
 
 import pytest
 
+from examples.mymodels import ScaledBlock, ScaledGPT, ScaledMLP  # the README's example (registers scaled_gpt)
 from support import run_python
 from theseus.config import ConfigError, configuration, configure, field
 from theseus.config.discovery import find_project
-from theseus.model.layers import MLP, Block
-from theseus.model.models.gpt import GPT
+from theseus.model.layers import MLP
 from theseus.model.module import Module
+
 
 
 def test_nearest_pyproject_upwards_decides(tmp_path, monkeypatch):
@@ -59,21 +60,6 @@ def test_entry_point_group_registers_an_installed_package(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("theseus: error: cannot import 'acme.models', asked for by the entry point 'acme' "
                                    "of group theseus.modules (package acme): RuntimeError: acme is broken")
-
-
-class ScaledMLP(MLP):
-    ff_scale: float = field("architecture/ff_scale", default=1.0, help="multiplier on the MLP output")
-
-    def __call__(self, x, deterministic=True):
-        return self.ff_scale * super().__call__(x, deterministic=deterministic)
-
-
-class ScaledBlock(Block):
-    mlp_cls = ScaledMLP
-
-
-class ScaledGPT(GPT):
-    block_cls = ScaledBlock
 
 
 TINY = dict(vocab_size=64, n_layers=2, d_model=32, n_heads=2, seq_len=8)
@@ -177,8 +163,8 @@ def test_one_flops_pattern_bound_or_unbound():
 def test_unknown_model_says_how_to_make_a_module_visible():
     from theseus.config.compose import compose
 
-    with pytest.raises(ConfigError, match=r"unknown model 'scaled_gpt'.*\[tool\.theseus\] imports"):
-        compose(["model=scaled_gpt"])
+    with pytest.raises(ConfigError, match=r"unknown model 'unscaled_gpt'.*\[tool\.theseus\] imports"):
+        compose(["model=unscaled_gpt"])
 
 
 def test_sweep_expansion_uses_hydra_as_it_is():
