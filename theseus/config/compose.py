@@ -139,7 +139,10 @@ def chosen_files(overrides: Sequence[str]) -> list[Path]:
 
 
 def origin(key: str, overrides: Sequence[str]) -> str:
-    """``in PATH: `` when a chosen experiment or sweep file sets ``key``, else empty."""
+    """``in PATH: `` when a chosen experiment or sweep file sets ``key`` and the command line
+    does not, else empty."""
+    if any(override.lstrip("+~").partition("=")[0] == key for override in overrides):
+        return ""
     for path in chosen_files(overrides):
         if OmegaConf.select(OmegaConf.load(path), key, default=None) is not None:
             return f"in {path}: "
