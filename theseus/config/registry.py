@@ -21,7 +21,7 @@ GROUPS = ("model", "optimizer", "data", "trainer", "mesh", "distributed", "logge
 # The modules whose import registers theseus's own options.
 BUILTINS = (
     "theseus.model.models",
-    "theseus.model.fit",
+    "theseus.tasks.regression",
     "theseus.base.mesh",
     "theseus.base.distributed",
     "theseus.data.config",

@@ -1,0 +1,1 @@
+"""Tasks: what a job optimises (``task=NAME``); importing this package registers theseus's own."""
