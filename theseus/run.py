@@ -18,9 +18,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from theseus.base.distributed import initialize
-from theseus.config import ConfigError
+from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import CONF, compose
-from theseus.config.registry import model_class
 
 INFO_FLAGS = {"--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve", "-p", "--package"}
 USAGE = """usage: python -m theseus.run [+experiment=NAME] [KEY=VALUE ...]          train
@@ -63,6 +62,7 @@ def preflight(argv: list[str]) -> bool:
 
     Returns False when there is nothing left for Hydra to do (a dry run has been done).
     """
+    from theseus.tasks.task import JobTask, task_class
     from theseus.training.trainer import Trainer
 
     if INFO_FLAGS & set(argv):
@@ -76,7 +76,7 @@ def preflight(argv: list[str]) -> bool:
         run_dir = Path(cfg.hydra.run.dir)
         with open_dict(cfg):
             del cfg["hydra"]
-        if remote or hasattr(model_class(cfg), "run"):  # checked where it runs, or a task of its own
+        if remote or issubclass(task_class(cfg), JobTask):  # checked where it runs, or a job of its own
             continue
         trainer = Trainer(cfg)
         if not multirun:
@@ -97,17 +97,20 @@ class JobFailed(CompactHydraException):
 def _task(cfg: DictConfig) -> float:
     """Hydra's task in the job's output directory; returns the objective (the final val loss).
 
-    A model option may bring its own task as a classmethod ``run(cfg, run_dir) -> float``;
-    otherwise the language-model trainer trains it.
+    A JobTask (``task=regression``) runs the job itself; the trainer trains any other task.
     """
+    from theseus.tasks.task import JobTask, task_class
     from theseus.training.trainer import Trainer, TrainingError
 
     initialize(cfg)  # a no-op when main() has joined already; launchers such as submitit call here first
     hydra_config = HydraConfig.get()
     run_dir = Path(hydra_config.runtime.output_dir)
-    own = getattr(model_class(cfg), "run", None)
     try:
-        return own(cfg, run_dir) if own else Trainer(cfg).run(run_dir)
+        if issubclass(task_class(cfg), JobTask):
+            with configuration(cfg):
+                task = configure(task_class(cfg))
+            return task.run(cfg, run_dir)
+        return Trainer(cfg).run(run_dir)
     except (ConfigError, TrainingError) as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -16,12 +16,12 @@ from omegaconf import OmegaConf
 from theseus.config.errors import ConfigError
 from theseus.config.schema import Schema, schema_of, structured
 
-GROUPS = ("model", "optimizer", "data", "trainer", "mesh", "distributed", "logger")
+GROUPS = ("model", "task", "optimizer", "data", "trainer", "mesh", "distributed", "logger")
 
 # The modules whose import registers theseus's own options.
 BUILTINS = (
     "theseus.model.models",
-    "theseus.tasks.regression",
+    "theseus.tasks",
     "theseus.base.mesh",
     "theseus.base.distributed",
     "theseus.data.config",
@@ -105,8 +105,8 @@ def store() -> None:
     for group, opts in _OPTIONS.items():
         for name, cls in opts.items():
             node = structured(schema_of(cls))
-            if group == "model":  # the choice itself, so a composed config names its model
-                node.model = name
+            if group in ("model", "task"):  # the choice itself, so a composed config names its model and task
+                node[group] = name
             cs.store(group=group, name=name, node=node, package="_global_")
     for group in FOLDERS:
         for name, path in folder_options(group).items():

@@ -1,5 +1,6 @@
-"""The pmm_regression experiment: an AffineEigenvaluePMM and an MLP fitted to scikit-learn's
-diabetes data (the optional ``sklearn`` dependency), compared by test MSE."""
+"""The ``regression`` task (``+experiment=pmm_regression`` picks it): an AffineEigenvaluePMM and
+an MLP fitted to scikit-learn's diabetes data (the optional ``sklearn`` dependency) with
+``Model.fit``, compared by test MSE. A JobTask: it runs the job itself, not the trainer."""
 
 from __future__ import annotations
 
@@ -11,17 +12,18 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from theseus.config import Configurable, configuration, configure, field, register
+from theseus.config import configuration, configure, field, register
 from theseus.stateful.elementwise import Tanh
 from theseus.stateful.fit import FitSettings, train
 from theseus.stateful.linear import Linear
 from theseus.stateful.model import Model
 from theseus.stateful.pmm import AffineEigenvaluePMM
+from theseus.tasks.task import JobTask
 
 
-@register("model", "pmm_regression")
+@register("task", "regression")
 @dataclasses.dataclass(frozen=True)
-class PMMRegression(Configurable):
+class PMMRegression(JobTask):
     """The pmm_regression experiment: an AffineEigenvaluePMM (with a linear read-out of its
     eigenvalues) and an MLP fitted to scikit-learn's diabetes data, compared by test MSE."""
 
@@ -32,9 +34,8 @@ class PMMRegression(Configurable):
     def components(cls) -> list[type]:
         return [FitSettings, AffineEigenvaluePMM]
 
-    @classmethod
-    def run(cls, cfg: Any, run_dir: Path) -> float:
-        """The task of ``python -m theseus.run +experiment=pmm_regression``: fit both models,
+    def run(self, cfg: Any, run_dir: Path) -> float:
+        """The job of ``python -m theseus.run +experiment=pmm_regression``: fit both models,
         print and save (``results.json``) their test MSE; the PMM's is the objective."""
         results = run_regression(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)

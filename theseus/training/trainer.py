@@ -8,7 +8,6 @@ evaluates, logs and checkpoints, resuming where the run directory left off.
 from __future__ import annotations
 
 import functools
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
-from theseus.model.models.gpt import cross_entropy
+from theseus.tasks.task import LossTask, task_class
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
 from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets
@@ -74,6 +73,10 @@ class Trainer:
             self.data_config = configure(DataConfig)
             self.mesh_config = configure(MeshConfig)
             self.logger_config = configure(LoggerConfig)
+            self.task = configure(task_class(cfg))
+        if not isinstance(self.task, LossTask):
+            raise ConfigError(f"task={cfg.get('task')} runs its job itself, not in the trainer: "
+                              f"run it with python -m theseus.run")
         s = self.settings  # each settings class has checked its own ranges
         self.mesh_shape = self.mesh_config.shape(jax.device_count())
         parallel = self.mesh_shape[DATA] * self.mesh_shape[FSDP]
@@ -149,16 +152,17 @@ class Trainer:
         init, target, shardings = sharded_init(self.model, tx, self.seq_len, s.seed, self.plan, mesh)
         replicated = NamedSharding(mesh, PartitionSpec())
         micro = s.batch_size // s.grad_accum
-        tokens = jax.ShapeDtypeStruct((s.grad_accum, micro, self.seq_len + 1), jnp.int32,
+        example = self.task.example(self.seq_len)
+        tokens = jax.ShapeDtypeStruct((s.grad_accum, micro, *example.shape), example.dtype,
                                       sharding=self.batch_sharding(mesh, accumulated=True))
-        eval_tokens = jax.ShapeDtypeStruct((micro, self.seq_len + 1), jnp.int32, sharding=self.batch_sharding(mesh))
+        eval_tokens = jax.ShapeDtypeStruct((micro, *example.shape), example.dtype, sharding=self.batch_sharding(mesh))
         key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
         step = jax.jit(
-            functools.partial(train_step, model=self.model, tx=tx, schedule=schedule, loss_fn=cross_entropy,
+            functools.partial(train_step, model=self.model, task=self.task, tx=tx, schedule=schedule,
                               skip_nonfinite=s.skip_nonfinite),
             out_shardings=(shardings, replicated), donate_argnums=0,
         )
-        evaluate = jax.jit(functools.partial(eval_step, model=self.model, loss_fn=cross_entropy),
+        evaluate = jax.jit(functools.partial(eval_step, model=self.model, task=self.task),
                            out_shardings=replicated)
         with jax.set_mesh(mesh), nn.logical_axis_rules(self.plan.rules()):
             step = step.lower(target, tokens, key).compile()
@@ -233,7 +237,7 @@ class Trainer:
                 evaluated = (s.eval_every and done % s.eval_every == 0) or last
                 if evaluated:
                     val_loss = self._evaluate(compiled, state.params)
-                    logger.log(done, self._val_metrics(val_loss))
+                    logger.log(done, self.task.val_metrics(val_loss, self.dataset.bytes_per_token))
                 if (s.checkpoint_every and done % s.checkpoint_every == 0) or last or stop:
                     self._check_finite(state, checkpointer)
                     checkpointer.save(done, state, loader.get_state(), self.resolved,
@@ -313,12 +317,6 @@ class Trainer:
             batch = _on_devices(host, sharding, (micro, host.shape[-1]))
             losses.append(compiled.evaluate(params, batch))
         return float(jnp.mean(jnp.stack(losses)))
-
-    def _val_metrics(self, val_loss: float) -> dict[str, float]:
-        metrics = {"val_loss": val_loss}
-        if self.dataset.bytes_per_token:
-            metrics["val_bpb"] = val_loss / (math.log(2) * self.dataset.bytes_per_token)
-        return metrics
 
     def _summary(self, compiled: Compiled, peak: float, source: str, params: int) -> dict[str, Any]:
         """What the run records about itself, the FLOPs convention included."""

@@ -5,7 +5,6 @@
         model = configure(GPT, vocab_size=tokenizer_vocab_size)
     params = model.init(key, tokens)["params"]
     logits = model.apply({"params": params}, tokens)  # tokens: int32[batch, seq]
-    loss = cross_entropy(logits, targets)             # targets: int32[batch, seq], -1 ignored
 """
 
 from __future__ import annotations
@@ -127,19 +126,6 @@ class GPT(Module):
         """
         block = self.detached(Block)
         return self.n_layers * block.flops(seq) + 6 * self.d_model * self.vocab_size * seq
-
-
-def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean next-token loss, float32, over positions whose target is not -1.
-
-    ``logits: [batch, seq, vocab]``, ``targets: int[batch, seq]``. logsumexp minus the target's
-    logit: no one-hot of [batch, seq, vocab] is built.
-    """
-    logits = logits.astype(jnp.float32)
-    keep = targets != -1
-    target_logit = jnp.take_along_axis(logits, jnp.where(keep, targets, 0)[..., None], axis=-1)[..., 0]
-    nll = jax.nn.logsumexp(logits, axis=-1) - target_logit
-    return jnp.sum(jnp.where(keep, nll, 0.0)) / jnp.maximum(jnp.sum(keep), 1)
 
 
 def load_hf_gpt2(state_dict: Mapping[str, Any], n_heads: int | None = None) -> tuple[dict[str, Any], dict]:
