@@ -41,7 +41,7 @@ from theseus.training.resume import check_resume
 from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
 from theseus.training.step import eval_step, train_step
 
-BATCH = (DATA, FSDP)  # the mesh axes a batch is split over
+BATCH_MESH_AXES = (DATA, FSDP)  # the mesh axes a batch is split over
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
 
 
@@ -60,7 +60,7 @@ class Compiled:
     evaluate: Any  # (params, tokens [micro, seq + 1]) -> loss
     xla_flops: float | None  # XLA's count for one step, all devices
     memory: dict[str, int]  # XLA's memory analysis of the step, bytes per device
-    share: tuple[int, int]  # (index, count): the share of every batch this process reads
+    batch_share: tuple[int, int]  # (index, count): the share of every batch this process reads
 
 
 class Trainer:
@@ -103,7 +103,7 @@ class Trainer:
                     f"architecture.seq_len+1={self.seq_len + 1}: lower architecture.seq_len, use more data or "
                     f"raise data.val_fraction"
                 )
-        self.plan = self.model.plan().merge(ShardingPlan(batch=BATCH)).override(self.mesh_config.rules)
+        self.plan = self.model.plan().merge(ShardingPlan(batch=BATCH_MESH_AXES)).override(self.mesh_config.rules)
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
 
     @property
@@ -147,7 +147,7 @@ class Trainer:
         """Mesh, sharded state layout, and the train and eval steps compiled ahead of time."""
         s = self.settings
         mesh = make_mesh(self.mesh_config)
-        share = self.share(mesh)
+        batch_share = self.batch_share(mesh)
         tx, schedule = make_optimizer(self.optimizer, s.max_steps)
         init, target, shardings = sharded_init(self.model, tx, self.seq_len, s.seed, self.plan, mesh)
         replicated = NamedSharding(mesh, PartitionSpec())
@@ -170,11 +170,11 @@ class Trainer:
         measured = xla_flops(step)
         if measured is not None:  # XLA counts one device's share, and a scan's body once
             measured *= jax.device_count() * s.grad_accum
-        return Compiled(mesh, init, target, step, evaluate, measured, memory_report(step), share)
+        return Compiled(mesh, init, target, step, evaluate, measured, memory_report(step), batch_share)
 
     def batch_sharding(self, mesh: Mesh, accumulated: bool = False) -> NamedSharding:
         """Sequences split over (data, fsdp); ``accumulated`` batches lead with grad_accum."""
-        spec = PartitionSpec(None, BATCH, None) if accumulated else PartitionSpec(BATCH, None)
+        spec = PartitionSpec(None, BATCH_MESH_AXES, None) if accumulated else PartitionSpec(BATCH_MESH_AXES, None)
         return NamedSharding(mesh, spec)
 
     def peak(self) -> tuple[float, str]:
@@ -199,7 +199,7 @@ class Trainer:
         compiled = self.build()
         checkpointer = Checkpointer(run_dir / "checkpoints", s.keep_checkpoints)
         state, start, loader_state = self._restore(checkpointer, compiled)
-        index, count = compiled.share
+        index, count = compiled.batch_share
         loader = self.dataset.loader("train", self.seq_len, s.batch_size // count, seed=self.data_config.seed,
                                      process_index=index, process_count=count, prefetch=self.prefetch)
         if loader_state is not None:
@@ -278,7 +278,7 @@ class Trainer:
         _warn(f"resuming from {source.directory / str(step)} at step {step}")
         return state, step, loader_state
 
-    def share(self, mesh: Mesh) -> tuple[int, int]:
+    def batch_share(self, mesh: Mesh) -> tuple[int, int]:
         """``(index, count)``: this process reads share ``index`` of ``count`` equal, contiguous
         shares of every batch, the sequences its devices hold under the batch sharding.
 
@@ -307,7 +307,7 @@ class Trainer:
         """Mean loss over ``trainer.eval_batches`` batches of the validation split (same each time)."""
         s = self.settings
         micro = s.batch_size // s.grad_accum
-        index, count = compiled.share
+        index, count = compiled.batch_share
         loader = self.dataset.loader("val", self.seq_len, micro // count, seed=self.data_config.seed,
                                      process_index=index, process_count=count, prefetch=self.prefetch)
         sharding = self.batch_sharding(compiled.mesh)

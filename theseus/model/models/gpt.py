@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from theseus.base.axis import BATCH, DATA, EMBED, FSDP, HEADS, KV_HEADS, MLP, SEQ, TENSOR, VOCAB, ShardingPlan
+from theseus.base.axis import BATCH, DATA, EMBED, FSDP, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, TENSOR, VOCAB, ShardingPlan
 from theseus.config import ConfigError, configure, field, register
 from theseus.model.layers import NORMS, Block, Embedding, PositionEmbedding, check_heads, check_vocab_size, param
 from theseus.model.module import Module
@@ -79,7 +79,7 @@ class GPT(Module):
         width over tensor (Megatron). Batch comes first: Flax's rules give a mesh axis to the
         first logical axis that claims it, so activations split batch, not embed, over fsdp."""
         return ShardingPlan({
-            BATCH: (DATA, FSDP), EMBED: FSDP, VOCAB: TENSOR, HEADS: TENSOR, KV_HEADS: TENSOR, MLP: TENSOR,
+            BATCH: (DATA, FSDP), EMBED: FSDP, VOCAB: TENSOR, HEADS: TENSOR, KV_HEADS: TENSOR, MLP_HIDDEN: TENSOR,
         })
 
     def setup(self):
