@@ -17,7 +17,7 @@ import time
 import jax
 from common import experiment, make_trainer, save, show
 
-from theseus.base.hardware import table_peak
+from theseus.base.hardware import lookup
 
 # job -> (overrides, device kind for demand; None: this machine's). Bytes as tokens: the
 # loader gathers the same int windows whatever the tokenizer.
@@ -51,7 +51,7 @@ def measure(job: str, seconds: float) -> dict:
     }
     loader.close()
     flops_per_token = trainer.flops_per_step / trainer.tokens_per_step
-    peak = table_peak(device_kind, "bfloat16") if device_kind else trainer.peak()[0] * jax.device_count()
+    peak = lookup(device_kind).peak("bfloat16") if device_kind else trainer.peak()[0] * jax.device_count()
     demand = peak / flops_per_token
     return {"batch_size": s.batch_size, "seq_len": trainer.seq_len, "tokens_per_step": trainer.tokens_per_step,
             "tokens_per_s": rates, "demand_device": device_kind or jax.devices()[0].device_kind,

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from common import SIZES, experiment, make_trainer, program_cost, save, show, stand_in, stopwatch
 from jax.extend.core import jaxprs_in_params
 
-from theseus.model.models.gpt import cross_entropy
+from theseus.tasks.lm import cross_entropy
 
 # one micro-batch, so the compiled step has no loop; bytes as tokens (a declared vocab_size
 # fixes the shapes, and no BPE needs fitting to compile gpt2_124m)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import math
 import re
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from theseus.report import plots
 from theseus.report.page import ReportError, render
-from theseus.sweep import RESULT
+from theseus.training.runs import RESULT, Run
 
 from support import run_python
 
@@ -101,3 +103,21 @@ def test_neither_run_nor_sweep_is_one_line_error(tmp_path, make):
     assert result.stdout == ""
     assert result.stderr.startswith("theseus: error: ") and result.stderr.count("\n") == 1
     assert not (tmp_path / "report.html").exists()
+
+
+def blue_pixels(image: bytes) -> int:
+    """Pixels of ``image`` (PNG bytes) clearly blue, as C0 (the first run's color) and its blends
+    with white are; the axes, grid and text are grey or black."""
+    from matplotlib.image import imread
+
+    r, g, b = (imread(io.BytesIO(image))[..., :3] * 255).astype(int).transpose(2, 0, 1)
+    return int(((b - r > 60) & (b > g)).sum())
+
+
+def test_a_series_of_one_point_is_drawn(tmp_path):
+    """A sweep of 6-step jobs logs each metric once (log_every > max_steps): markers, not empty charts."""
+    run = write_run(tmp_path / "run", steps=10)  # one row per metric, at step 10
+    loaded = Run.load(run)
+    assert [len(loaded.series(key)[0]) for key in ("loss", "tokens_per_s")] == [1, 1]
+    for chart in (plots.metric([("", loaded)], "tokens_per_s", "throughput"), plots.loss([("", loaded)])):
+        assert blue_pixels(chart) > 20  # a marker (a lone point without one draws no pixel)

@@ -91,7 +91,7 @@ def test_no_load_path_uses_pickle():
 
 
 def test_a_saved_model_with_a_pickled_array_is_refused(tmp_path):
-    from theseus.model.base import Model
+    from theseus.stateful.model import Model
 
     marker = tmp_path / "pickle-ran"
 

@@ -6,7 +6,7 @@ that discovery (``theseus.config.discovery``) loads it the way it loads a user's
 
 # in the order that --help lists the groups
 import theseus.model.models  # noqa: F401  model=gpt
-import theseus.model.fit  # noqa: F401  model=pmm_regression  # isort: skip
+import theseus.tasks  # noqa: F401  task=lm, task=regression  # isort: skip
 import theseus.training.optimizer  # noqa: F401  optimizer=adamw  # isort: skip
 import theseus.data.config  # noqa: F401  data=default  # isort: skip
 import theseus.training.config  # noqa: F401  trainer=default  # isort: skip

@@ -22,9 +22,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from theseus.base.distributed import initialize
-from theseus.config import ConfigError
+from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose, conf_dir
-from theseus.config.registry import load, model_class
+from theseus.config.registry import load
 
 # Hydra's flags that print instead of running; the value after each of VALUED is not an override
 INFO_FLAGS = {"--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve", "-p", "--package"}
@@ -103,6 +103,7 @@ def preflight(argv: list[str]) -> list | None:
     Returns the jobs' Trainers (one each; none for a task of its own, or one checked where it
     runs), or None when there is nothing left for Hydra to do (a dry run has been done).
     """
+    from theseus.tasks.task import JobTask, task_class
     from theseus.training.trainer import Trainer
 
     base = compose(job_overrides(argv)[0], hydra=True)  # the first job of the command line: its sweep file
@@ -113,7 +114,7 @@ def preflight(argv: list[str]) -> list | None:
     trainers = []
     for overrides in job_overrides(argv, sweep_params(base) if is_multirun(argv) else ()):
         cfg, run_dir = _job(compose(overrides, hydra=True) if is_multirun(argv) else base)
-        if remote or hasattr(model_class(cfg), "run"):  # checked where it runs, or a task of its own
+        if remote or issubclass(task_class(cfg), JobTask):  # checked where it runs, or a job of its own
             continue
         trainer = Trainer(cfg)
         if not is_multirun(argv):
@@ -143,14 +144,15 @@ class JobFailed(CompactHydraException):
 def execute(cfg: DictConfig, run_dir: Path, trainer=None) -> float:
     """Run one job in ``run_dir``; returns the objective (the final val loss).
 
-    A model option may bring its own task as a classmethod ``run(cfg, run_dir) -> float``;
-    otherwise the language-model trainer trains it (``trainer``: one already built for ``cfg``).
+    A JobTask (``task=regression``) runs the job itself; the trainer trains any other task
+    (``trainer``: one already built for ``cfg``).
     """
+    from theseus.tasks.task import JobTask, task_class
     from theseus.training.trainer import Trainer
 
-    own = getattr(model_class(cfg), "run", None)
-    if own is not None:
-        return own(cfg, run_dir)
+    if issubclass(task_class(cfg), JobTask):
+        with configuration(cfg):
+            return configure(task_class(cfg)).run(cfg, run_dir)
     return (trainer or Trainer(cfg)).run(run_dir)
 
 
@@ -184,12 +186,12 @@ def train(config: Sequence[str] | DictConfig, run_dir: str | Path) -> float:
     or a config from ``theseus.compose``. ``run_dir`` receives what a command-line run writes
     (``.hydra/config.yaml`` included, so ``theseus.sample`` reads it); a run there is resumed.
     """
+    from theseus.tasks.task import JobTask, task_class
     from theseus.training.trainer import Trainer
 
     cfg = compose(list(config)) if not isinstance(config, DictConfig) else config
     run_dir = Path(run_dir)
-    own = hasattr(model_class(cfg), "run")
-    trainer = None if own else Trainer(cfg)
+    trainer = None if issubclass(task_class(cfg), JobTask) else Trainer(cfg)
     if trainer is not None:
         trainer.check_run_dir(run_dir)
     (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)

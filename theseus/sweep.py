@@ -27,61 +27,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from theseus.report.rundir import Run, job_dirs
-
-RESULT = "result.json"
-METRICS = ("val_loss", "tokens_per_s", "mfu")
-FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "tokens_per_s": "{:,.0f}", "mfu": "{:.2%}"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """One job of a sweep as its run directory recorded it."""
-
-    name: str  # its folder in the sweep folder
-    params: dict[str, Any]  # its command-line overrides
-    status: str  # ok, failed, or unfinished (no result: still running, or killed)
-    error: str
-    val_loss: float | None
-    tokens_per_s: float | None
-    mfu: float | None
-
-    @classmethod
-    def load(cls, path: Path) -> Job:
-        run = Run.load(path)
-        result = json.loads((path / RESULT).read_text()) if (path / RESULT).is_file() else {}
-        return cls(path.name, run.params, result.get("status", "unfinished"), result.get("error", ""),
-                   *(run.last(key) for key in METRICS))
-
-
-def collect(sweep_dir: Path) -> list[Job]:
-    """Every job of the sweep folder, in job order."""
-    return [Job.load(path) for path in job_dirs(sweep_dir)]
-
-
-def swept(jobs: Sequence[Job]) -> list[str]:
-    """The override keys whose value differs between jobs (all of them for a single job)."""
-    keys = list(dict.fromkeys(key for job in jobs for key in job.params))
-    if len(jobs) < 2:
-        return keys
-    return [key for key in keys if len({repr(job.params.get(key)) for job in jobs}) > 1]
-
-
-def rows(jobs: Sequence[Job]) -> list[dict[str, Any]]:
-    """One flat row per job: job, the swept values, the metrics, status, error."""
-    keys = swept(jobs)
-    return [{"job": job.name, **{key: job.params.get(key) for key in keys},
-             **{key: getattr(job, key) for key in METRICS}, "status": job.status, "error": job.error}
-            for job in jobs]
-
-
-def fmt(column: str, value: Any) -> str:
-    """A summary cell as text: losses to 4 decimals, tokens/s whole, MFU in percent."""
-    if value is None:
-        return ""
-    if column in FORMATS:
-        return FORMATS[column].format(value)
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
+from theseus.training.runs import RESULT, SUMMARY_METRICS, Job, collect, fmt, rows, swept
 
 
 def write(sweep_dir: Path, jobs: Sequence[Job]) -> None:
@@ -103,7 +49,7 @@ def table(jobs: Sequence[Job]) -> Table:
     body = rows(jobs)
     columns = [key for key in body[0] if key != "error"]
     for column in columns:
-        out.add_column(column, justify="right" if column in METRICS else "left")
+        out.add_column(column, justify="right" if column in SUMMARY_METRICS else "left")
     for row in body:
         style = {"failed": "red", "unfinished": "yellow"}.get(row["status"])
         out.add_row(*(fmt(column, row[column]) for column in columns), style=style)

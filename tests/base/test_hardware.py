@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from theseus.base import hardware
-from theseus.base.hardware import CHIPS, lookup, measure_peak, peak_flops, table_peak
+from theseus.base.hardware import CHIPS, lookup, measure_peak, peak_flops
 from theseus.config import ConfigError
 
 # device_kind strings as JAX reports them (TPU runtime names; CUDA device names on NVIDIA).
@@ -55,7 +55,13 @@ def test_each_real_device_kind_matches_exactly_one_entry(kind):
 @pytest.mark.parametrize("kind", UNKNOWN)
 def test_untabled_kinds_match_nothing(kind):
     assert lookup(kind) is None
-    assert table_peak(kind, jnp.bfloat16) is None
+
+
+def table_peak(kind: str, dtype) -> float:
+    """The peak ``peak_flops`` gives a device of ``kind`` from the table."""
+    peak, source = peak_flops(SimpleNamespace(device_kind=kind, platform="gpu"), dtype)
+    assert source == f"table: {lookup(kind).name}"
+    return peak
 
 
 def test_table_peaks_by_dtype():
@@ -67,7 +73,7 @@ def test_table_peaks_by_dtype():
     assert table_peak("TPU v5", jnp.bfloat16) == 459e12
     assert table_peak("TPU v6 lite", np.float32) == 918e12  # one bf16 pass by default on TPU
     assert table_peak("nvidia  h200 ", jnp.bfloat16) == 989.5e12  # spacing and case
-    assert table_peak("NVIDIA H200", jnp.float16) is None  # not tabled: measured instead
+    assert lookup("NVIDIA H200").peak(jnp.float16) is None  # not tabled: measured instead
 
 
 def test_calibration_is_positive_and_keeps_the_best(tmp_path, monkeypatch):

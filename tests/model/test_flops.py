@@ -9,7 +9,8 @@ import pytest
 
 from theseus.config import configuration, configure
 from theseus.model.layers import MLP, Attention, Block
-from theseus.model.models.gpt import GPT, cross_entropy
+from theseus.model.models.gpt import GPT
+from theseus.tasks.lm import cross_entropy
 
 GPT2 = {
     "architecture.vocab_size": 512, "architecture.seq_len": 128, "architecture.n_layers": 2,

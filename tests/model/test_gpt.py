@@ -12,7 +12,8 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 
 from theseus.config import ConfigError, configuration, configure, registry, schema_of
-from theseus.model.models.gpt import GPT, cross_entropy
+from theseus.model.models.gpt import GPT
+from theseus.tasks.lm import cross_entropy
 
 TINY = {
     "architecture.vocab_size": 50, "architecture.seq_len": 16, "architecture.n_layers": 2,
@@ -161,19 +162,6 @@ def test_dropout_uses_the_dropout_stream_only_when_not_deterministic():
     noisy = [apply(variables, x, deterministic=False, rngs={"dropout": jax.random.key(s)}) for s in (1, 1, 2)]
     np.testing.assert_array_equal(noisy[0], noisy[1])
     assert not np.allclose(noisy[0], clean) and not np.allclose(noisy[0], noisy[2])
-
-
-def test_cross_entropy_ignores_minus_one_targets_like_numpy():
-    logits = jnp.asarray(3 * np.random.default_rng(0).standard_normal((2, 5, 7)), jnp.float32)
-    targets = jnp.array([[1, 6, -1, 0, 2], [-1, -1, 3, 4, 5]])
-    lg = np.asarray(logits, np.float64)
-    log_probs = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
-    picked = [-log_probs[b, s, t] for b in range(2) for s in range(5) if (t := int(targets[b, s])) != -1]
-    loss = cross_entropy(logits, targets)
-    assert loss.dtype == jnp.float32 and math.isclose(float(loss), float(np.mean(picked)), rel_tol=1e-6)
-    low = cross_entropy(logits.astype(jnp.bfloat16), targets)
-    assert low.dtype == jnp.float32 and math.isclose(float(low), float(np.mean(picked)), rel_tol=2e-2)
-    assert float(cross_entropy(logits, jnp.full((2, 5), -1))) == 0.0
 
 
 def test_loss_decreases_with_gradient_steps():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import flax.linen as nn
@@ -13,6 +14,7 @@ import pytest
 
 from theseus.config import field
 from theseus.model.module import Module
+from theseus.tasks.task import LossTask
 from theseus.training.state import init_state
 from theseus.training.step import train_step
 
@@ -35,11 +37,19 @@ def loss_fn(logits, targets):
     return jnp.where(bad, jnp.nan, jnp.mean((logits - targets[..., None]) ** 2))
 
 
+@dataclasses.dataclass(frozen=True)
+class NextValue(LossTask):
+    """Predict each position's next value (``loss_fn``) from ``batch[:, :-1]``."""
+
+    def loss(self, model, params, batch, rng):
+        return loss_fn(model.apply({"params": params}, batch[:, :-1], deterministic=rng is None), batch[:, 1:])
+
+
 @pytest.mark.parametrize("skip", [False, True])
 def test_nonfinite_updates_are_refused(skip):
     model, tx = Linear(), optax.sgd(0.01)
     state = nn.unbox(init_state(model, tx, seq_len=3, seed=0))
-    step = jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=lambda s: 0.01, loss_fn=loss_fn,
+    step = jax.jit(functools.partial(train_step, model=model, task=NextValue(), tx=tx, schedule=lambda s: 0.01,
                                      skip_nonfinite=skip))
     good = (jnp.arange(8, dtype=jnp.int32).reshape(1, 2, 4) % 3) + 1
     bad = good.at[0, 0, -1].set(-1)

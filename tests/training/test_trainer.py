@@ -119,7 +119,7 @@ print("RESULT" + json.dumps(out))
 def test_fsdp_gathers_weights_not_activations(corpus):
     """ZeRO-3: the step all-gathers parameters (at most the largest one) and never activations
     (a [batch, seq, ...] block is at least 4x larger here); and XLA never falls back to
-    replicating a tensor. Both fail if the activation constraints or ``in_use`` stop applying."""
+    replicating a tensor. Both fail if the activation constraints or ``gathered_for_use`` stop applying."""
     proc = run_python("-c", GATHERS, str(corpus), devices=8)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Involuntary full rematerialization" not in proc.stderr

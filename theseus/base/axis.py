@@ -26,11 +26,10 @@ BATCH = "batch"  # sequences: split over (data, fsdp)
 SEQ = "seq"  # positions within a sequence
 VOCAB = "vocab"  # token ids / logits
 EMBED = "embed"  # the residual stream, d_model
-MLP = "mlp"  # the hidden width of the feed-forward, d_ff
+MLP_HIDDEN = "mlp"  # the hidden width of the feed-forward, d_ff
 HEADS = "heads"  # query heads
 KV_HEADS = "kv_heads"  # key/value heads (grouped-query attention)
 HEAD_DIM = "head_dim"  # features per head
-LAYERS = "layers"  # stacked layers (scan)
 
 MeshAxes = str | tuple[str, ...] | None
 
@@ -117,7 +116,7 @@ class ShardingPlan(Mapping[str, MeshAxes]):
         return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, nn.Partitioned | PartitionSpec))
 
 
-def in_use(w: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+def gathered_for_use(w: jax.Array, axes: Sequence[str | None]) -> jax.Array:
     """Weight ``w`` (logical ``axes``) as a layer computes with it: gathered over the mesh axes
     that split the batch, still split over the others (tensor).
 

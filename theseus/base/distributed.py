@@ -52,7 +52,7 @@ def join_arguments(config: DistributedConfig, detected: int | None) -> dict[str,
     ``detected`` is the process count of a detected cluster job (JAX fills the keys left
     unset from it), None outside one. ConfigError, in one line, for an impossible setting.
     """
-    check(config)
+    check_distributed(config)
     given = {arg: getattr(config, key) for arg, key in KEYS.items() if getattr(config, key) is not None}
     if not given:
         return {} if (detected or 1) > 1 else None
@@ -63,7 +63,7 @@ def join_arguments(config: DistributedConfig, detected: int | None) -> dict[str,
     return given
 
 
-def check(config: DistributedConfig) -> None:
+def check_distributed(config: DistributedConfig) -> None:
     """ConfigError naming the key for a malformed coordinator, count, index or timeout."""
     n, index = config.num_processes, config.process_id
     if config.coordinator is not None:

@@ -73,12 +73,6 @@ def lookup(device_kind: str) -> Chip | None:
     return next((chip for chip in CHIPS if re.fullmatch(chip.pattern, kind, re.IGNORECASE)), None)
 
 
-def table_peak(device_kind: str, dtype: Any) -> float | None:
-    """Dense peak FLOP/s of one device of ``device_kind`` in ``dtype``; None if not tabled."""
-    chip = lookup(device_kind)
-    return chip.peak(dtype) if chip else None
-
-
 def measure_peak(dtype: Any, *, device: jax.Device | None = None, cache_path: Path | None = None) -> float:
     """FLOP/s of a chain of square matrix products in ``dtype`` on ``device`` (default: the
     default device): the highest of every calibration on this machine, cached in

@@ -78,7 +78,7 @@ def validate(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
             check(spec, OmegaConf.to_object(value) if OmegaConf.is_config(value) else value)
 
 
-NOT_KEYS = ("hydra", "model")  # top-level entries of a composed config that no field declares
+NOT_KEYS = ("hydra", "model", "task")  # top-level entries of a composed config that no field declares
 
 
 def _leaves(cfg: DictConfig, schema: Mapping, prefix: str = ""):

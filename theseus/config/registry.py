@@ -118,8 +118,8 @@ def store() -> None:
     for group, opts in _OPTIONS.items():
         for name, cls in opts.items():
             node = structured(schema_of(cls))
-            if group == "model":  # the choice itself, so a composed config names its model
-                node.model = name
+            if group in ("model", "task"):  # the choice itself, so a composed config names its model and task
+                node[group] = name
             cs.store(group=group, name=name, node=node, package="_global_")
     for group in FOLDERS:
         for name, path in folder_options(group).items():

@@ -9,7 +9,6 @@ from __future__ import annotations
 import glob
 import os
 import sysconfig
-from collections.abc import Iterator
 from pathlib import Path
 
 from theseus.config import ConfigError
@@ -72,9 +71,3 @@ def read_text(path: Path) -> str:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}): "
                           "convert it to UTF-8 or leave it out of data.path") from exc
-
-
-def documents(files: list[Path]) -> Iterator[str]:
-    """The text of each file, in order."""
-    for path in files:
-        yield read_text(path)

@@ -17,8 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, SEQ, VOCAB, in_use
-from theseus.base.axis import MLP as MLP_AXIS
+from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, VOCAB, gathered_for_use
 from theseus.config import ConfigError, configure, field
 from theseus.model.module import Module
 
@@ -55,8 +54,8 @@ def check_norm(norm: str, owner: type) -> None:
 
 def param(module: Module, name: str, init: nn.initializers.Initializer, axes: tuple, shape: tuple) -> jax.Array:
     """A parameter of ``module`` in its param dtype, annotated with logical ``axes``; what the
-    layer computes with is gathered over the batch's mesh axes (``in_use``: FSDP)."""
-    return in_use(module.param(name, nn.with_logical_partitioning(init, axes), shape, module._param_dtype), axes)
+    layer computes with is gathered over the batch's mesh axes (``gathered_for_use``: FSDP)."""
+    return gathered_for_use(module.param(name, nn.with_logical_partitioning(init, axes), shape, module._param_dtype), axes)
 
 
 def dense(equation: str, x: jax.Array, w: jax.Array, b: jax.Array | None, dtype: jnp.dtype) -> jax.Array:
@@ -186,10 +185,10 @@ class MLP(Module):
 
     def setup(self):
         init, zeros = nn.initializers.normal(self.init_std), nn.initializers.zeros
-        self.w_in = param(self, "w_in", init, (None, EMBED, MLP_AXIS), (self.n_in, self.d_model, self.hidden))
-        self.w_out = param(self, "w_out", init, (MLP_AXIS, EMBED), (self.hidden, self.d_model))
+        self.w_in = param(self, "w_in", init, (None, EMBED, MLP_HIDDEN), (self.n_in, self.d_model, self.hidden))
+        self.w_out = param(self, "w_out", init, (MLP_HIDDEN, EMBED), (self.hidden, self.d_model))
         if self.bias:
-            self.b_in = param(self, "b_in", zeros, (None, MLP_AXIS), (self.n_in, self.hidden))
+            self.b_in = param(self, "b_in", zeros, (None, MLP_HIDDEN), (self.n_in, self.hidden))
             self.b_out = param(self, "b_out", zeros, (EMBED,), (self.d_model,))
         self.drop = nn.Dropout(self.dropout)
 
@@ -200,7 +199,7 @@ class MLP(Module):
         h = [dense("bsd,df->bsf", x, self.w_in[i], self.b_in[i] if self.bias else None, dtype)
              for i in range(self.n_in)]
         h = jax.nn.silu(h[0]) * h[1] if self.activation == "swiglu" else jax.nn.gelu(h[0], approximate=True)
-        h = nn.with_logical_constraint(h, (BATCH, SEQ, MLP_AXIS))
+        h = nn.with_logical_constraint(h, (BATCH, SEQ, MLP_HIDDEN))
         y = dense("bsf,fd->bsd", h, self.w_out, self.b_out if self.bias else None, dtype)
         return self.drop(y, deterministic=deterministic)
 

@@ -1,6 +1,4 @@
-"""Reading run and sweep folders, and rendering them as one HTML page.
+"""Rendering a run directory or a sweep folder as one HTML page (read by ``theseus.training.runs``).
 
     python -m theseus.report PATH       # writes PATH/report.html
-
-Kept free of heavy imports: ``theseus.sweep`` reads runs through ``rundir`` inside every job.
 """

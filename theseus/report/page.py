@@ -10,8 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from theseus.report import plots
-from theseus.report.rundir import Run, is_run, job_dirs
-from theseus.sweep import Job, collect, fmt, rows, swept
+from theseus.training.runs import Job, Run, collect, fmt, is_run, job_dirs, rows, swept
 
 REPORT = "report.html"
 

@@ -16,8 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import EngFormatter, Formatter, LogLocator, NullFormatter, PercentFormatter
 
-from theseus.report.rundir import Run
-from theseus.sweep import Job, fmt
+from theseus.training.runs import Job, Run, fmt
 
 STYLE = {
     "figure.figsize": (6.4, 3.6),
@@ -61,7 +60,8 @@ def loss(runs: Labelled, against: str = "steps") -> bytes | None:
                 continue
             for key, style in SPLITS.items():
                 steps, values = run.series(key)
-                ax.plot([s * scale for s in steps], values, color=color, label=label if key == "loss" else None, **style)
+                ax.plot([s * scale for s in steps], values, color=color, label=label if key == "loss" else None,
+                        **{**style, **_visible(len(steps))})
         if against == "tokens":
             ax.xaxis.set_major_formatter(EngFormatter())
         splits = [Line2D([], [], color="0.3", label=name, **style) for name, style in zip(("train", "val"), SPLITS.values())]
@@ -77,7 +77,8 @@ def metric(runs: Labelled, key: str, title: str, formatter: Formatter | str | No
         fig = Figure(layout="constrained")
         ax = fig.add_subplot(title=title, xlabel="step")
         for color, (label, run) in zip(_colors(len(runs)), runs):
-            ax.plot(*run.series(key), color=color, label=label)
+            steps, values = run.series(key)
+            ax.plot(steps, values, color=color, label=label, **_visible(len(steps)))
         if formatter:
             ax.yaxis.set_major_formatter(formatter)
         ax.set_ylim(bottom=0)
@@ -138,6 +139,12 @@ def _legend(fig: Figure, runs: int, styles: Sequence[Line2D] = ()) -> None:
         fig.legend(handles=[*lines, *styles], loc="outside right upper", ncols=1 + runs // 16)
     elif styles:
         fig.legend(handles=styles, loc="outside upper right", ncols=len(styles))
+
+
+def _visible(points: int) -> dict[str, Any]:
+    """Line options that make a series of ``points`` show: one point is no line, so it gets a
+    marker (a run shorter than ``trainer.log_every`` logs once)."""
+    return {"marker": "o", "markersize": 4} if points == 1 else {}
 
 
 def _spread(xs: Sequence[float]) -> bool:

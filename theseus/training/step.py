@@ -1,27 +1,25 @@
 """The pure train and eval steps; the trainer jits them once with their shardings.
 
-A batch arrives as ``tokens: int32 [grad_accum, micro_batch, seq + 1]``: inputs are
-``tokens[..., :-1]``, next-token targets ``tokens[..., 1:]``. Gradients of the micro-batches
-are summed in a ``lax.scan`` so memory holds one micro-batch of activations at a time; each
-micro-batch's loss is scaled by 1 / grad_accum first, so the sum is the mean.
+A batch arrives as ``batch: [grad_accum, micro_batch, *example]`` (the task's example: for
+``lm``, ``int32 [seq + 1]`` token windows); the task's ``loss`` scores one micro-batch.
+Gradients of the micro-batches are summed in a ``lax.scan`` so memory holds one micro-batch of
+activations at a time; each micro-batch's loss is scaled by 1 / grad_accum first, so the sum
+is the mean.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
+from theseus.tasks.task import LossTask
 from theseus.training.state import TrainState
 
-LossFn = Callable[[jax.Array, jax.Array], jax.Array]  # (logits, targets) -> mean loss
 
-
-def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, model: nn.Module,
-               tx: optax.GradientTransformation, schedule: optax.Schedule, loss_fn: LossFn,
+def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, model: nn.Module, task: LossTask,
+               tx: optax.GradientTransformation, schedule: optax.Schedule,
                skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step over ``grad_accum`` micro-batches; returns the new state and metrics.
 
@@ -34,8 +32,7 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
     n_micro = tokens.shape[0]
 
     def micro_loss(params, micro: jax.Array, key: jax.Array) -> jax.Array:
-        logits = model.apply({"params": params}, micro[:, :-1], deterministic=False, rngs={"dropout": key})
-        return loss_fn(logits, micro[:, 1:]) / n_micro  # summed over micro-batches: the mean
+        return task.loss(model, params, micro, key) / n_micro  # summed over micro-batches: the mean
 
     def accumulate(carry, inputs):
         loss_sum, grad_sum = carry
@@ -62,7 +59,6 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
     return new_state, metrics
 
 
-def eval_step(params, tokens: jax.Array, *, model: nn.Module, loss_fn: LossFn) -> jax.Array:
-    """Mean loss of ``tokens: int32 [batch, seq + 1]`` without dropout."""
-    logits = model.apply({"params": params}, tokens[:, :-1], deterministic=True)
-    return loss_fn(logits, tokens[:, 1:])
+def eval_step(params, batch: jax.Array, *, model: nn.Module, task: LossTask) -> jax.Array:
+    """The task's mean loss of ``batch: [batch, *example]`` without dropout."""
+    return task.loss(model, params, batch, None)

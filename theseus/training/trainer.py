@@ -8,7 +8,6 @@ evaluates, logs and checkpoints, resuming where the run directory left off.
 from __future__ import annotations
 
 import functools
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
-from theseus.model.models.gpt import cross_entropy
+from theseus.tasks.task import LossTask, task_class
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
 from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets
@@ -42,7 +41,7 @@ from theseus.training.resume import check_resume
 from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
 from theseus.training.step import eval_step, train_step
 
-BATCH = (DATA, FSDP)  # the mesh axes a batch is split over
+BATCH_MESH_AXES = (DATA, FSDP)  # the mesh axes a batch is split over
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
 
 
@@ -61,7 +60,7 @@ class Compiled:
     evaluate: Any  # (params, tokens [micro, seq + 1]) -> loss
     xla_flops: float | None  # XLA's count for one step, all devices
     memory: dict[str, int]  # XLA's memory analysis of the step, bytes per device
-    share: tuple[int, int]  # (index, count): the share of every batch this process reads
+    batch_share: tuple[int, int]  # (index, count): the share of every batch this process reads
 
 
 class Trainer:
@@ -74,6 +73,10 @@ class Trainer:
             self.data_config = configure(DataConfig)
             self.mesh_config = configure(MeshConfig)
             self.logger_config = configure(LoggerConfig)
+            self.task = configure(task_class(cfg))
+        if not isinstance(self.task, LossTask):
+            raise ConfigError(f"task={cfg.get('task')} runs its job itself, not in the trainer: "
+                              f"run it with python -m theseus.run")
         s = self.settings  # each settings class has checked its own ranges
         self.mesh_shape = self.mesh_config.shape(jax.device_count())
         parallel = self.mesh_shape[DATA] * self.mesh_shape[FSDP]
@@ -100,7 +103,7 @@ class Trainer:
                     f"architecture.seq_len+1={self.seq_len + 1}: lower architecture.seq_len, use more data or "
                     f"raise data.val_fraction"
                 )
-        self.plan = self.model.plan().merge(ShardingPlan(batch=BATCH)).override(self.mesh_config.rules)
+        self.plan = self.model.plan().merge(ShardingPlan(batch=BATCH_MESH_AXES)).override(self.mesh_config.rules)
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
 
     @property
@@ -144,21 +147,22 @@ class Trainer:
         """Mesh, sharded state layout, and the train and eval steps compiled ahead of time."""
         s = self.settings
         mesh = make_mesh(self.mesh_config)
-        share = self.share(mesh)
+        batch_share = self.batch_share(mesh)
         tx, schedule = make_optimizer(self.optimizer, s.max_steps)
         init, target, shardings = sharded_init(self.model, tx, self.seq_len, s.seed, self.plan, mesh)
         replicated = NamedSharding(mesh, PartitionSpec())
         micro = s.batch_size // s.grad_accum
-        tokens = jax.ShapeDtypeStruct((s.grad_accum, micro, self.seq_len + 1), jnp.int32,
+        example = self.task.example(self.seq_len)
+        tokens = jax.ShapeDtypeStruct((s.grad_accum, micro, *example.shape), example.dtype,
                                       sharding=self.batch_sharding(mesh, accumulated=True))
-        eval_tokens = jax.ShapeDtypeStruct((micro, self.seq_len + 1), jnp.int32, sharding=self.batch_sharding(mesh))
+        eval_tokens = jax.ShapeDtypeStruct((micro, *example.shape), example.dtype, sharding=self.batch_sharding(mesh))
         key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
         step = jax.jit(
-            functools.partial(train_step, model=self.model, tx=tx, schedule=schedule, loss_fn=cross_entropy,
+            functools.partial(train_step, model=self.model, task=self.task, tx=tx, schedule=schedule,
                               skip_nonfinite=s.skip_nonfinite),
             out_shardings=(shardings, replicated), donate_argnums=0,
         )
-        evaluate = jax.jit(functools.partial(eval_step, model=self.model, loss_fn=cross_entropy),
+        evaluate = jax.jit(functools.partial(eval_step, model=self.model, task=self.task),
                            out_shardings=replicated)
         with jax.set_mesh(mesh), nn.logical_axis_rules(self.plan.rules()):
             step = step.lower(target, tokens, key).compile()
@@ -166,11 +170,11 @@ class Trainer:
         measured = xla_flops(step)
         if measured is not None:  # XLA counts one device's share, and a scan's body once
             measured *= jax.device_count() * s.grad_accum
-        return Compiled(mesh, init, target, step, evaluate, measured, memory_report(step), share)
+        return Compiled(mesh, init, target, step, evaluate, measured, memory_report(step), batch_share)
 
     def batch_sharding(self, mesh: Mesh, accumulated: bool = False) -> NamedSharding:
         """Sequences split over (data, fsdp); ``accumulated`` batches lead with grad_accum."""
-        spec = PartitionSpec(None, BATCH, None) if accumulated else PartitionSpec(BATCH, None)
+        spec = PartitionSpec(None, BATCH_MESH_AXES, None) if accumulated else PartitionSpec(BATCH_MESH_AXES, None)
         return NamedSharding(mesh, spec)
 
     def peak(self) -> tuple[float, str]:
@@ -195,7 +199,7 @@ class Trainer:
         compiled = self.build()
         checkpointer = Checkpointer(run_dir / "checkpoints", s.keep_checkpoints)
         state, start, loader_state = self._restore(checkpointer, compiled)
-        index, count = compiled.share
+        index, count = compiled.batch_share
         loader = self.dataset.loader("train", self.seq_len, s.batch_size // count, seed=self.data_config.seed,
                                      process_index=index, process_count=count, prefetch=self.prefetch)
         if loader_state is not None:
@@ -233,7 +237,7 @@ class Trainer:
                 evaluated = (s.eval_every and done % s.eval_every == 0) or last
                 if evaluated:
                     val_loss = self._evaluate(compiled, state.params)
-                    logger.log(done, self._val_metrics(val_loss))
+                    logger.log(done, self.task.val_metrics(val_loss, self.dataset.bytes_per_token))
                 if (s.checkpoint_every and done % s.checkpoint_every == 0) or last or stop:
                     self._check_finite(state, checkpointer)
                     checkpointer.save(done, state, loader.get_state(), self.resolved,
@@ -274,7 +278,7 @@ class Trainer:
         _warn(f"resuming from {source.directory / str(step)} at step {step}")
         return state, step, loader_state
 
-    def share(self, mesh: Mesh) -> tuple[int, int]:
+    def batch_share(self, mesh: Mesh) -> tuple[int, int]:
         """``(index, count)``: this process reads share ``index`` of ``count`` equal, contiguous
         shares of every batch, the sequences its devices hold under the batch sharding.
 
@@ -303,7 +307,7 @@ class Trainer:
         """Mean loss over ``trainer.eval_batches`` batches of the validation split (same each time)."""
         s = self.settings
         micro = s.batch_size // s.grad_accum
-        index, count = compiled.share
+        index, count = compiled.batch_share
         loader = self.dataset.loader("val", self.seq_len, micro // count, seed=self.data_config.seed,
                                      process_index=index, process_count=count, prefetch=self.prefetch)
         sharding = self.batch_sharding(compiled.mesh)
@@ -313,12 +317,6 @@ class Trainer:
             batch = _on_devices(host, sharding, (micro, host.shape[-1]))
             losses.append(compiled.evaluate(params, batch))
         return float(jnp.mean(jnp.stack(losses)))
-
-    def _val_metrics(self, val_loss: float) -> dict[str, float]:
-        metrics = {"val_loss": val_loss}
-        if self.dataset.bytes_per_token:
-            metrics["val_bpb"] = val_loss / (math.log(2) * self.dataset.bytes_per_token)
-        return metrics
 
     def _summary(self, compiled: Compiled, peak: float, source: str, params: int) -> dict[str, Any]:
         """What the run records about itself, the FLOPs convention included."""

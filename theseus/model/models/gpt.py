@@ -5,7 +5,6 @@
         model = configure(GPT, vocab_size=tokenizer_vocab_size)
     params = model.init(key, tokens)["params"]
     logits = model.apply({"params": params}, tokens)  # tokens: int32[batch, seq]
-    loss = cross_entropy(logits, targets)             # targets: int32[batch, seq], -1 ignored
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from theseus.base.axis import BATCH, DATA, EMBED, FSDP, HEADS, KV_HEADS, MLP, SEQ, TENSOR, VOCAB, ShardingPlan
+from theseus.base.axis import BATCH, DATA, EMBED, FSDP, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, TENSOR, VOCAB, ShardingPlan
 from theseus.config import ConfigError, configure, field, register
 from theseus.model.layers import (
     NORMS,
@@ -97,7 +96,7 @@ class GPT(Module):
         width over tensor (Megatron). Batch comes first: Flax's rules give a mesh axis to the
         first logical axis that claims it, so activations split batch, not embed, over fsdp."""
         return ShardingPlan({
-            BATCH: (DATA, FSDP), EMBED: FSDP, VOCAB: TENSOR, HEADS: TENSOR, KV_HEADS: TENSOR, MLP: TENSOR,
+            BATCH: (DATA, FSDP), EMBED: FSDP, VOCAB: TENSOR, HEADS: TENSOR, KV_HEADS: TENSOR, MLP_HIDDEN: TENSOR,
         })
 
     def setup(self):
@@ -143,19 +142,6 @@ class GPT(Module):
         count plus the output head's matmul (d_model x vocab_size).
         """
         return sum(block.flops(seq) for block in self.h) + 6 * self.d_model * self.vocab_size * seq
-
-
-def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean next-token loss, float32, over positions whose target is not -1.
-
-    ``logits: [batch, seq, vocab]``, ``targets: int[batch, seq]``. logsumexp minus the target's
-    logit: no one-hot of [batch, seq, vocab] is built.
-    """
-    logits = logits.astype(jnp.float32)
-    keep = targets != -1
-    target_logit = jnp.take_along_axis(logits, jnp.where(keep, targets, 0)[..., None], axis=-1)[..., 0]
-    nll = jax.nn.logsumexp(logits, axis=-1) - target_logit
-    return jnp.sum(jnp.where(keep, nll, 0.0)) / jnp.maximum(jnp.sum(keep), 1)
 
 
 def load_hf_gpt2(state_dict: Mapping[str, Any], n_heads: int | None = None) -> tuple[dict[str, Any], dict]:

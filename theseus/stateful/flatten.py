@@ -7,8 +7,8 @@ from typing import Any
 
 import jax
 
-from theseus.model.base import Forward
-from theseus.model.stateful.params import Parameterless
+from theseus.stateful.base import Forward
+from theseus.stateful.params import Parameterless
 
 
 class Flatten(Parameterless):

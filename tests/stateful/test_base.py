@@ -16,8 +16,9 @@ from support import run_python
 
 import theseus
 from theseus.config import ConfigError, configuration, configure, field, schema_of
-from theseus.model.base import BaseModule, Model, precision_bits
-from theseus.model.stateful import AffineEigenvaluePMM, Flatten, Linear, ReLU, Tanh
+from theseus.stateful.base import BaseModule, precision_bits
+from theseus.stateful.model import Model
+from theseus.stateful import AffineEigenvaluePMM, Flatten, Linear, ReLU, Tanh
 
 KEY = jax.random.key(0)
 
@@ -213,7 +214,7 @@ PRECISION_SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp, numpy as np
     from theseus.model.layers import MLP
-    from theseus.model.stateful import AffineEigenvaluePMM, FlaxAdapter, Linear, Model
+    from theseus.stateful import AffineEigenvaluePMM, FlaxAdapter, Linear, Model
 
     def dtypes(module, x):
         return sorted({str(p.dtype) for p in jax.tree.leaves(module.get_params())} | {str(module(x)[0].dtype)})
@@ -424,7 +425,7 @@ def test_loading_an_untrusted_file_executes_nothing(tmp_path):
 USER_MODULE = textwrap.dedent('''
     import jax, jax.numpy as jnp
     from theseus.config import field
-    from theseus.model.base import BaseModule
+    from theseus.stateful.base import BaseModule
 
     class Shift(BaseModule):
         """A user's module: y = x + c, c trainable."""
@@ -450,7 +451,7 @@ LOAD_ELSEWHERE = textwrap.dedent("""
     import json, sys
     import jax.numpy as jnp
     import user_shift  # the user's module must be imported; theseus's own load by themselves
-    from theseus.model.base import Model
+    from theseus.stateful.model import Model
 
     print(json.dumps(Model.load(sys.argv[1])(jnp.ones((2, 2)))[0].tolist()))
 """)

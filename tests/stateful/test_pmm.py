@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from theseus.model.stateful import AffineEigenvaluePMM, hermitian
+from theseus.stateful import AffineEigenvaluePMM, hermitian
 
 KEY = jax.random.key(0)
 RNG = np.random.default_rng(0)

@@ -11,7 +11,7 @@ import pytest
 from theseus.config import configuration, configure, field
 from theseus.model.layers import MLP
 from theseus.model.module import Module
-from theseus.model.stateful import FlaxAdapter, Linear, Model
+from theseus.stateful import FlaxAdapter, Linear, Model
 
 KEY = jax.random.key(0)
 X = jax.random.normal(jax.random.key(1), (2, 3, 4))

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from theseus.model.stateful import GELU, Flatten, Linear, ReLU, Sigmoid, Tanh
+from theseus.stateful import GELU, Flatten, Linear, ReLU, Sigmoid, Tanh
 
 KEY = jax.random.key(0)
 X = np.random.default_rng(0).normal(size=(6, 5)).astype(np.float32)

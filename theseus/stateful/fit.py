@@ -1,4 +1,4 @@
-"""Model.fit's training loop (optax, jitted), and the pmm_regression experiment it runs.
+"""Model.fit's training loop (optax, jitted): ``train`` and its settings, ``FitSettings``.
 
 ``train`` shuffles into mini-batches every epoch (one jitted ``lax.scan`` per epoch), holds
 out a validation split, stops early when the validation loss stops improving and keeps the
@@ -8,20 +8,16 @@ parameters of the best validation epoch.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
-from theseus.config import Configurable, configuration, configure, field, register
-from theseus.model.base import BaseModule, Model
-from theseus.model.stateful import AffineEigenvaluePMM, Linear, Tanh
+from theseus.config import Configurable, field
+from theseus.stateful.base import BaseModule
 
 Loss = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -132,61 +128,3 @@ def _evaluate_fn(forward, loss: Loss):
         return loss(forward(params, x, False, state, None)[0], y)
 
     return evaluate
-
-
-@register("model", "pmm_regression")
-@dataclasses.dataclass(frozen=True)
-class PMMRegression(Configurable):
-    """The pmm_regression experiment: an AffineEigenvaluePMM (with a linear read-out of its
-    eigenvalues) and an MLP fitted to scikit-learn's diabetes data, compared by test MSE."""
-
-    test_fraction: float = field("regression/test_fraction", default=0.2, help="fraction of the samples held out to test")
-    mlp_hidden: int = field("regression/mlp_hidden", default=32, help="hidden width of the MLP baseline")
-
-    @classmethod
-    def components(cls) -> list[type]:
-        return [FitSettings, AffineEigenvaluePMM]
-
-    @classmethod
-    def run(cls, cfg: Any, run_dir: Path) -> float:
-        """The task of ``python -m theseus.run +experiment=pmm_regression``: fit both models,
-        print and save (``results.json``) their test MSE; the PMM's is the objective."""
-        results = run_regression(cfg)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-        print("  ".join(f"{name} {value:.1f}" for name, value in results.items()))
-        return results["pmm_test_mse"]
-
-
-def run_regression(cfg: Any) -> dict[str, float]:
-    """Run the pmm_regression experiment under ``cfg`` (the composed config).
-
-    Returns ``{"pmm_test_mse": ..., "mlp_test_mse": ...}``, in squared target units.
-    """
-    with configuration(cfg):
-        experiment, settings, pmm = configure(PMMRegression), configure(FitSettings), configure(AffineEigenvaluePMM)
-    x_train, y_train, x_test, y_test, y_scale = diabetes(experiment.test_fraction, settings.seed)
-    models = {
-        "pmm": Model([pmm, Linear(width=1)]),
-        "mlp": Model([Linear(width=experiment.mlp_hidden), Tanh(), Linear(width=1)]),
-    }
-    results = {}
-    for name, model in models.items():
-        train(model, x_train, y_train, settings)
-        pred, _ = model(x_test)
-        results[f"{name}_test_mse"] = float(jnp.mean((pred - y_test) ** 2)) * y_scale**2
-    return results
-
-
-def diabetes(test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
-    """scikit-learn's diabetes data (442 x 10 -> 1), split at random into train and test and
-    standardised by the training statistics: ``(x_train, y_train, x_test, y_test, y_std)``."""
-    from sklearn.datasets import load_diabetes  # optional dependency, only this experiment needs it; no download
-
-    data = load_diabetes()
-    x, y = data.data.astype(np.float32), data.target.astype(np.float32)[:, None]
-    order = np.random.default_rng(seed).permutation(len(x))
-    n_test = round(test_fraction * len(x))
-    test, fit = order[:n_test], order[n_test:]
-    x_mean, x_std, y_mean, y_std = x[fit].mean(0), x[fit].std(0), y[fit].mean(), y[fit].std()
-    return (x[fit] - x_mean) / x_std, (y[fit] - y_mean) / y_std, (x[test] - x_mean) / x_std, (y[test] - y_mean) / y_std, float(y_std)

@@ -9,11 +9,11 @@ import numpy as np
 import optax
 import pytest
 
-import theseus.model.fit  # noqa: F401  (registers model=pmm_regression until registry.BUILTINS lists it)
 from theseus.config import ConfigError, configuration
 from theseus.config.compose import compose
-from theseus.model.fit import FitSettings, History, run_regression
-from theseus.model.stateful import AffineEigenvaluePMM, Linear, Model
+from theseus.stateful.fit import FitSettings, History
+from theseus.tasks.regression import run_regression
+from theseus.stateful import AffineEigenvaluePMM, Linear, Model
 
 RNG = np.random.default_rng(0)
 

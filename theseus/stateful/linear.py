@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from theseus.config import field
-from theseus.model.base import Forward
-from theseus.model.stateful.params import Parametric
+from theseus.stateful.base import Forward
+from theseus.stateful.params import Parametric
 
 
 class Linear(Parametric):

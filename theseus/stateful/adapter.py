@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from theseus.config import MISSING, configuration, configure, schema_of, specs
 from theseus.config.registry import load
-from theseus.model.base import BaseModule, Forward, precision_bits, qualified_name, resolve
+from theseus.stateful.base import BaseModule, Forward, precision_bits, qualified_name, resolve
 from theseus.model.module import Module
 
 DTYPE_KEYS = ("architecture.dtype.param", "architecture.dtype.activation")

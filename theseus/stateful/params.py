@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from theseus.model.base import BaseModule
+from theseus.stateful.base import BaseModule
 
 
 class Parametric(BaseModule):

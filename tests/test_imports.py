@@ -1,0 +1,191 @@
+"""The import graph of theseus is layered and acyclic (DESIGN.md: config -> base -> model ->
+stateful / data / interop -> tasks -> training -> entry points).
+
+Every module under theseus/ is parsed with ``ast`` (nothing is imported); every ``theseus.*``
+import counts, a lazy one inside a function as much as one at the top, since laziness only
+hides a cycle. ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else
+to ``pkg``. The root package ``theseus`` is every module's parent (Python runs it first in any
+case), so an edge to it carries no layer.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "theseus"
+
+# Layer of each part: an import may go to the same part or a lower layer, never up, and never
+# sideways between two different parts of one layer. Top-level modules not listed here (run,
+# sample, export, evaluate, launch, sweep, report/, ...) are entry points.
+LAYERS = {"config": 0, "base": 1, "model": 2, "stateful": 3, "data": 3, "interop": 3, "tasks": 4, "training": 5}
+ENTRY = max(LAYERS.values()) + 1
+
+
+def modules(root: Path = PACKAGE) -> dict[str, Path]:
+    """Dotted name -> file, for every module of the package at ``root``."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The theseus modules that module ``name`` (its file ``path``) imports, anywhere in it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, up level - 1 parents
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `import theseus.a.b` names module theseus.a.b
+                target = target.rpartition(".")[0]
+            if target and target != "theseus" and target != name:
+                found.add(target)
+    return found
+
+
+def graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the theseus modules it imports."""
+    files = modules(root)
+    return {name: imports(name, path, set(files)) for name, path in files.items()}
+
+
+def part(module: str) -> str:
+    """``theseus.model.layers`` -> ``model``; a top-level module is its own part."""
+    return module.split(".")[1] if "." in module else module
+
+
+def layer(module: str) -> int:
+    return LAYERS.get(part(module), ENTRY)
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    """Every import that goes up the layers, or sideways between parts of one layer."""
+    wrong = []
+    for source, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            if layer(target) > layer(source) or (
+                layer(target) == layer(source) < ENTRY and part(target) != part(source)
+            ):
+                wrong.append(f"{source} ({part(source)}) imports {target} ({part(target)})")
+    return wrong
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected set of modules (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                member = stack.pop()
+                members.append(member)
+                if member == node:
+                    break
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_package_is_parsed_whole():
+    edges = graph()
+    assert len(edges) > 60
+    assert "theseus.config.fields" in edges["theseus.config"]  # a package's own exports count
+    assert "theseus.training.trainer" in edges["theseus.run"]  # lazy imports inside functions count
+
+
+def parts(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph between parts (config, model, report, sweep, ...): each module's edges to other parts."""
+    collapsed: dict[str, set[str]] = {}
+    for source, targets in edges.items():
+        collapsed.setdefault(part(source), set()).update(part(t) for t in targets if part(t) != part(source))
+    return collapsed
+
+
+def test_no_import_cycle_between_modules():
+    assert cycles(graph()) == []
+
+
+def test_no_import_cycle_between_parts():
+    assert cycles(parts(graph())) == []
+
+
+def test_imports_only_go_down_the_layers():
+    assert upward(graph()) == []
+
+
+def test_the_trainer_imports_no_model():
+    assert [m for m in graph()["theseus.training.trainer"] if part(m) == "model"] == []
+
+
+@pytest.fixture
+def package(tmp_path: Path):
+    """Write a small package ``theseus`` under tmp_path: {relative file: source}."""
+
+    def write(files: dict[str, str]) -> Path:
+        for relative, source in files.items():
+            path = tmp_path / "theseus" / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(source)
+        return tmp_path / "theseus"
+
+    return write
+
+
+def test_a_lazy_cycle_and_an_upward_import_are_found(package):
+    root = package({
+        "__init__.py": "",
+        "model/__init__.py": "",
+        "model/a.py": "def f():\n    from theseus.model import b\n",
+        "model/b.py": "from . import a\n",
+        "config/__init__.py": "",
+        "config/c.py": "import theseus.training.t\n",
+        "training/__init__.py": "",
+        "training/t.py": "from theseus.model.a import f\n",
+        "run.py": "from theseus.training import t\n",
+        "sweep.py": "from theseus.report.rundir import Run\n",
+        "report/__init__.py": "",
+        "report/rundir.py": "",
+        "report/page.py": "from theseus.sweep import collect\n",
+    })
+    edges = graph(root)
+    assert edges["theseus.model.b"] == {"theseus.model.a"}  # relative import resolved
+    assert cycles(edges) == [["theseus.model.a", "theseus.model.b"]]
+    assert upward(edges) == ["theseus.config.c (config) imports theseus.training.t (training)"]
+    assert cycles(parts(edges)) == [["report", "sweep"]]  # no module cycle, but the parts import each other
+
+
+def test_sideways_between_parts_of_one_layer_is_refused(package):
+    root = package({"__init__.py": "", "data/__init__.py": "", "data/d.py": "from theseus.stateful import s\n",
+                    "stateful/__init__.py": "", "stateful/s.py": ""})
+    assert upward(graph(root)) == ["theseus.data.d (data) imports theseus.stateful.s (stateful)"]

@@ -1,0 +1,36 @@
+"""Runs as data: overrides typed by Hydra's own parser, as a run directory records them."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from theseus.training.runs import Run, parse_override
+
+
+@pytest.mark.parametrize("override, parsed", [
+    ("+optimizer.lr=1e-3", ("optimizer.lr", 0.001)),
+    ("trainer.dry_run=true", ("trainer.dry_run", True)),
+    ("architecture.d_ff=null", ("architecture.d_ff", None)),
+    ("trainer.max_steps=6", ("trainer.max_steps", 6)),
+    ("logger.name=abc", ("logger.name", "abc")),
+    ('logger.name="007"', ("logger.name", "007")),  # quoted: a string, as Hydra reads it
+    ("logger.tags=[a,b]", ("logger.tags", ["a", "b"])),
+    ("+experiment=gpt_tiny", ("experiment", "gpt_tiny")),
+    ("~trainer.seed", None),  # a deletion has no value
+])
+def test_overrides_are_typed_as_hydra_types_them(override, parsed):
+    assert parse_override(override) == parsed
+    if parsed is not None:
+        assert type(parse_override(override)[1]) is type(parsed[1])  # True is no 1, 6 no 6.0
+
+
+def test_a_runs_params_come_from_its_recorded_overrides(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save({"trainer": {"batch_size": 4}, "architecture": {"seq_len": 8}}, tmp_path / ".hydra" / "config.yaml")
+    OmegaConf.save(["+experiment=gpt_tiny", "trainer.dry_run=false", "optimizer.lr=3e-4", "~trainer.seed"],
+                   tmp_path / ".hydra" / "overrides.yaml")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 6, "loss": 2.5}\n{"step": 6, "val')  # the last line cut short
+    run = Run.load(tmp_path)
+    assert run.params == {"experiment": "gpt_tiny", "trainer.dry_run": False, "optimizer.lr": 3e-4}
+    assert run.tokens_per_step == 32 and run.series("loss") == ([6], [2.5]) and run.last("val_loss") is None

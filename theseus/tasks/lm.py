@@ -1,0 +1,53 @@
+"""The ``lm`` task (the default): next-token prediction.
+
+An example is a window of ``seq + 1`` token ids, ``int32 [seq + 1]``: the model reads
+``tokens[:, :-1]`` and is scored on predicting ``tokens[:, 1:]`` by ``cross_entropy``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from theseus.config import register
+from theseus.tasks.task import LossTask
+
+
+@register("task", "lm")
+@dataclasses.dataclass(frozen=True)
+class LanguageModeling(LossTask):
+    """Next-token prediction: mean cross-entropy; evaluations also give bits per byte."""
+
+    def example(self, seq_len: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((seq_len + 1,), jnp.int32)
+
+    def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
+        """``batch: int32 [batch, seq + 1]`` -> the mean next-token loss of ``model``."""
+        logits = model.apply({"params": params}, batch[:, :-1], deterministic=rng is None,
+                             rngs=None if rng is None else {"dropout": rng})
+        return cross_entropy(logits, batch[:, 1:])
+
+    def val_metrics(self, val_loss: float, bytes_per_token: float | None) -> dict[str, float]:
+        """``val_loss`` (nats per token) and, for byte-sized text, ``val_bpb`` (bits per byte)."""
+        metrics = {"val_loss": val_loss}
+        if bytes_per_token:
+            metrics["val_bpb"] = val_loss / (math.log(2) * bytes_per_token)
+        return metrics
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean next-token loss, float32, over positions whose target is not -1.
+
+    ``logits: [batch, seq, vocab]``, ``targets: int[batch, seq]``. logsumexp minus the target's
+    logit: no one-hot of [batch, seq, vocab] is built.
+    """
+    logits = logits.astype(jnp.float32)
+    keep = targets != -1
+    target_logit = jnp.take_along_axis(logits, jnp.where(keep, targets, 0)[..., None], axis=-1)[..., 0]
+    nll = jax.nn.logsumexp(logits, axis=-1) - target_logit
+    return jnp.sum(jnp.where(keep, nll, 0.0)) / jnp.maximum(jnp.sum(keep), 1)

@@ -1,0 +1,64 @@
+"""Task: what a job optimises, chosen by ``task=NAME`` and registered as a model is.
+
+    @register("task", "NAME")
+    @dataclasses.dataclass(frozen=True)
+    class MyTask(LossTask):
+        def loss(self, model, params, batch, rng): ...
+
+A ``LossTask`` is trained by ``theseus.training.Trainer``: it fixes what one example is and
+the loss the optimizer descends. A ``JobTask`` runs the whole job itself (its own models and
+fitting loop), as the ``regression`` task does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+
+from theseus.config import ConfigError, Configurable
+from theseus.config.registry import options
+
+
+@dataclasses.dataclass(frozen=True)
+class Task(Configurable):
+    """A registered option of the ``task`` group; its fields are its config keys."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LossTask(Task):
+    """A task the trainer optimises by gradient steps on ``loss``."""
+
+    def example(self, seq_len: int) -> jax.ShapeDtypeStruct:
+        """The shape and dtype of one example of a batch (the data yields batches of them)."""
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
+        """The mean loss of ``batch: [batch, *example]``, a float32 scalar. ``rng`` is the dropout
+        key while training, None at evaluation (deterministic)."""
+        raise NotImplementedError
+
+    def val_metrics(self, val_loss: float, bytes_per_token: float | None) -> dict[str, float]:
+        """The metrics logged at an evaluation, from the mean validation loss."""
+        return {"val_loss": val_loss}
+
+
+@dataclasses.dataclass(frozen=True)
+class JobTask(Task):
+    """A task that runs the whole job itself instead of the trainer."""
+
+    def run(self, cfg: Any, run_dir: Path) -> float:
+        """Run the job under the composed ``cfg``, writing into ``run_dir``; returns its objective."""
+        raise NotImplementedError
+
+
+def task_class(cfg: Any) -> type[Task]:
+    """The registered task class a composed config chose (its ``task`` key; ``lm`` unset)."""
+    name = cfg.get("task") or "lm"
+    found = options("task")
+    if name not in found:
+        raise ConfigError(f"unknown task {name!r}; available: {', '.join(found)}")
+    return found[name]
