@@ -21,6 +21,7 @@ from theseus.config import registry
 from theseus.config.context import check
 from theseus.config.errors import ConfigError, suggest
 from theseus.config.fields import MISSING
+from theseus.config.schema import schema_of
 
 CONF = registry.ROOT / "conf"
 
@@ -141,6 +142,11 @@ def unknown_key(key: str, where: str = "") -> ConfigError:
     """``unknown config key 'x'; did you mean y (int, default 1: help)?`` (``where``: a prefix
     naming the file it was found in)."""
     known = registry.every_key()
+    group = key.split(".")[0]
+    if key in known and group in registry.GROUPS:  # declared, by options of its group not chosen
+        owners = [name for name, cls in registry.options(group).items() if key in schema_of(cls)]
+        return ConfigError(f"{where}{key} does not apply to the {group} chosen; it is a key of "
+                           f"{', '.join(f'{group}={name}' for name in owners)}: choose one of those or drop the key")
     close = suggest(key, known)
     if not close:
         return ConfigError(f"{where}unknown config key {key!r}; `python -m theseus.config` lists every key")
