@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from theseus.config import Configurable, configuration, configure, field, register
+from theseus.config import ConfigError, Configurable, configuration, configure, field, register
 from theseus.model.base import BaseModule, Model
 from theseus.model.stateful import AffineEigenvaluePMM, Linear, Tanh
 
@@ -181,7 +181,10 @@ def run_regression(cfg: Any) -> dict[str, float]:
 def diabetes(test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     """scikit-learn's diabetes data (442 x 10 -> 1), split at random into train and test and
     standardised by the training statistics: ``(x_train, y_train, x_test, y_test, y_std)``."""
-    from sklearn.datasets import load_diabetes  # optional dependency, only this experiment needs it; no download
+    try:  # an optional dependency (the pmm extra): only this experiment needs it; no download
+        from sklearn.datasets import load_diabetes
+    except ImportError as exc:
+        raise ConfigError("the pmm_regression experiment needs scikit-learn: pip install 'theseus[pmm]'") from exc
 
     data = load_diabetes()
     x, y = data.data.astype(np.float32), data.target.astype(np.float32)[:, None]
