@@ -17,6 +17,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
+from theseus.base.devices import claim_devices
 from theseus.base.distributed import initialize
 from theseus.config import ConfigError
 from theseus.config.compose import CONF, compose
@@ -107,6 +108,7 @@ def _task(cfg: DictConfig) -> float:
     run_dir = Path(hydra_config.runtime.output_dir)
     own = getattr(model_class(cfg), "run", None)
     try:
+        claim_devices(hydra_config)  # parallel jobs on one host: each its own GPUs, before JAX starts
         return own(cfg, run_dir) if own else Trainer(cfg).run(run_dir)
     except (ConfigError, TrainingError) as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
