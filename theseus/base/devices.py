@@ -47,7 +47,8 @@ def check_enough(n_jobs: int, gpus: list[str]) -> None:
     if n_jobs > len(gpus):
         raise ConfigError(
             f"hydra.launcher.n_jobs={n_jobs} runs {n_jobs} jobs at once, but this host has {len(gpus)} GPU(s) and "
-            f"each job needs its own: set hydra.launcher.n_jobs to at most {len(gpus)} (1: jobs in turn, each on every GPU)"
+            f"each job needs its own: set hydra.launcher.n_jobs to at most {len(gpus)} "
+            f"(1: jobs in turn, each on every GPU)"
         )
 
 

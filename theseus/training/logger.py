@@ -160,7 +160,8 @@ class RunLogger:
 # The W&B section of each metric the trainer logs (metrics.jsonl keeps the names on the left);
 # a name not listed goes to train/.
 SECTIONS = {
-    "loss": "train/loss", "val_loss": "val/loss", "val_bpb": "val/bpb", "lr": "optim/lr", "grad_norm": "optim/grad_norm",
+    "loss": "train/loss", "val_loss": "val/loss", "val_bpb": "val/bpb",
+    "lr": "optim/lr", "grad_norm": "optim/grad_norm",
     "step_time": "throughput/step_time", "tokens_per_s": "throughput/tokens_per_s",
     "flops_per_s": "throughput/flops_per_s", "mfu": "throughput/mfu", "data_wait": "throughput/data_wait",
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -38,14 +38,20 @@ def _require(key: str, ok: bool, value: Any, legal: str) -> None:
 class OptimizerConfig(Configurable):
     """The settings every optimizer shares; each option subclasses it and adds its own."""
 
+    moments: ClassVar[tuple[str, ...]] = ()  # the option's decay rates, each in [0, 1)
+
     name: str = _name("adamw")
     lr: float = field("optimizer/lr", default=3e-4, help="peak learning rate")
-    weight_decay: float = field("optimizer/weight_decay", default=0.1,
-                                help="decoupled weight decay x lr, on weight matrices only (not norms, biases, embeddings)")
+    weight_decay: float = field(
+        "optimizer/weight_decay", default=0.1,
+        help="decoupled weight decay x lr, on weight matrices only (not norms, biases, embeddings)",
+    )
     clip_norm: float | None = field("optimizer/clip_norm", default=1.0, help="global gradient-norm clip; null: off")
-    schedule: str = field("optimizer/schedule", default="cosine", choices=("constant", "cosine", "wsd"), help="learning-rate schedule")
+    schedule: str = field("optimizer/schedule", default="cosine", choices=("constant", "cosine", "wsd"),
+                          help="learning-rate schedule")
     warmup_steps: int = field("optimizer/warmup_steps", default=100, help="linear warmup steps")
-    min_lr_ratio: float = field("optimizer/min_lr_ratio", default=0.1, help="final lr as a fraction of lr (cosine, wsd)")
+    min_lr_ratio: float = field("optimizer/min_lr_ratio", default=0.1,
+                                help="final lr as a fraction of lr (cosine, wsd)")
     decay_fraction: float = field("optimizer/decay_fraction", default=0.2, help="wsd: fraction of steps spent decaying")
 
     def __post_init__(self):
@@ -54,13 +60,17 @@ class OptimizerConfig(Configurable):
             raise ConfigError(f"optimizer.name={self.name} does not choose the optimizer: write "
                               f"optimizer={self.name} (the config group) instead")
         if not self.lr > 0:
-            raise ConfigError(f"optimizer.lr must be positive, got {self.lr}: give a peak rate such as optimizer.lr=3e-4")
+            raise ConfigError(f"optimizer.lr must be positive, got {self.lr}: give a peak rate such as "
+                              f"optimizer.lr=3e-4")
         for key in ("weight_decay", "warmup_steps"):
             _require(key, getattr(self, key) >= 0, getattr(self, key), "0 or more")
         if self.clip_norm is not None and not self.clip_norm >= 0:
             raise ConfigError(f"optimizer.clip_norm must be positive (or null: no clipping), got {self.clip_norm}")
         for key in ("min_lr_ratio", "decay_fraction"):
             _require(key, 0 <= getattr(self, key) <= 1, getattr(self, key), "in [0, 1]")
+        for key in self.moments:
+            value, default = getattr(self, key), type(self).__dataclass_fields__[key].default
+            _require(key, 0 <= value < 1, value, f"in [0, 1), e.g. optimizer.{key}={default}")
 
     @classmethod
     def option(cls) -> str:
@@ -77,18 +87,12 @@ class OptimizerConfig(Configurable):
                            optax.scale_by_learning_rate(schedule))
 
 
-def _check_moments(config: OptimizerConfig, *keys: str) -> None:
-    for key in keys:
-        value = getattr(config, key)
-        default = type(config).__dataclass_fields__[key].default
-        _require(key, 0 <= value < 1, value, f"in [0, 1), e.g. optimizer.{key}={default}")
-
-
 @register("optimizer", "adamw")
 @dataclasses.dataclass(frozen=True)
 class AdamW(OptimizerConfig):
     """AdamW (Loshchilov & Hutter): Adam moments with decoupled weight decay."""
 
+    moments = ("b1", "b2")
     name: str = _name("adamw")
     b1: float = field("optimizer/b1", default=0.9, help="Adam first-moment decay")
     b2: float = field("optimizer/b2", default=0.95, help="Adam second-moment decay")
@@ -96,7 +100,6 @@ class AdamW(OptimizerConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_moments(self, "b1", "b2")
         _require("eps", self.eps >= 0, self.eps, "0 or more")
 
     def direction(self) -> optax.GradientTransformation:
@@ -108,13 +111,10 @@ class AdamW(OptimizerConfig):
 class Lion(OptimizerConfig):
     """Lion (Chen et al. 2023): the sign of an interpolated momentum; wants a 3-10x lower lr than AdamW."""
 
+    moments = ("b1", "b2")
     name: str = _name("lion")
     b1: float = field("optimizer/b1", default=0.9, help="Lion: interpolation of momentum and gradient")
     b2: float = field("optimizer/b2", default=0.99, help="Lion: momentum decay")
-
-    def __post_init__(self):
-        super().__post_init__()
-        _check_moments(self, "b1", "b2")
 
     def direction(self) -> optax.GradientTransformation:
         return optax.scale_by_lion(b1=self.b1, b2=self.b2)
@@ -146,7 +146,8 @@ class Adafactor(OptimizerConfig):
     def direction(self) -> optax.GradientTransformation:
         """optax.adafactor's chain, without its learning rate and its (lr-free) decay."""
         return optax.chain(
-            optax.scale_by_factored_rms(decay_rate=self.decay_rate, min_dim_size_to_factor=self.min_dim_size_to_factor),
+            optax.scale_by_factored_rms(decay_rate=self.decay_rate,
+                                        min_dim_size_to_factor=self.min_dim_size_to_factor),
             optax.clip_by_block_rms(self.clipping_threshold) if self.clipping_threshold else optax.identity(),
             optax.scale_by_param_block_rms() if self.multiply_by_parameter_scale else optax.identity(),
             optax.ema(self.momentum, debias=False) if self.momentum else optax.identity(),
@@ -177,6 +178,7 @@ class Muon(OptimizerConfig):
     matrices (exactly those ``decay_mask`` decays, with decoupled decay); AdamW without decay
     for embeddings, norms and biases. Both follow the shared schedule."""
 
+    moments = ("beta", "adam_b1", "adam_b2")
     name: str = _name("muon")
     beta: float = field("optimizer/beta", default=0.95, help="Muon momentum decay")
     ns_steps: int = field("optimizer/ns_steps", default=5, help="Muon: Newton-Schulz orthogonalisation steps")
@@ -186,7 +188,6 @@ class Muon(OptimizerConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_moments(self, "beta", "adam_b1", "adam_b2")
         _require("ns_steps", self.ns_steps >= 1, self.ns_steps, "1 or more")
 
     def transform(self, schedule: optax.Schedule) -> optax.GradientTransformation:
