@@ -21,6 +21,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from theseus.base.devices import claim_devices
 from theseus.base.distributed import initialize
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose, conf_dir
@@ -163,10 +164,11 @@ def hydra_task(trainer=None):
     def task(cfg: DictConfig) -> float:
         from theseus.training.trainer import TrainingError
 
-        load()  # a fresh worker process (joblib, submitit) registers the user's modules here
-        initialize(cfg)  # a no-op when main() has joined already; launchers such as submitit call here first
         hydra_config = HydraConfig.get()
         try:
+            claim_devices(hydra_config)  # parallel jobs on one host: each its own GPUs, before JAX starts
+            load()  # a fresh worker process (joblib, submitit) registers the user's modules here
+            initialize(cfg)  # a no-op when main() has joined already; launchers such as submitit call here first
             return execute(cfg, Path(hydra_config.runtime.output_dir), trainer)
         except (ConfigError, TrainingError) as exc:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":

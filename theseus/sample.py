@@ -22,7 +22,7 @@ from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.model.generate import sample_text
 from theseus.training.checkpoint import Checkpointer
-from theseus.training.optimizer import OptimizerConfig, make_optimizer
+from theseus.training.optimizer import make_optimizer, optimizer_class
 from theseus.training.state import sharded_init
 from theseus.training.trainer import with_vocab
 
@@ -39,7 +39,7 @@ def load(run_dir: Path, step: int | None = None):
     cfg = with_vocab(cfg, dataset.vocab_size)
     with configuration(cfg):
         model = configure(model_class(cfg))
-        tx, _ = make_optimizer(configure(OptimizerConfig), 1)
+        tx, _ = make_optimizer(configure(optimizer_class(cfg)), 1)
     mesh = make_mesh(MeshConfig(data=1), jax.devices()[:1])
     _, target, _ = sharded_init(model, tx, model.seq_len, 0, ShardingPlan(), mesh)
     checkpoints = Checkpointer(run_dir / "checkpoints", requested_step=step)
@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--prompt plus --max-new-tokens must be between 1 and architecture.seq_len "
                               f"({model.seq_len}) tokens")
         text = sample_text(model, params, args.prompt, tokenizer.encode, tokenizer.decode, args.max_new_tokens,
-                           temperature=args.temperature, top_k=args.top_k, rng=jax.random.key(args.seed))
-    except ConfigError as exc:
+                           temperature=args.temperature, top_k=args.top_k, rng=jax.random.key(args.seed),
+                           vocab_size=tokenizer.vocab_size)
+    except (ConfigError, ValueError) as exc:  # a bad argument (ValueError: generate's own checks)
         print(f"theseus: error: {exc}", file=sys.stderr)
         return 2
     print(args.prompt + text)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from theseus.base import hardware
-from theseus.base.hardware import CHIPS, lookup, measure_peak, peak_flops
+from theseus.base.hardware import CHIPS, check_attention_impl, lookup, measure_peak, peak_flops
 from theseus.config import ConfigError
 
 # device_kind strings as JAX reports them (TPU runtime names; CUDA device names on NVIDIA).
@@ -104,3 +104,14 @@ def test_peak_flops_sources(tmp_path, monkeypatch):
     cpu = jax.devices("cpu")[0]
     shared = len(jax.local_devices(backend="cpu"))
     assert peak_flops(cpu, jnp.float32) == (8e9 / shared, "measured")
+
+
+def test_cudnn_attention_needs_a_gpu_and_half_precision(monkeypatch):
+    check_attention_impl(None, jnp.float32)  # JAX chooses: any backend
+    check_attention_impl("xla", jnp.float32)
+    with pytest.raises(ConfigError, match="attention_impl=cudnn needs an NVIDIA GPU, but the backend is cpu"):
+        check_attention_impl("cudnn", jnp.bfloat16)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    check_attention_impl("cudnn", jnp.bfloat16)
+    with pytest.raises(ConfigError, match="needs bfloat16 or float16 activations, not float32"):
+        check_attention_impl("cudnn", jnp.float32)

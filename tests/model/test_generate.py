@@ -109,3 +109,18 @@ def test_sample_text_continues_a_prompt():
     text = sample_text(model, params, "Hello", encode, decode, 7, temperature=0.0)
     tokens = generate(model, params, jnp.asarray([encode("Hello")]), 7, temperature=0.0)
     assert text == decode(tokens[0, 5:].tolist()) and len(text) == 7
+
+
+def test_ids_past_the_tokenizers_vocabulary_are_never_generated():
+    """A model's vocabulary padded past the tokenizer's (64 rows, 50 ids): the padded rows made
+    the likeliest (tied embeddings, so their logits dominate) are still never produced."""
+    model, params, prompt = setup("gpt2")
+    params = jax.tree.map(lambda x: x, params)
+    params["wte"]["embedding"] = params["wte"]["embedding"].at[50:].multiply(20.0)
+    unmasked = generate(model, params, prompt, max_new_tokens=8, temperature=1.0)
+    assert int(unmasked[:, 5:].max()) >= 50  # without the limit the padded ids do come out
+    for temperature, top_k in ((1.0, None), (2.0, 5), (0.0, None)):
+        out = generate(model, params, prompt, max_new_tokens=8, temperature=temperature, top_k=top_k, vocab_size=50)
+        assert int(out[:, 5:].max()) < 50 and int(out[:, 5:].min()) >= 0
+    with pytest.raises(ValueError, match="vocab_size must be between 1 and the model's architecture.vocab_size"):
+        generate(model, params, prompt, max_new_tokens=2, vocab_size=65)

@@ -101,3 +101,13 @@ def test_pmm_regression_experiment_reports_test_mse():
     assert set(results) == {"pmm_test_mse", "mlp_test_mse"}
     # better than predicting the mean (about 5950 on this split), in squared target units
     assert all(1000 < mse < 5000 for mse in results.values()), results
+
+
+def test_without_scikit_learn_the_experiment_names_the_extra(monkeypatch):
+    import sys
+
+    from theseus.model.fit import diabetes
+
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # as if scikit-learn were not installed
+    with pytest.raises(ConfigError, match=r"needs scikit-learn: pip install 'theseus\[pmm\]'"):
+        diabetes(0.2, 0)

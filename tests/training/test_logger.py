@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from support import run_python
 from theseus.training.logger import REDACTED, LoggerConfig, RunLogger, scrub, secrets
 
 KEYS = ["loss", "lr", "grad_norm", "step_time", "tokens_per_s", "flops_per_s", "mfu", "data_wait"]
@@ -115,3 +117,59 @@ def test_offline_wandb_run_holds_the_config_and_no_secret(tmp_path, monkeypatch)
         if path.is_file():
             data = path.read_bytes()
             assert api_key.encode() not in data and token.encode() not in data, path
+
+
+def _run_record(log):
+    return next(record.run for record in _wandb_records(log) if record.WhichOneof("record_type") == "run")
+
+
+def _history_keys(log) -> set[str]:
+    return {key for record in _wandb_records(log) if record.WhichOneof("record_type") == "history"
+            for item in record.history.item for key in (item.key, *item.nested_key) if key and key[0] != "_"}
+
+
+def test_a_resumed_run_continues_its_wandb_run_with_sectioned_metrics(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not a git repository: no commit recorded
+    config = LoggerConfig(project="tests")
+    with RunLogger(config, tmp_path, resolved_config={}, total_steps=4) as logger:
+        logger.log(1, {"loss": 3.0, "lr": 1e-3, "grad_norm": 0.5, "mfu": 0.1, "tokens_per_s": 10.0})
+        logger.log(2, {"val_loss": 2.9})
+    with RunLogger(config, tmp_path, resolved_config={}, total_steps=4, start_step=2) as logger:
+        logger.log(3, {"loss": 2.0})
+    first, second = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    run_id = (tmp_path / "wandb" / "run_id").read_text().strip()
+    assert first.name.endswith(f"-{run_id}") and second.name.endswith(f"-{run_id}")
+    records = [_run_record(next(run.glob("run-*.wandb"))) for run in (first, second)]
+    assert [r.run_id for r in records] == [run_id, run_id] and records[1].resume
+    assert all(r.job_type == "train" and not r.run_group and not r.git.commit for r in records)
+    assert _history_keys(next(first.glob("run-*.wandb"))) == {
+        "train/loss", "optim/lr", "optim/grad_norm", "throughput/mfu", "throughput/tokens_per_s", "val/loss"}
+    assert [set(row) - {"step"} for row in _read(tmp_path / "metrics.jsonl")] == [  # flat names stay
+        {"loss", "lr", "grad_norm", "mfu", "tokens_per_s"}, {"val_loss"}, {"loss"}]
+
+
+def test_the_git_commit_of_the_working_directory_is_recorded(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "x"]):
+        subprocess.run([*git, *args], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    monkeypatch.chdir(repo)
+    with RunLogger(LoggerConfig(), tmp_path / "run", resolved_config={}, total_steps=1) as logger:
+        logger.log(1, {"loss": 1.0})
+    [log] = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
+    assert _run_record(log).git.commit == commit
+
+
+def test_sweep_jobs_share_a_wandb_group_and_job_type(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(open(json.__file__, encoding="utf-8").read() * 4)
+    sweep = tmp_path / "sweep"
+    proc = run_python("-m", "theseus.run", "-m", "+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}",
+                      f"data.cache_dir={tmp_path / 'cache'}", "trainer.max_steps=2", "trainer.eval_every=0",
+                      "trainer.checkpoint_every=0", "optimizer.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [_run_record(log) for log in sorted(sweep.glob("*/wandb/offline-run-*/run-*.wandb"))]
+    assert len(records) == 2 and records[0].run_id != records[1].run_id
+    assert {(r.run_group, r.job_type) for r in records} == {(str(sweep), "sweep")}

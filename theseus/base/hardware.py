@@ -1,4 +1,5 @@
-"""Peak FLOP/s per device: a table of accelerators, and a measured peak for the rest (CPUs).
+"""Peak FLOP/s per device: a table of accelerators, and a measured peak for the rest (CPUs);
+and the choices that need a particular backend (``check_attention_impl``).
 
 The table is keyed by the strings JAX reports as ``device.device_kind``. Figures are dense
 (no structured sparsity) and per JAX device: one chip, except TPU v2/v3 and TPU7x, whose
@@ -140,3 +141,18 @@ def _seconds_per_product(n: int, dtype: np.dtype, device: jax.Device, rounds: in
 
 def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_attention_impl(impl: str | None, dtype: Any) -> None:
+    """Refuse ``architecture.attention_impl`` where the backend cannot run it (before any work):
+    cuDNN's fused attention runs on NVIDIA GPUs only, in bfloat16 or float16 activations."""
+    if impl != "cudnn":
+        return
+    backend = jax.default_backend()
+    if backend != "gpu":
+        raise ConfigError(f"architecture.attention_impl=cudnn needs an NVIDIA GPU, but the backend is {backend}: "
+                          f"use architecture.attention_impl=xla, or null to let JAX choose")
+    if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+        raise ConfigError(f"architecture.attention_impl=cudnn needs bfloat16 or float16 activations, not "
+                          f"{jnp.dtype(dtype).name}: set architecture.dtype.activation=bfloat16, or "
+                          f"architecture.attention_impl=xla")

@@ -28,6 +28,7 @@ from theseus.config.context import check
 from theseus.config.discovery import HOW_TO_DECLARE
 from theseus.config.errors import ConfigError, suggest
 from theseus.config.fields import MISSING
+from theseus.config.schema import schema_of
 
 
 def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig:
@@ -198,6 +199,11 @@ def unknown_key(key: str, where: str = "") -> ConfigError:
     """``unknown config key 'x'; did you mean y (int, default 1: help)?`` (``where``: a prefix
     naming the file it was found in)."""
     known = registry.every_key()
+    group = key.split(".")[0]
+    if key in known and group in registry.groups():  # declared, by options of its group not chosen
+        owners = [name for name, cls in registry.options(group).items() if key in schema_of(cls)]
+        return ConfigError(f"{where}{key} does not apply to the {group} chosen; it is a key of "
+                           f"{', '.join(f'{group}={name}' for name in owners)}: choose one of those or drop the key")
     close = suggest(key, known)
     if not close:
         return ConfigError(f"{where}unknown config key {key!r}; `python -m theseus.config` lists every key (a key "

@@ -28,13 +28,15 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     rng: jax.Array | None = None,
+    vocab_size: int | None = None,
 ) -> jax.Array:
     """``prompt_tokens: int[batch, prompt] -> int32[batch, prompt + max_new_tokens]``.
 
     ``model``: a GPT (a module with ``decode`` and ``seq_len`` fields); ``params``: its
     parameter tree (``variables["params"]``). Each token is drawn from softmax(logits /
     temperature) over the ``top_k`` likeliest (all when None); temperature 0 takes the argmax.
-    ``rng`` defaults to ``jax.random.key(0)``.
+    ``rng`` defaults to ``jax.random.key(0)``. ``vocab_size``: the tokenizer's vocabulary; the
+    ids at or above it (a model's vocabulary padded past the tokenizer's) are never produced.
     """
     prompt = jnp.asarray(prompt_tokens, jnp.int32)
     if prompt.ndim != 2:
@@ -46,8 +48,14 @@ def generate(
             f"prompt ({prompt.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds "
             f"architecture.seq_len ({model.seq_len})"
         )
+    vocab_size = model.vocab_size if vocab_size is None else vocab_size
+    if not 1 <= vocab_size <= model.vocab_size:
+        raise ValueError(f"vocab_size must be between 1 and the model's architecture.vocab_size "
+                         f"({model.vocab_size}), got {vocab_size}")
+    if top_k is not None and not 1 <= top_k <= vocab_size:
+        raise ValueError(f"top_k must be between 1 and the vocabulary size ({vocab_size}), got {top_k}")
     rng = jax.random.key(0) if rng is None else rng
-    return _generate(model, params, prompt, max_new_tokens, top_k, jnp.float32(temperature), rng)
+    return _generate(model, params, prompt, max_new_tokens, top_k, vocab_size, jnp.float32(temperature), rng)
 
 
 def sample_text(
@@ -59,22 +67,22 @@ def sample_text(
     max_new_tokens: int,
     **kwargs,
 ) -> str:
-    """The text ``generate`` continues ``prompt`` with (kwargs: temperature, top_k, rng)."""
+    """The text ``generate`` continues ``prompt`` with (kwargs: temperature, top_k, rng, vocab_size)."""
     prompt_tokens = jnp.asarray([encode(prompt)], jnp.int32)
     tokens = generate(model, params, prompt_tokens, max_new_tokens, **kwargs)
     return decode(tokens[0, prompt_tokens.shape[1]:].tolist())
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "top_k"))
-def _generate(model, params, prompt, max_new_tokens, top_k, temperature, rng):
+@functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "top_k", "vocab_size"))
+def _generate(model, params, prompt, max_new_tokens, top_k, vocab_size, temperature, rng):
     decoder = model.clone(decode=True)
     batch, length = prompt.shape[0], prompt.shape[1] + max_new_tokens
     shapes = jax.eval_shape(decoder.init, jax.random.key(0), jnp.zeros((batch, length), jnp.int32))["cache"]
     cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-    def forward(cache, tokens):  # -> cache, logits of the last position [batch, vocab]
+    def forward(cache, tokens):  # -> cache, logits of the last position over the tokenizer's ids [batch, vocab_size]
         logits, variables = decoder.apply({"params": params, "cache": cache}, tokens, mutable=["cache"])
-        return variables["cache"], logits[:, -1]
+        return variables["cache"], logits[:, -1, :vocab_size]
 
     def step(carry, key):
         cache, token = carry

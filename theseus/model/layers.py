@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, VOCAB, gathered_for_use
+from theseus.base.hardware import check_attention_impl
 from theseus.config import ConfigError, configure, field
 from theseus.model.module import Module
 
@@ -254,6 +255,7 @@ class Attention(Module):
     def __post_init__(self):
         check_heads(self.d_model, self.n_heads, self.n_kv_heads, self.positions)
         super().__post_init__()
+        check_attention_impl(self.attention_impl, self._activation_dtype)
 
     @classmethod
     def components(cls) -> list[type]:

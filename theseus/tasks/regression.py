@@ -12,7 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from theseus.config import configuration, configure, field, register
+from theseus.config import ConfigError, configuration, configure, field, register
 from theseus.stateful.elementwise import Tanh
 from theseus.stateful.fit import FitSettings, train
 from theseus.stateful.linear import Linear
@@ -67,7 +67,10 @@ def run_regression(cfg: Any) -> dict[str, float]:
 def diabetes(test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     """scikit-learn's diabetes data (442 x 10 -> 1), split at random into train and test and
     standardised by the training statistics: ``(x_train, y_train, x_test, y_test, y_std)``."""
-    from sklearn.datasets import load_diabetes  # optional dependency, only this experiment needs it; no download
+    try:  # an optional dependency (the pmm extra): only this experiment needs it; no download
+        from sklearn.datasets import load_diabetes
+    except ImportError as exc:
+        raise ConfigError("the pmm_regression experiment needs scikit-learn: pip install 'theseus[pmm]'") from exc
 
     data = load_diabetes()
     x, y = data.data.astype(np.float32), data.target.astype(np.float32)[:, None]

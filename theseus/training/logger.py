@@ -6,6 +6,13 @@
 
 Only the main process writes anything. W&B runs offline by default (no account, no
 network): ``wandb leet RUN_DIR/wandb/latest-run`` browses it, ``wandb sync`` uploads it.
+
+W&B identity: the run's id is kept in ``RUN_DIR/wandb/run_id``, so a resumed run continues
+the same W&B run; the jobs of a sweep (``-m``) share a W&B group, the sweep's folder, and the
+job type ``sweep`` (a single run: ``train``); the git commit of the working directory is
+recorded when it is in a repository. In W&B the metrics are grouped into sections
+(``train/loss``, ``val/loss``, ``optim/lr``, ``throughput/mfu``; ``SECTIONS``), while
+``metrics.jsonl`` keeps the flat names (``loss``, ``val_loss``, ``lr``, ``mfu``).
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -92,7 +101,9 @@ class RunLogger:
         self._hidden = secrets()
         wandb_config = scrub(resolved_config, self._hidden)
         naming = scrub({"project": config.project, "name": config.name, "tags": list(config.tags)}, self._hidden)
-        self._run = None if config.mode == "disabled" else _start_wandb(config.mode, run_dir, naming, wandb_config)
+        self._run = None
+        if config.mode != "disabled":
+            self._run = _start_wandb(config.mode, run_dir, {**naming, **identity(run_dir, _sweep_dir())}, wandb_config)
         path = run_dir / "metrics.jsonl"
         if path.exists():
             _truncate(path, start_step)
@@ -108,7 +119,7 @@ class RunLogger:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._run is not None:
-            self._run.log(values, step=int(step))
+            self._run.log({section(key): value for key, value in values.items()}, step=int(step))
         self._progress.update(int(step), values)
 
     def summary(self, **values: Any) -> None:
@@ -146,11 +157,63 @@ class RunLogger:
         self.close(failed=exc_type is not None)
 
 
+# The W&B section of each metric the trainer logs (metrics.jsonl keeps the names on the left);
+# a name not listed goes to train/.
+SECTIONS = {
+    "loss": "train/loss", "val_loss": "val/loss", "val_bpb": "val/bpb",
+    "lr": "optim/lr", "grad_norm": "optim/grad_norm",
+    "step_time": "throughput/step_time", "tokens_per_s": "throughput/tokens_per_s",
+    "flops_per_s": "throughput/flops_per_s", "mfu": "throughput/mfu", "data_wait": "throughput/data_wait",
+}
+
+
+def section(name: str) -> str:
+    """The W&B name of metric ``name``: ``loss`` -> ``train/loss``, ``mfu`` -> ``throughput/mfu``."""
+    return SECTIONS.get(name, name if "/" in name else f"train/{name}")
+
+
+RUN_ID = "run_id"  # under RUN_DIR/wandb: the W&B run id, kept so that a resumed run continues it
+
+
+def identity(run_dir: Path, sweep_dir: str | None) -> dict[str, Any]:
+    """The W&B run's identity: ``id`` (kept in the run directory: a resume continues it),
+    ``group`` (the sweep's folder, for a sweep's jobs) and ``job_type`` (``sweep`` or ``train``)."""
+    path = run_dir / "wandb" / RUN_ID
+    if path.is_file():
+        run_id = path.read_text(encoding="utf-8").strip()
+    else:
+        run_id = uuid.uuid4().hex[:12]  # W&B ids: letters and digits
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(run_id + "\n", encoding="utf-8")
+    group = {"group": sweep_dir[-128:], "job_type": "sweep"} if sweep_dir else {"job_type": "train"}
+    return {"id": run_id, "resume": "allow", **group}
+
+
+def _sweep_dir() -> str | None:
+    """The sweep folder when this process runs a job of a Hydra multirun, else None."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return str(HydraConfig.get().sweep.dir)
+
+
+def git_commit(cwd: Path | None = None) -> str | None:
+    """The commit checked out in ``cwd`` (the working directory), or None outside a repository."""
+    try:
+        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
 def _start_wandb(mode: str, run_dir: Path, naming: Mapping[str, Any], resolved_config: Mapping[str, Any]):
     import wandb  # here, not at the top: importing it costs a third of a second (W&B off: no cost)
 
+    # W&B's own git probe is off (it writes a diff of uncommitted changes); the commit is given
     settings = wandb.Settings(
-        console="off", save_code=False, disable_git=True, silent=True,
+        console="off", save_code=False, disable_git=True, silent=True, git_commit=git_commit(),
         x_disable_stats=True, x_disable_machine_info=True, x_save_requirements=False,
     )
     return wandb.init(

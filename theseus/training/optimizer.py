@@ -1,48 +1,210 @@
-"""Optimizer settings (optax): AdamW with clipping and a learning-rate schedule."""
+"""Optimizers (optax): the ``optimizer`` config group, one option per optimizer.
+
+Every option shares what surrounds the update: global-norm clipping, the learning-rate
+schedule (``optimizer.schedule``, ``warmup_steps``, ``min_lr_ratio``) and decoupled weight
+decay on the weight matrices only (``decay_mask``). Each option declares its own fields;
+a key that another option declares is refused by the chosen option's schema.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import re
+from typing import Any, ClassVar
 
+import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import optax
+import optax.contrib
+from jax.tree_util import DictKey
 
 from theseus.config import ConfigError, Configurable, field, register
+from theseus.config.registry import options
 
 
-@register("optimizer", "adamw")
+def _name(option: str) -> Any:
+    """The ``optimizer.name`` field of one option: its own name, so a composed config names it."""
+    return field("optimizer/name", default=option, choices=(option,),
+                 help="the chosen optimizer: choose another with optimizer=NAME (the config group)")
+
+
+def _require(key: str, ok: bool, value: Any, legal: str) -> None:
+    """A ConfigError naming ``optimizer.KEY`` when ``ok`` is false."""
+    if not ok:
+        raise ConfigError(f"optimizer.{key} must be {legal}, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig(Configurable):
-    name: str = field("optimizer/name", default="adamw", choices=("adamw",), help="the optax optimizer")
+    """The settings every optimizer shares; each option subclasses it and adds its own."""
+
+    moments: ClassVar[tuple[str, ...]] = ()  # the option's decay rates, each in [0, 1)
+
+    name: str = _name("adamw")
     lr: float = field("optimizer/lr", default=3e-4, help="peak learning rate")
-    b1: float = field("optimizer/b1", default=0.9, help="Adam first-moment decay")
-    b2: float = field("optimizer/b2", default=0.95, help="Adam second-moment decay")
-    eps: float = field("optimizer/eps", default=1e-8, help="Adam epsilon")
-    weight_decay: float = field("optimizer/weight_decay", default=0.1, help="decoupled weight decay (not on norms, biases, embeddings)")
+    weight_decay: float = field(
+        "optimizer/weight_decay", default=0.1,
+        help="decoupled weight decay x lr, on weight matrices only (not norms, biases, embeddings)",
+    )
     clip_norm: float | None = field("optimizer/clip_norm", default=1.0, help="global gradient-norm clip; null: off")
-    schedule: str = field("optimizer/schedule", default="cosine", choices=("constant", "cosine", "wsd"), help="learning-rate schedule")
+    schedule: str = field("optimizer/schedule", default="cosine", choices=("constant", "cosine", "wsd"),
+                          help="learning-rate schedule")
     warmup_steps: int = field("optimizer/warmup_steps", default=100, help="linear warmup steps")
-    min_lr_ratio: float = field("optimizer/min_lr_ratio", default=0.1, help="final lr as a fraction of lr (cosine, wsd)")
+    min_lr_ratio: float = field("optimizer/min_lr_ratio", default=0.1,
+                                help="final lr as a fraction of lr (cosine, wsd)")
     decay_fraction: float = field("optimizer/decay_fraction", default=0.2, help="wsd: fraction of steps spent decaying")
 
     def __post_init__(self):
         """Each setting within its range, so a bad value fails before a run starts."""
+        if self.name != type(self).option():
+            raise ConfigError(f"optimizer.name={self.name} does not choose the optimizer: write "
+                              f"optimizer={self.name} (the config group) instead")
         if not self.lr > 0:
-            raise ConfigError(f"optimizer.lr must be positive, got {self.lr}: give a peak rate such as optimizer.lr=3e-4")
-        for key in ("b1", "b2"):
-            if not 0 <= getattr(self, key) < 1:
-                raise ConfigError(f"optimizer.{key} must be in [0, 1), got {getattr(self, key)}: "
-                                  f"e.g. optimizer.{key}={OptimizerConfig.__dataclass_fields__[key].default}")
-        for key in ("eps", "weight_decay", "warmup_steps"):
-            if not getattr(self, key) >= 0:
-                raise ConfigError(f"optimizer.{key} must be 0 or more, got {getattr(self, key)}")
+            raise ConfigError(f"optimizer.lr must be positive, got {self.lr}: give a peak rate such as "
+                              f"optimizer.lr=3e-4")
+        for key in ("weight_decay", "warmup_steps"):
+            _require(key, getattr(self, key) >= 0, getattr(self, key), "0 or more")
         if self.clip_norm is not None and not self.clip_norm >= 0:
             raise ConfigError(f"optimizer.clip_norm must be positive (or null: no clipping), got {self.clip_norm}")
         for key in ("min_lr_ratio", "decay_fraction"):
-            if not 0 <= getattr(self, key) <= 1:
-                raise ConfigError(f"optimizer.{key} must be in [0, 1], got {getattr(self, key)}")
+            _require(key, 0 <= getattr(self, key) <= 1, getattr(self, key), "in [0, 1]")
+        for key in self.moments:
+            value, default = getattr(self, key), type(self).__dataclass_fields__[key].default
+            _require(key, 0 <= value < 1, value, f"in [0, 1), e.g. optimizer.{key}={default}")
+
+    @classmethod
+    def option(cls) -> str:
+        """The option name this class is registered under (its ``optimizer.name`` default)."""
+        return cls.__dataclass_fields__["name"].default
+
+    def direction(self) -> optax.GradientTransformation:
+        """The optimizer's own preconditioning of the (clipped) gradient, before decay and lr."""
+        raise NotImplementedError(f"{type(self).__name__} must define direction() or transform()")
+
+    def transform(self, schedule: optax.Schedule) -> optax.GradientTransformation:
+        """Gradient -> update: ``-lr(t) x (direction(g) + weight_decay x p)``, decay masked."""
+        return optax.chain(self.direction(), optax.add_decayed_weights(self.weight_decay, mask=decay_mask),
+                           optax.scale_by_learning_rate(schedule))
+
+
+@register("optimizer", "adamw")
+@dataclasses.dataclass(frozen=True)
+class AdamW(OptimizerConfig):
+    """AdamW (Loshchilov & Hutter): Adam moments with decoupled weight decay."""
+
+    moments = ("b1", "b2")
+    name: str = _name("adamw")
+    b1: float = field("optimizer/b1", default=0.9, help="Adam first-moment decay")
+    b2: float = field("optimizer/b2", default=0.95, help="Adam second-moment decay")
+    eps: float = field("optimizer/eps", default=1e-8, help="Adam epsilon")
+
+    def __post_init__(self):
+        super().__post_init__()
+        _require("eps", self.eps >= 0, self.eps, "0 or more")
+
+    def direction(self) -> optax.GradientTransformation:
+        return optax.scale_by_adam(b1=self.b1, b2=self.b2, eps=self.eps)
+
+
+@register("optimizer", "lion")
+@dataclasses.dataclass(frozen=True)
+class Lion(OptimizerConfig):
+    """Lion (Chen et al. 2023): the sign of an interpolated momentum; wants a 3-10x lower lr than AdamW."""
+
+    moments = ("b1", "b2")
+    name: str = _name("lion")
+    b1: float = field("optimizer/b1", default=0.9, help="Lion: interpolation of momentum and gradient")
+    b2: float = field("optimizer/b2", default=0.99, help="Lion: momentum decay")
+
+    def direction(self) -> optax.GradientTransformation:
+        return optax.scale_by_lion(b1=self.b1, b2=self.b2)
+
+
+@register("optimizer", "adafactor")
+@dataclasses.dataclass(frozen=True)
+class Adafactor(OptimizerConfig):
+    """Adafactor (Shazeer & Stern 2018): factored second moments, update clipping, relative steps."""
+
+    name: str = _name("adafactor")
+    decay_rate: float = field("optimizer/decay_rate", default=0.8, help="Adafactor: second-moment decay exponent")
+    clipping_threshold: float | None = field("optimizer/clipping_threshold", default=1.0,
+                                             help="Adafactor: clip each update's RMS to this; null: off")
+    multiply_by_parameter_scale: bool = field("optimizer/multiply_by_parameter_scale", default=True,
+                                              help="Adafactor: scale updates by each parameter block's RMS")
+    min_dim_size_to_factor: int = field("optimizer/min_dim_size_to_factor", default=128,
+                                        help="Adafactor: factor the moments of dimensions at least this large")
+    momentum: float | None = field("optimizer/momentum", default=None, help="Adafactor: first-moment decay; null: none")
+
+    def __post_init__(self):
+        super().__post_init__()
+        _require("decay_rate", 0 < self.decay_rate <= 1, self.decay_rate, "in (0, 1]")
+        _require("clipping_threshold", self.clipping_threshold is None or self.clipping_threshold > 0,
+                 self.clipping_threshold, "positive (or null: off)")
+        _require("min_dim_size_to_factor", self.min_dim_size_to_factor >= 1, self.min_dim_size_to_factor, "1 or more")
+        _require("momentum", self.momentum is None or 0 <= self.momentum < 1, self.momentum, "in [0, 1) or null")
+
+    def direction(self) -> optax.GradientTransformation:
+        """optax.adafactor's chain, without its learning rate and its (lr-free) decay."""
+        return optax.chain(
+            optax.scale_by_factored_rms(decay_rate=self.decay_rate,
+                                        min_dim_size_to_factor=self.min_dim_size_to_factor),
+            optax.clip_by_block_rms(self.clipping_threshold) if self.clipping_threshold else optax.identity(),
+            optax.scale_by_param_block_rms() if self.multiply_by_parameter_scale else optax.identity(),
+            optax.ema(self.momentum, debias=False) if self.momentum else optax.identity(),
+        )
+
+
+@register("optimizer", "sgd")
+@dataclasses.dataclass(frozen=True)
+class SGD(OptimizerConfig):
+    """Stochastic gradient descent with heavy-ball or Nesterov momentum."""
+
+    name: str = _name("sgd")
+    momentum: float = field("optimizer/momentum", default=0.9, help="SGD momentum; 0: plain SGD")
+    nesterov: bool = field("optimizer/nesterov", default=False, help="SGD: Nesterov momentum")
+
+    def __post_init__(self):
+        super().__post_init__()
+        _require("momentum", 0 <= self.momentum < 1, self.momentum, "in [0, 1), e.g. optimizer.momentum=0.9")
+
+    def direction(self) -> optax.GradientTransformation:
+        return optax.trace(decay=self.momentum, nesterov=self.nesterov) if self.momentum else optax.identity()
+
+
+@register("optimizer", "muon")
+@dataclasses.dataclass(frozen=True)
+class Muon(OptimizerConfig):
+    """Muon (Jordan et al. 2024, ``optax.contrib.muon``): orthogonalised momentum for the weight
+    matrices (exactly those ``decay_mask`` decays, with decoupled decay); AdamW without decay
+    for embeddings, norms and biases. Both follow the shared schedule."""
+
+    moments = ("beta", "adam_b1", "adam_b2")
+    name: str = _name("muon")
+    beta: float = field("optimizer/beta", default=0.95, help="Muon momentum decay")
+    ns_steps: int = field("optimizer/ns_steps", default=5, help="Muon: Newton-Schulz orthogonalisation steps")
+    nesterov: bool = field("optimizer/nesterov", default=True, help="Muon: Nesterov momentum")
+    adam_b1: float = field("optimizer/adam_b1", default=0.9, help="Muon: first-moment decay of the Adam part")
+    adam_b2: float = field("optimizer/adam_b2", default=0.999, help="Muon: second-moment decay of the Adam part")
+
+    def __post_init__(self):
+        super().__post_init__()
+        _require("ns_steps", self.ns_steps >= 1, self.ns_steps, "1 or more")
+
+    def transform(self, schedule: optax.Schedule) -> optax.GradientTransformation:
+        return optax.contrib.muon(
+            schedule, ns_steps=self.ns_steps, beta=self.beta, nesterov=self.nesterov, adam_b1=self.adam_b1,
+            adam_b2=self.adam_b2, weight_decay=self.weight_decay, weight_decay_mask=decay_mask,
+            muon_weight_dimension_numbers=muon_dimensions,
+        )
+
+
+def optimizer_class(cfg: Any) -> type[OptimizerConfig]:
+    """The registered optimizer class a composed config chose (its ``optimizer.name``)."""
+    name = (cfg.get("optimizer") or {}).get("name", AdamW.option())
+    known = options("optimizer")
+    if name not in known:
+        raise ConfigError(f"unknown optimizer {name!r}; available: {', '.join(known)} (set optimizer=NAME)")
+    return known[name]
 
 
 def make_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
@@ -66,20 +228,67 @@ def make_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
     return optax.join_schedules([ramp, stable, decay], [warmup, decay_start])
 
 
+# A parameter's role is its name (the last dict key of its path; theseus's layers follow this):
+# lookup tables are ``embedding``, norm gains ``scale``, biases ``bias``, ``b``, ``bq``, ``b_in``...
+EMBEDDING, NORM, BIAS = re.compile(r"embedding"), re.compile(r"scale"), re.compile(r"bias|b|b[a-z]|b_\w+")
+
+
+def leaf_name(path: tuple) -> str:
+    """The parameter's own name: the last dict key of its path (past a ``Partitioned`` box)."""
+    return next((str(p.key) for p in reversed(path) if isinstance(p, DictKey)), "")
+
+
+def role(path: tuple) -> str:
+    """``embedding``, ``norm``, ``bias`` or ``weight``: what the parameter at ``path`` is."""
+    name = leaf_name(path)
+    for kind, pattern in (("embedding", EMBEDDING), ("norm", NORM), ("bias", BIAS)):
+        if pattern.fullmatch(name):
+            return kind
+    return "weight"
+
+
 def decay_mask(params: Any) -> Any:
-    """True for the parameters weight decay applies to: matrices, not norms, biases or embeddings."""
+    """True for the parameters weight decay applies to: the weight matrices, by role (name), not
+    by shape (a bias ``bq: [heads, head_dim]`` is two-dimensional and still a bias)."""
+    return jax.tree_util.tree_map_with_path(lambda path, leaf: role(path) == "weight", params)
 
-    def decays(path: tuple, leaf: Any) -> bool:
-        names = "/".join(str(getattr(p, "key", p)) for p in path).lower()
-        return jnp.ndim(leaf) >= 2 and "embed" not in names
 
-    return jax.tree_util.tree_map_with_path(decays, params)
+# Muon's matrix view of theseus's multi-axis weights, ``x W = y``: (reduction axes, output
+# axes), counted from the end so that stacked leading axes (layers, SwiGLU's gate/value) batch.
+MUON_AXES = {"wq": (-3, (-2, -1)), "wk": (-3, (-2, -1)), "wv": (-3, (-2, -1)), "wo": ((-3, -2), -1)}
+
+
+def muon_dimensions(params: Any) -> Any:
+    """Per leaf: Muon's dimension numbers for a weight matrix (default ``[..., in, out]``), None
+    (the Adam part) for embeddings, norms and biases."""
+
+    def dims(path: tuple, leaf: Any) -> optax.contrib.MuonDimensionNumbers | None:
+        if role(path) != "weight":
+            return None
+        return optax.contrib.MuonDimensionNumbers(*MUON_AXES.get(leaf_name(path), (-2, -1)))
+
+    return jax.tree_util.tree_map_with_path(dims, params)
+
+
+def fitted_boxes(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` whose state keeps a parameter's logical-axis box (``nn.Partitioned``) only where it
+    fits: optax builds state by mapping over the boxed params, so a masked-out entry (Muon's
+    ``MaskedNode``) or a factored moment (Adafactor's row and column statistics) would carry the
+    axis names of an array it is not. Unboxed, such a leaf is replicated."""
+
+    def fit(leaf: Any) -> Any:
+        if isinstance(leaf, nn.Partitioned) and len(getattr(leaf.value, "shape", ())) != len(leaf.names):
+            return leaf.value
+        return leaf
+
+    def init(params: Any) -> Any:
+        return jax.tree.map(fit, tx.init(params), is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+    return optax.GradientTransformation(init, tx.update)
 
 
 def make_optimizer(config: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW with decoupled, masked weight decay behind global-norm clipping, and its schedule."""
+    """The chosen optimizer behind global-norm clipping, and its schedule."""
     schedule = make_schedule(config, total_steps)
-    adamw = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
-                        weight_decay=config.weight_decay, mask=decay_mask)
     clip = optax.clip_by_global_norm(config.clip_norm) if config.clip_norm else optax.identity()
-    return optax.chain(clip, adamw), schedule
+    return fitted_boxes(optax.chain(clip, config.transform(schedule))), schedule

@@ -35,7 +35,7 @@ from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
 from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets
 from theseus.training.metrics import format_bytes, memory_report, throughput, xla_flops
-from theseus.training.optimizer import OptimizerConfig, make_optimizer
+from theseus.training.optimizer import make_optimizer, optimizer_class
 from theseus.training.preemption import Preemption
 from theseus.training.resume import check_resume
 from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
@@ -69,7 +69,7 @@ class Trainer:
     def __init__(self, cfg: DictConfig):
         with configuration(cfg):
             self.settings = configure(TrainerConfig)
-            self.optimizer = configure(OptimizerConfig)
+            self.optimizer = configure(optimizer_class(cfg))
             self.data_config = configure(DataConfig)
             self.mesh_config = configure(MeshConfig)
             self.logger_config = configure(LoggerConfig)

@@ -1,0 +1,75 @@
+"""Parallel sweep jobs on one host: disjoint GPU shares, slots held by file locks, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from support import run_python
+
+from theseus.base import devices
+from theseus.base.devices import claim_devices, claim_slot, parallel_jobs, share, visible_gpus
+from theseus.config import ConfigError
+
+JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
+
+
+def test_parallel_jobs_counts_joblibs_workers():
+    assert parallel_jobs({"_target_": JOBLIB, "n_jobs": 3}) == 3
+    assert parallel_jobs({"_target_": JOBLIB, "n_jobs": -1}, cpus=8) == 8  # joblib: -1 is every CPU
+    assert parallel_jobs({"_target_": JOBLIB, "n_jobs": -2}, cpus=8) == 7
+    assert parallel_jobs({"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}) == 1
+
+
+def test_visible_gpus_from_the_environment_or_the_driver(tmp_path):
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"}, tmp_path) == ["2", "3"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, tmp_path) == []
+    for bus in ("0000:01:00.0", "0000:41:00.0", "0000:81:00.0"):
+        (tmp_path / bus).mkdir()
+    assert visible_gpus({}, tmp_path) == ["0", "1", "2"]
+    assert visible_gpus({}, tmp_path / "absent") == []
+
+
+def test_shares_are_disjoint_and_more_jobs_than_gpus_is_refused():
+    gpus = [str(i) for i in range(8)]
+    assert [share(slot, 4, gpus) for slot in range(4)] == [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]]
+    assert [share(slot, 3, gpus) for slot in range(3)] == [["0", "1"], ["2", "3"], ["4", "5"]]  # 2 left idle
+    with pytest.raises(ConfigError, match=r"hydra.launcher.n_jobs=3 runs 3 jobs at once, but this host has 2 GPU\(s\).*"
+                                          r"set hydra.launcher.n_jobs to at most 2"):
+        share(0, 3, ["0", "1"])
+
+
+def test_each_worker_takes_a_free_slot(tmp_path):
+    first, lock0 = claim_slot(tmp_path, 2)
+    second, lock1 = claim_slot(tmp_path, 2)
+    assert (first, second) == (0, 1)
+    with pytest.raises(RuntimeError, match="all 2 device slots"):
+        claim_slot(tmp_path, 2)
+    lock0.close()  # a worker that exits frees its slot
+    assert claim_slot(tmp_path, 2)[0] == 0
+    lock1.close()
+
+
+def test_claim_devices_restricts_the_process_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(devices, "_held", {})
+    hydra = OmegaConf.create({"launcher": {"_target_": JOBLIB, "n_jobs": 2}, "sweep": {"dir": str(tmp_path)}})
+    taken, _ = claim_slot(tmp_path, 2)  # another worker holds slot 0
+    environ = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    assert claim_devices(hydra, environ) == ["2", "3"] and environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert claim_devices(hydra, environ) == ["2", "3"]  # the next job in this worker: the same GPUs
+    one_job = OmegaConf.create({"launcher": {"_target_": JOBLIB, "n_jobs": 1}, "sweep": {"dir": str(tmp_path)}})
+    assert claim_devices(one_job, {"CUDA_VISIBLE_DEVICES": "0,1"}) is None
+
+
+def test_a_sweep_with_more_parallel_jobs_than_gpus_fails_each_job_in_one_line(tmp_path):
+    proc = run_python("-m", "theseus.run", "-m", "+experiment=gpt_tiny", "optimizer.lr=1e-3,2e-3",
+                      "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "logger.mode=disabled",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}", env={"CUDA_VISIBLE_DEVICES": "0"}, cwd=tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    jobs = json.loads((tmp_path / "sweep" / "summary.json").read_text())["jobs"]
+    assert [job["error"] for job in jobs] == [
+        "ConfigError: hydra.launcher.n_jobs=2 runs 2 jobs at once, but this host has 1 GPU(s) and each job needs its "
+        "own: set hydra.launcher.n_jobs to at most 1 (1: jobs in turn, each on every GPU)"] * 2
+    assert not list(Path(tmp_path / "sweep").rglob("checkpoints"))

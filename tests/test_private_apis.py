@@ -1,0 +1,46 @@
+"""The private library APIs theseus relies on, each used in one place, checked here so that a
+library upgrade that changes one fails loudly in this file rather than quietly in a run.
+
+- ``jax._src.clusters`` (theseus/base/distributed.py): JAX's cluster detection, which
+  ``jax.distributed.initialize()`` reads and no public API exposes.
+- ``BasicSweeper.split_arguments`` (theseus/run.py): Hydra's expansion of ``-m`` overrides
+  into jobs, to check every job before any runs.
+- ``JobReturn._return_value`` (theseus/sweep.py): a failed job's exception; the public
+  ``return_value`` re-raises it and writes to stderr.
+"""
+
+from __future__ import annotations
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
+
+from theseus.base.distributed import CLUSTERS, detected_processes
+
+SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_NTASKS": "4", "SLURM_PROCID": "1",
+         "SLURM_LOCALID": "0"}
+
+
+def test_jax_cluster_detection_reads_a_slurm_job(monkeypatch):
+    from jax._src import clusters
+
+    assert all(issubclass(env, clusters.ClusterEnv) for env in CLUSTERS)
+    assert all(callable(env.is_env_present) and callable(env.get_process_count) for env in CLUSTERS)
+    for name in SLURM:
+        monkeypatch.delenv(name, raising=False)
+    assert not clusters.SlurmCluster.is_env_present()
+    for name, value in SLURM.items():
+        monkeypatch.setenv(name, value)
+    assert detected_processes() == 4
+
+
+def test_hydra_splits_multirun_overrides_into_jobs():
+    parsed = OverridesParser.create().parse_overrides(["a=1,2", "b=x", "c=3,4"])
+    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    assert jobs == [["a=1", "b=x", "c=3"], ["a=1", "b=x", "c=4"], ["a=2", "b=x", "c=3"], ["a=2", "b=x", "c=4"]]
+
+
+def test_a_failed_job_return_holds_its_exception():
+    error = FloatingPointError("loss is nan")
+    job = JobReturn(status=JobStatus.FAILED, _return_value=error)
+    assert job._return_value is error

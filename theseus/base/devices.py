@@ -1,0 +1,95 @@
+"""Parallel sweep jobs on one accelerator host: each job process gets GPUs of its own.
+
+``hydra/launcher=joblib hydra.launcher.n_jobs=N`` runs N jobs at once on one machine, each in a
+worker process that would otherwise see, and preallocate most of the memory of, every GPU.
+``claim_devices`` (called by a job before JAX starts its backend) gives the worker one of N
+slots, held by a file lock for the worker's life, and restricts it to that slot's share of
+the GPUs through ``CUDA_VISIBLE_DEVICES``; more parallel jobs than GPUs is refused in one
+line. Other launchers, one job at a time, and hosts without GPUs (CPUs share their cores)
+are left alone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import IO, Any
+
+from theseus.config import ConfigError
+
+NVIDIA = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees
+LOCKS = ".devices"  # under the sweep folder: slot-K.lock, held by the worker that has slot K
+
+_held: dict[str, Any] = {}  # this process's claim: {"slot": K, "lock": the open lock file}
+
+
+def parallel_jobs(launcher: Mapping[str, Any], cpus: int | None = None) -> int:
+    """How many jobs ``hydra.launcher`` runs at once on this host: joblib's ``n_jobs`` (negative
+    counts back from the CPU count, as joblib does), 1 for any other launcher."""
+    if not str(launcher.get("_target_", "")).endswith("JoblibLauncher"):
+        return 1
+    n = launcher.get("n_jobs") or 1
+    return n if n > 0 else max((cpus or os.cpu_count() or 1) + 1 + n, 1)
+
+
+def visible_gpus(environ: Mapping[str, str] = os.environ, driver: Path = NVIDIA) -> list[str]:
+    """The GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` when set (ids or UUIDs), else
+    every GPU the NVIDIA driver lists (indices); ``[]`` on a host without one."""
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        return [d for d in environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    return [str(i) for i in range(len(list(driver.iterdir())))] if driver.is_dir() else []
+
+
+def check_enough(n_jobs: int, gpus: list[str]) -> None:
+    """ConfigError, naming hydra.launcher.n_jobs, when there are fewer GPUs than parallel jobs."""
+    if n_jobs > len(gpus):
+        raise ConfigError(
+            f"hydra.launcher.n_jobs={n_jobs} runs {n_jobs} jobs at once, but this host has {len(gpus)} GPU(s) and "
+            f"each job needs its own: set hydra.launcher.n_jobs to at most {len(gpus)} "
+            f"(1: jobs in turn, each on every GPU)"
+        )
+
+
+def share(slot: int, n_jobs: int, gpus: list[str]) -> list[str]:
+    """The GPUs of parallel job slot ``slot`` of ``n_jobs``: ``len(gpus) // n_jobs`` of them,
+    disjoint from every other slot's."""
+    check_enough(n_jobs, gpus)
+    per = len(gpus) // n_jobs
+    return gpus[slot * per:(slot + 1) * per]
+
+
+def claim_slot(folder: Path, n_jobs: int) -> tuple[int, IO]:
+    """A free slot in ``0..n_jobs-1`` and its lock file (the slot is this process's while the file
+    stays open). Several workers start at once: each takes the first lock no other holds."""
+    (folder / LOCKS).mkdir(parents=True, exist_ok=True)
+    for slot in range(n_jobs):
+        lock = open(folder / LOCKS / f"slot-{slot}.lock", "w")  # noqa: SIM115 (held open: the claim)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        return slot, lock
+    raise RuntimeError(f"all {n_jobs} device slots under {folder / LOCKS} are held: more workers than n_jobs")
+
+
+def claim_devices(hydra_config: Any, environ: MutableMapping[str, str] = os.environ) -> list[str] | None:
+    """Restrict this job's process to its slot's GPUs when several jobs run at once on this host;
+    returns them (None: nothing to do). Once per process: a reused worker keeps its slot, and
+    must, as its JAX backend has started on those GPUs."""
+    n_jobs = parallel_jobs(hydra_config.launcher)
+    if n_jobs == 1:
+        return None
+    if "slot" in _held:
+        return environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    gpus = visible_gpus(environ)
+    if not gpus:
+        return None
+    check_enough(n_jobs, gpus)  # before taking a slot
+    slot, lock = claim_slot(Path(hydra_config.sweep.dir), n_jobs)
+    _held.update(slot=slot, lock=lock)
+    mine = share(slot, n_jobs, gpus)
+    environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+    return mine
