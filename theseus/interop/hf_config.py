@@ -119,11 +119,12 @@ def model_type(arch: Mapping[str, Any]) -> str:
         f"(learned, layernorm, gelu, bias=true, no GQA) or llama (rope, rmsnorm, swiglu, bias=false)")
 
 
-def hf_config(arch: Mapping[str, Any], vocab_size: int, eos: int | None) -> dict[str, Any]:
-    """The config.json of ``arch`` with ``vocab_size`` rows (``eos``: the end-of-text id, or None)."""
+def hf_config(arch: Mapping[str, Any], vocab_size: int, eos: int | None, dtype: str = "float32") -> dict[str, Any]:
+    """The config.json of ``arch`` with ``vocab_size`` rows (``eos``: the end-of-text id, or None;
+    ``dtype``: the tensors' dtype)."""
     d_ff = arch["d_ff"] or 4 * arch["d_model"]
     common = {"vocab_size": vocab_size, "tie_word_embeddings": arch["tie_embeddings"], "bos_token_id": eos,
-              "eos_token_id": eos, "dtype": "float32"}
+              "eos_token_id": eos, "dtype": dtype}
     if model_type(arch) == "gpt2":
         return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], **common,
                 "n_positions": arch["seq_len"], "n_embd": arch["d_model"], "n_layer": arch["n_layers"],
