@@ -18,6 +18,12 @@ def llama_folder(tmp_path_factory) -> Path:
     return save_hf(transformers.LlamaForCausalLM(llama_config()), tmp_path_factory.mktemp("llama"))
 
 
+@pytest.fixture(scope="session")
+def llama_sharded_folder(tmp_path_factory) -> Path:
+    return save_hf(transformers.LlamaForCausalLM(llama_config()), tmp_path_factory.mktemp("llama_sharded"),
+                   tokenizer=False, max_shard_size="40KB")
+
+
 @pytest.fixture(params=["gpt2", "llama"])
 def hf_folder(request) -> Path:
     return request.getfixturevalue(f"{request.param}_folder")

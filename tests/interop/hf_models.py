@@ -40,14 +40,16 @@ def llama_config():
                                     bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
-def save_hf(model, folder: Path, tokenizer: bool = True) -> Path:
+def save_hf(model, folder: Path, tokenizer: bool = True, max_shard_size: str | None = None) -> Path:
     """``model`` with every weight redrawn from N(0, 0.2) (biases and norm scales too, so that
-    a mapping that drops or swaps one shows), saved as safetensors with a BPE tokenizer.json."""
+    a mapping that drops or swaps one shows), saved as safetensors (in files of at most
+    ``max_shard_size`` with their index, when given) with a BPE tokenizer.json."""
     torch.manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.2)
-    model.eval().save_pretrained(folder, safe_serialization=True)
+    model.eval().save_pretrained(folder, safe_serialization=True, **({"max_shard_size": max_shard_size}
+                                                                     if max_shard_size else {}))
     if tokenizer:
         HFTokenizer.train([CORPUS.read_text()], vocab_size=300).save(folder)
     return folder

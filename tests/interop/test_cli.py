@@ -1,0 +1,78 @@
+"""trainer.init_from, theseus.export and theseus.sample as a user meets them: from the command
+line, in a folder outside the checkout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from interop.hf_models import CORPUS, hf_logits, torch, transformers
+
+from support import run_python
+
+
+def train_args(folder: Path, tmp: Path, *extra: str) -> list[str]:
+    corpus = tmp / "mine.txt"
+    corpus.write_text(CORPUS.read_text() * 2)
+    return ["-m", "theseus.run", f"trainer.init_from={folder}", "data.source=text", f"data.path={corpus}",
+            f"data.cache_dir={tmp / 'cache'}", "data.val_fraction=0.1", "trainer.max_steps=2",
+            "trainer.batch_size=2", "trainer.eval_batches=1", "trainer.log_every=1", "architecture.seq_len=32",
+            "logger.mode=disabled", f"hydra.run.dir={tmp / 'run'}", *extra]
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("architecture.n_layers=3", "architecture.n_layers=3 contradicts trainer.init_from={folder}, whose config.json "
+                                "gives architecture.n_layers=2: drop the override (the architecture follows the "
+                                "checkpoint)"),
+    ("architecture.seq_len=128", "architecture.seq_len=128 contradicts trainer.init_from={folder}, whose config.json "
+                                 "gives architecture.seq_len=64: drop the override (the architecture follows the "
+                                 "checkpoint)"),
+])
+def test_a_conflicting_key_fails_in_one_line_and_writes_nothing(llama_folder, tmp_path, override, message):
+    args = [a for a in train_args(llama_folder, tmp_path, override) if a != "architecture.seq_len=32"]
+    proc = run_python(*args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "theseus: error: " + message.format(folder=llama_folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]  # no run, no prepared data
+
+
+def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
+    """A user's whole path: fine-tune a Llama checkpoint on their text for 2 steps (dropout set,
+    context lowered), export it, load it in transformers, and sample it with its tokenizer."""
+    proc = run_python(*train_args(llama_folder, tmp_path, "architecture.dropout=0.1", "optimizer.lr=1e-2"),
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "run"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "loss" in m] == [1, 2]
+
+    out = tmp_path / "exported"
+    proc = run_python("-m", "theseus.export", str(run), str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert (out / "tokenizer.json").read_text() == (llama_folder / "tokenizer.json").read_text()
+
+    from theseus.sample import load
+
+    model, params, tokenizer = load(run)
+    assert model.vocab_size == 333 and model.n_kv_heads == 2 and model.rope_theta == 500000.0
+    tokens = np.random.default_rng(0).integers(0, 333, size=(2, 32))
+    ours = np.asarray(model.clone(dropout=0.0).apply({"params": params}, jnp.asarray(tokens)))
+    reference = hf_logits(out, tokens)
+    original = hf_logits(llama_folder, tokens)
+    assert np.abs(reference - original).max() > 1e-3  # the two steps changed the weights
+    np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=0)
+
+    prompt = "def __init__"
+    proc = run_python("-m", "theseus.sample", str(run), "--prompt", prompt, "--max-new-tokens", "8",
+                      "--temperature", "0", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    with torch.no_grad():
+        greedy = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
+                             min_new_tokens=8, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    assert proc.stdout == prompt + tokenizer.decode(greedy) + "\n"
