@@ -17,12 +17,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from flax import traverse_util
 from omegaconf import OmegaConf
 
 from theseus.config import ConfigError
 from theseus.data.tokenizer import HFTokenizer
 from theseus.interop.hf_config import CONFIG_FILE, arch_of, hf_config, model_type
-from theseus.interop.hf_weights import WEIGHTS_FILE, flatten, save, to_hf
+from theseus.interop.hf_weights import WEIGHTS_FILE, save, to_hf
 from theseus.sample import load
 
 
@@ -35,7 +36,8 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> None:
     kind = model_type(arch)  # refuses an architecture transformers has no class for, before writing
     imported = OmegaConf.select(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), "trainer.init_from")
     vocab_size = model.vocab_size if imported else tokenizer.vocab_size
-    flat = {path: np.asarray(value) for path, value in flatten(jax.device_get(params))}
+    flat = {path: np.asarray(value)
+            for path, value in traverse_util.flatten_dict(jax.device_get(params), sep="/").items()}
     tensors = to_hf(kind, arch, flat, vocab_size)
     config = hf_config(arch, vocab_size, tokenizer.eot, dtype=str(flat["wte/embedding"].dtype))
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,8 @@ def save_hf(model, folder: Path, tokenizer: bool = True, max_shard_size: str | N
 def theseus_model(folder: Path) -> GPT:
     """The GPT that folder's config.json describes, computing in float32."""
     arch = architecture(read_config(folder))
-    with configuration({**{f"architecture.{k}": v for k, v in arch.items()}, "architecture.dtype.activation": "float32"}):
+    overrides = {f"architecture.{key}": value for key, value in arch.items()}
+    with configuration({**overrides, "architecture.dtype.activation": "float32"}):
         return configure(GPT)
 
 

@@ -7,11 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 from interop.hf_models import hf_logits, target_of, theseus_model, transformers, torch
 from safetensors.numpy import load_file
 
 from theseus.interop.hf_config import arch_of, model_type
-from theseus.interop.hf_weights import WEIGHTS_FILE, flatten, to_hf
+from theseus.interop.hf_weights import WEIGHTS_FILE, to_hf
 from theseus.interop.loading import load_params
 from theseus.model.generate import generate
 
@@ -31,7 +32,7 @@ def test_import_then_export_is_bitwise_identity(hf_folder):
     model = theseus_model(hf_folder)
     arch = arch_of(model)
     params = load_params(hf_folder, arch, target_of(model))
-    flat = {path: np.asarray(value) for path, value in flatten(params)}
+    flat = {path: np.asarray(value) for path, value in traverse_util.flatten_dict(params, sep="/").items()}
     exported = to_hf(model_type(arch), arch, flat, model.vocab_size)
     original = load_file(str(hf_folder / WEIGHTS_FILE))
     assert sorted(exported) == sorted(original)

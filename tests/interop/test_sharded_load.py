@@ -15,7 +15,8 @@ SCRIPT = textwrap.dedent("""
     from theseus.base.mesh import MeshConfig, make_mesh
     from theseus.config import configuration, configure
     from theseus.interop.hf_config import arch_of, architecture, read_config
-    from theseus.interop.hf_weights import Checkpoint, flatten, to_theseus
+    from flax import traverse_util
+    from theseus.interop.hf_weights import Checkpoint, to_theseus
     from theseus.interop.loading import load_params
     from theseus.model.models.gpt import GPT
     from theseus.training.state import sharded_init
@@ -31,7 +32,9 @@ SCRIPT = textwrap.dedent("""
     with Checkpoint(folder) as ckpt:
         full = {path: thunk() for path, thunk in to_theseus("llama", arch_of(model), ckpt.read).items()}
     report = {}
-    for (path, array), (_, leaf) in zip(flatten(params), flatten(target.params)):
+    leaves = traverse_util.flatten_dict(target.params, sep="/")
+    for path, array in traverse_util.flatten_dict(params, sep="/").items():
+        leaf = leaves[path]
         shards = array.addressable_shards
         report[path] = {
             "sharding_equal": array.sharding == leaf.sharding,

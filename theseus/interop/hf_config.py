@@ -137,7 +137,8 @@ def hf_config(arch: Mapping[str, Any], vocab_size: int, eos: int | None, dtype: 
             "num_key_value_heads": arch["n_kv_heads"] or arch["n_heads"],
             "head_dim": arch["d_model"] // arch["n_heads"], "intermediate_size": d_ff, "hidden_act": "silu",
             "rms_norm_eps": NORM_EPS, "attention_bias": False, "mlp_bias": False,
-            "rope_theta": arch["rope_theta"], "rope_parameters": {"rope_type": "default", "rope_theta": arch["rope_theta"]},
+            "rope_theta": arch["rope_theta"],  # transformers 4; transformers 5 reads rope_parameters
+            "rope_parameters": {"rope_type": "default", "rope_theta": arch["rope_theta"]},
             "attention_dropout": 0.0}
 
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy: safetensors' numpy reader needs it)
 import numpy as np
+from flax import traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -31,7 +32,7 @@ IGNORED = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")  # buffers
 GPT2_PREFIX = "transformer."
 
 Read = Callable[[str], np.ndarray]  # a tensor of the checkpoint by its Hugging Face name
-Params = dict[str, np.ndarray]  # "h_0/attn/wq" -> array (flax.traverse_util.flatten_dict(sep="/"))
+Params = dict[str, np.ndarray]  # "h_0/attn/wq" -> array: traverse_util.flatten_dict(params, sep="/")
 
 
 class Checkpoint:
@@ -223,28 +224,7 @@ def load_hf_gpt2(state_dict: Mapping[str, Any], n_heads: int | None = None) -> t
         "n_inner": sd[GPT2_PREFIX + "h.0.mlp.c_fc.weight"].shape[1], "tie_word_embeddings": tied,
     }, where="the state dict")
     flat = {path: thunk() for path, thunk in to_theseus("gpt2", arch, sd.__getitem__).items()}
-    return {f"architecture.{key}": value for key, value in arch.items()}, unflatten(flat)
-
-
-def unflatten(flat: Params) -> dict:
-    """``{"h_0/attn/wq": x}`` -> ``{"h_0": {"attn": {"wq": x}}}``."""
-    tree: dict = {}
-    for path, value in flat.items():
-        *parents, leaf = path.split("/")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return tree
-
-
-def flatten(tree: Mapping, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """The inverse of ``unflatten``: ``(path, leaf)`` pairs in the tree's order."""
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            yield from flatten(value, f"{prefix}{key}/")
-        else:
-            yield f"{prefix}{key}", value
+    return {f"architecture.{key}": value for key, value in arch.items()}, traverse_util.unflatten_dict(flat, sep="/")
 
 
 def _heads(arch: Mapping[str, Any]) -> tuple[int, int, int, int]:

@@ -16,10 +16,11 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import traverse_util
 
 from theseus.config import ConfigError
 from theseus.interop.hf_config import architecture, read_config
-from theseus.interop.hf_weights import Checkpoint, flatten, to_theseus, unflatten
+from theseus.interop.hf_weights import Checkpoint, to_theseus
 
 
 def load_params(folder: Path, arch: Mapping[str, Any], target: Mapping) -> dict:
@@ -34,7 +35,7 @@ def load_params(folder: Path, arch: Mapping[str, Any], target: Mapping) -> dict:
     with Checkpoint(folder) as checkpoint:
         thunks = to_theseus(hf["model_type"], arch, checkpoint.read)
         loaded = {}
-        for path, leaf in flatten(target):
+        for path, leaf in traverse_util.flatten_dict(target, sep="/").items():
             if path not in thunks:
                 raise ConfigError(f"{folder}: no tensor of the checkpoint maps to parameter {path}")
             loaded[path] = _place(thunks[path](), leaf, path, folder)
@@ -42,7 +43,7 @@ def load_params(folder: Path, arch: Mapping[str, Any], target: Mapping) -> dict:
     if unused:
         raise ConfigError(f"{folder}: tensor {unused[0]} (and {len(unused) - 1} more) of the checkpoint has no "
                           f"place in the model: its config.json does not describe these weights")
-    return unflatten(loaded)
+    return traverse_util.unflatten_dict(loaded, sep="/")
 
 
 def _place(host: np.ndarray, leaf: jax.ShapeDtypeStruct, path: str, folder: Path) -> jax.Array:
