@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from theseus.config import ConfigError
 from theseus.data.tokenizer import HFTokenizer
-from theseus.interop.hf_config import CONFIG_FILE, arch_of, hf_config, model_type
+from theseus.interop.hf_config import CONFIG_FILE, arch_of, hf_config, model_type, read_config
 from theseus.interop.hf_weights import WEIGHTS_FILE, save, to_hf
 from theseus.sample import load
 
@@ -36,10 +36,12 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> None:
     kind = model_type(arch)  # refuses an architecture transformers has no class for, before writing
     imported = OmegaConf.select(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), "trainer.init_from")
     vocab_size = model.vocab_size if imported else tokenizer.vocab_size
+    special = (read_config(Path(imported).expanduser()) if imported
+               else {"bos_token_id": tokenizer.eot, "eos_token_id": tokenizer.eot})
     flat = {path: np.asarray(value)
             for path, value in traverse_util.flatten_dict(jax.device_get(params), sep="/").items()}
     tensors = to_hf(kind, arch, flat, vocab_size)
-    config = hf_config(arch, vocab_size, tokenizer.eot, dtype=str(flat["wte/embedding"].dtype))
+    config = hf_config(arch, vocab_size, special, dtype=str(flat["wte/embedding"].dtype))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save(tensors, out_dir)

@@ -54,6 +54,10 @@ def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
     assert (out / "tokenizer.json").read_text() == (llama_folder / "tokenizer.json").read_text()
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["vocab_size"], config["num_key_value_heads"]) == ("llama", 333, 2)
+    assert (config["max_position_embeddings"], config["rope_theta"], config["tie_word_embeddings"]) == \
+        (32, 500000.0, False)  # the lowered context
 
     from theseus.sample import load
 
@@ -76,3 +80,34 @@ def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
         greedy = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
                              min_new_tokens=8, pad_token_id=0)[0, ids.shape[1]:].tolist()
     assert proc.stdout == prompt + tokenizer.decode(greedy) + "\n"
+
+
+def test_a_native_run_exports_as_gpt2_without_its_vocabulary_padding(tmp_path):
+    """gpt_tiny with a 300-token BPE trains on a vocabulary padded to 384; the export has 300."""
+    corpus = tmp_path / "mine.txt"
+    corpus.write_text(CORPUS.read_text() * 2)
+    run = tmp_path / "run"
+    proc = run_python("-m", "theseus.run", "+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}",
+                      "data.tokenizer=bpe", "data.bpe_vocab_size=300", f"data.cache_dir={tmp_path / 'cache'}",
+                      "data.val_fraction=0.1", "trainer.max_steps=2", "trainer.batch_size=2",
+                      "trainer.eval_batches=1", "logger.mode=disabled", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "exported"
+    proc = run_python("-m", "theseus.export", str(run), str(out), "--step", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["vocab_size"], config["n_positions"]) == ("gpt2", 300, 64)
+
+    from theseus.sample import load
+
+    model, params, tokenizer = load(run)
+    assert model.vocab_size == 384 and tokenizer.vocab_size == 300
+    assert config["eos_token_id"] == tokenizer.eot is not None
+    tokens = np.random.default_rng(0).integers(0, 300, size=(2, 64))
+    ours = np.asarray(model.apply({"params": params}, jnp.asarray(tokens)))[..., :300]
+    np.testing.assert_allclose(ours, hf_logits(out, tokens), atol=1e-4, rtol=0)
+
+    proc = run_python("-m", "theseus.export", str(run), str(out), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"theseus: error: {out} already holds model.safetensors: "
+                                   "choose a new folder or remove it")

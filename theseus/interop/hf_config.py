@@ -22,6 +22,7 @@ from theseus.config import ConfigError
 CONFIG_FILE = "config.json"
 NORM_EPS = 1e-5  # theseus's LayerNorm and RMSNorm epsilon (theseus.model.layers)
 SUPPORTED = ("gpt2", "llama")
+SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 # The architecture values a GPT's fields hold (theseus.model.models.gpt.GPT), as interop uses them.
 ARCH_KEYS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "bias", "norm",
@@ -119,12 +120,13 @@ def model_type(arch: Mapping[str, Any]) -> str:
         f"(learned, layernorm, gelu, bias=true, no GQA) or llama (rope, rmsnorm, swiglu, bias=false)")
 
 
-def hf_config(arch: Mapping[str, Any], vocab_size: int, eos: int | None, dtype: str = "float32") -> dict[str, Any]:
-    """The config.json of ``arch`` with ``vocab_size`` rows (``eos``: the end-of-text id, or None;
-    ``dtype``: the tensors' dtype)."""
+def hf_config(arch: Mapping[str, Any], vocab_size: int, special: Mapping[str, int | None],
+              dtype: str = "float32") -> dict[str, Any]:
+    """The config.json of ``arch`` with ``vocab_size`` rows; ``special``: the ids of SPECIAL_TOKENS
+    (an imported checkpoint's own, or the tokenizer's end-of-text); ``dtype``: the tensors'."""
     d_ff = arch["d_ff"] or 4 * arch["d_model"]
-    common = {"vocab_size": vocab_size, "tie_word_embeddings": arch["tie_embeddings"], "bos_token_id": eos,
-              "eos_token_id": eos, "dtype": dtype}
+    common = {"vocab_size": vocab_size, "tie_word_embeddings": arch["tie_embeddings"],
+              **{key: special.get(key) for key in SPECIAL_TOKENS}, "dtype": dtype}
     if model_type(arch) == "gpt2":
         return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], **common,
                 "n_positions": arch["seq_len"], "n_embd": arch["d_model"], "n_layer": arch["n_layers"],

@@ -39,7 +39,8 @@ def load_params(folder: Path, arch: Mapping[str, Any], target: Mapping) -> dict:
             if path not in thunks:
                 raise ConfigError(f"{folder}: no tensor of the checkpoint maps to parameter {path}")
             loaded[path] = _place(thunks[path](), leaf, path, folder)
-        unused = checkpoint.unused()
+        tied = {"lm_head.weight"} if arch["tie_embeddings"] else set()  # a tied head some checkpoints store
+        unused = [name for name in checkpoint.unused() if name not in tied]
     if unused:
         raise ConfigError(f"{folder}: tensor {unused[0]} (and {len(unused) - 1} more) of the checkpoint has no "
                           f"place in the model: its config.json does not describe these weights")
