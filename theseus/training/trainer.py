@@ -284,9 +284,10 @@ class Trainer:
         state = compiled.init()
         if self.settings.init_from is None:
             return state
+        folder = Path(self.settings.init_from).expanduser()
+        _warn(f"starting from the weights of {folder}")
         state = state.replace(params=None)
-        return state.replace(params=load_params(Path(self.settings.init_from).expanduser(), arch_of(self.model),
-                                                compiled.target.params))
+        return state.replace(params=load_params(folder, arch_of(self.model), compiled.target.params))
 
     def share(self, mesh: Mesh) -> tuple[int, int]:
         """``(index, count)``: this process reads share ``index`` of ``count`` equal, contiguous
