@@ -20,6 +20,7 @@ from theseus.config import registry
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
+from theseus.interop.init_from import apply_init_from
 from theseus.model.generate import sample_text
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.optimizer import make_optimizer, optimizer_class
@@ -33,7 +34,7 @@ def load(run_dir: Path, step: int | None = None):
     if not config_file.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml): give the folder a run wrote")
     registry.load()
-    cfg = OmegaConf.load(config_file)
+    cfg = apply_init_from(OmegaConf.load(config_file))  # a run from a Hugging Face folder: its architecture
     with configuration(cfg):
         dataset = open_dataset(configure(DataConfig))
     cfg = with_vocab(cfg, dataset.vocab_size)

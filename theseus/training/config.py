@@ -23,6 +23,9 @@ class TrainerConfig(Configurable):
     dry_run: bool = field("trainer/dry_run", default=False, help="build and compile, print memory and FLOPs, then exit")
     skip_nonfinite: bool = field("trainer/skip_nonfinite", default=False,
                                  help="skip updates whose loss or gradients are NaN/Inf (counted) instead of stopping")
+    init_from: str | None = field("trainer/init_from", default=None,
+                                  help="a local Hugging Face folder (config.json, safetensors): start from its "
+                                       "architecture, weights and tokenizer.json")
     peak_flops: float | None = field("trainer/peak_flops", default=None, help="peak FLOP/s per device for MFU; unset: table or measured")
 
     def __post_init__(self):

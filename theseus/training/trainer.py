@@ -30,6 +30,9 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
+from theseus.interop.hf_config import arch_of
+from theseus.interop.init_from import apply_init_from
+from theseus.interop.loading import load_params
 from theseus.tasks.task import LossTask, task_class
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
@@ -67,6 +70,8 @@ class Trainer:
     """A run resolved from a composed config: settings, data, model, mesh and plan."""
 
     def __init__(self, cfg: DictConfig):
+        self.composed = cfg
+        cfg = apply_init_from(cfg)  # trainer.init_from: a Hugging Face folder's architecture and tokenizer
         with configuration(cfg):
             self.settings = configure(TrainerConfig)
             self.optimizer = configure(optimizer_class(cfg))
@@ -91,7 +96,6 @@ class Trainer:
         with configuration(cfg):  # the model's own checks, before the data is prepared (minutes)
             configure(model_class(cfg), vocab_size=OmegaConf.select(cfg, "architecture.vocab_size") or VOCAB_MULTIPLE)
         self.dataset = open_dataset(self.data_config)
-        self.composed = cfg
         self.cfg = with_vocab(cfg, self.dataset.vocab_size)
         with configuration(self.cfg):
             self.model = configure(model_class(self.cfg))
@@ -273,10 +277,21 @@ class Trainer:
         source = checkpointer if resume in ("auto", "never") else Checkpointer.at(Path(resume))
         restored = source.restore(compiled.target, step=source.requested_step, report=_warn)
         if restored is None:
-            return compiled.init(), 0, None
+            return self._fresh_state(compiled), 0, None
         state, loader_state, _config, step = restored
         _warn(f"resuming from {source.directory / str(step)} at step {step}")
         return state, step, loader_state
+
+    def _fresh_state(self, compiled: Compiled) -> TrainState:
+        """A new state: initialised, or with ``trainer.init_from``'s weights (optimizer fresh),
+        loaded onto their shards after the initialised params are dropped."""
+        state = compiled.init()
+        if self.settings.init_from is None:
+            return state
+        folder = Path(self.settings.init_from).expanduser()
+        _warn(f"starting from the weights of {folder}")
+        state = state.replace(params=None)
+        return state.replace(params=load_params(folder, arch_of(self.model), compiled.target.params))
 
     def batch_share(self, mesh: Mesh) -> tuple[int, int]:
         """``(index, count)``: this process reads share ``index`` of ``count`` equal, contiguous

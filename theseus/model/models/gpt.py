@@ -10,12 +10,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from theseus.base.axis import BATCH, DATA, EMBED, FSDP, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, TENSOR, VOCAB, ShardingPlan
 from theseus.config import ConfigError, configure, field, register
@@ -142,75 +141,3 @@ class GPT(Module):
         count plus the output head's matmul (d_model x vocab_size).
         """
         return sum(block.flops(seq) for block in self.h) + 6 * self.d_model * self.vocab_size * seq
-
-
-def load_hf_gpt2(state_dict: Mapping[str, Any], n_heads: int | None = None) -> tuple[dict[str, Any], dict]:
-    """``(overrides, params)`` for a Hugging Face GPT2LMHeadModel (or GPT2Model) state dict.
-
-    Values may be numpy arrays or torch tensors. Build the model under the overrides and apply
-    the params::
-
-        overrides, params = load_hf_gpt2(hf_model.state_dict())
-        with configuration(overrides):
-            model = configure(GPT)
-        logits = model.apply({"params": params}, tokens)
-
-    A state dict does not record the number of heads: ``n_heads`` defaults to d_model // 64,
-    as in every released GPT-2. Hugging Face's Conv1D weights are [in, out], like ours.
-    """
-    sd = {key.removeprefix("transformer."): _float32(value) for key, value in state_dict.items()}
-    vocab_size, d_model = sd["wte.weight"].shape
-    n_layers = len({key.split(".")[1] for key in sd if key.startswith("h.")})
-    n_heads = n_heads or d_model // 64
-    head_dim = d_model // n_heads
-    tied = "lm_head.weight" not in sd or np.array_equal(sd["lm_head.weight"], sd["wte.weight"])
-    overrides = {
-        "architecture.vocab_size": vocab_size,
-        "architecture.seq_len": sd["wpe.weight"].shape[0],
-        "architecture.n_layers": n_layers,
-        "architecture.d_model": d_model,
-        "architecture.n_heads": n_heads,
-        "architecture.n_kv_heads": None,
-        "architecture.d_ff": sd["h.0.mlp.c_fc.weight"].shape[1],
-        "architecture.bias": True,
-        "architecture.norm": "layernorm",
-        "architecture.activation": "gelu",
-        "architecture.positions": "learned",
-        "architecture.tie_embeddings": tied,
-    }
-
-    def norm(prefix: str) -> dict:
-        return {"scale": sd[f"{prefix}.weight"], "bias": sd[f"{prefix}.bias"]}
-
-    def block(p: str) -> dict:
-        q, k, v = np.split(sd[f"{p}.attn.c_attn.weight"], 3, axis=1)  # [d_model, d_model] each
-        bq, bk, bv = np.split(sd[f"{p}.attn.c_attn.bias"], 3)
-        heads = (d_model, n_heads, head_dim)
-        attn = {
-            "wq": q.reshape(heads), "wk": k.reshape(heads), "wv": v.reshape(heads),
-            "bq": bq.reshape(heads[1:]), "bk": bk.reshape(heads[1:]), "bv": bv.reshape(heads[1:]),
-            "wo": sd[f"{p}.attn.c_proj.weight"].reshape(n_heads, head_dim, d_model),
-            "bo": sd[f"{p}.attn.c_proj.bias"],
-        }
-        mlp = {
-            "w_in": sd[f"{p}.mlp.c_fc.weight"][None], "b_in": sd[f"{p}.mlp.c_fc.bias"][None],
-            "w_out": sd[f"{p}.mlp.c_proj.weight"], "b_out": sd[f"{p}.mlp.c_proj.bias"],
-        }
-        return {"ln_1": norm(f"{p}.ln_1"), "attn": attn, "ln_2": norm(f"{p}.ln_2"), "mlp": mlp}
-
-    params = {
-        "wte": {"embedding": sd["wte.weight"]},
-        "wpe": {"embedding": sd["wpe.weight"]},
-        **{f"h_{i}": block(f"h.{i}") for i in range(n_layers)},
-        "ln_f": norm("ln_f"),
-    }
-    if not tied:
-        params["lm_head"] = sd["lm_head.weight"].T
-    return overrides, jax.tree.map(jnp.asarray, params)
-
-
-def _float32(value: Any) -> np.ndarray:
-    """A numpy float32 copy of an array or a torch tensor (bfloat16 included)."""
-    if hasattr(value, "detach"):  # a torch tensor
-        value = value.detach().cpu().float().numpy()
-    return np.asarray(value, dtype=np.float32)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from theseus.config import configuration, configure
-from theseus.model.models.gpt import GPT, load_hf_gpt2
+from theseus.interop.hf_weights import load_hf_gpt2
+from theseus.model.models.gpt import GPT
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -1,0 +1,29 @@
+"""Fixtures: tiny Hugging Face folders (GPT-2 and Llama), saved once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from interop.hf_models import gpt2_config, llama_config, save_hf, transformers
+
+
+@pytest.fixture(scope="session")
+def gpt2_folder(tmp_path_factory) -> Path:
+    return save_hf(transformers.GPT2LMHeadModel(gpt2_config()), tmp_path_factory.mktemp("gpt2"))
+
+
+@pytest.fixture(scope="session")
+def llama_folder(tmp_path_factory) -> Path:
+    return save_hf(transformers.LlamaForCausalLM(llama_config()), tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="session")
+def llama_sharded_folder(tmp_path_factory) -> Path:
+    return save_hf(transformers.LlamaForCausalLM(llama_config()), tmp_path_factory.mktemp("llama_sharded"),
+                   tokenizer=False, max_shard_size="40KB")
+
+
+@pytest.fixture(params=["gpt2", "llama"])
+def hf_folder(request) -> Path:
+    return request.getfixturevalue(f"{request.param}_folder")

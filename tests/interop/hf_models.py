@@ -1,0 +1,78 @@
+"""Tiny random-weight Hugging Face models, built by transformers itself (nothing downloaded).
+
+Test dependencies: torch (CPU) and transformers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from support import ROOT
+from theseus.config import configuration, configure
+from theseus.data.tokenizer import HFTokenizer
+from theseus.interop.hf_config import architecture, read_config
+from theseus.model.models.gpt import GPT
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+CORPUS = ROOT / "theseus" / "training" / "trainer.py"  # any local text
+
+
+def gpt2_config():
+    """GPT-2 with every knob exercised: 4 heads, a vocabulary of 301 (not a multiple of 128)."""
+    return transformers.GPT2Config(vocab_size=301, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None,
+                                   eos_token_id=None)
+
+
+def llama_config():
+    """Llama with grouped-query attention (4 query heads, 2 kv), untied embeddings, rope_theta
+    500000 and a vocabulary of 333."""
+    return transformers.LlamaConfig(vocab_size=333, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                    rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                    bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def save_hf(model, folder: Path, tokenizer: bool = True, max_shard_size: str | None = None) -> Path:
+    """``model`` with every weight redrawn from N(0, 0.2) (biases and norm scales too, so that
+    a mapping that drops or swaps one shows), saved as safetensors (in files of at most
+    ``max_shard_size`` with their index, when given) with a BPE tokenizer.json."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    model.eval().save_pretrained(folder, safe_serialization=True, **({"max_shard_size": max_shard_size}
+                                                                     if max_shard_size else {}))
+    if tokenizer:
+        HFTokenizer.train([CORPUS.read_text()], vocab_size=300).save(folder)
+    return folder
+
+
+def theseus_model(folder: Path) -> GPT:
+    """The GPT that folder's config.json describes, computing in float32."""
+    arch = architecture(read_config(folder))
+    overrides = {f"architecture.{key}": value for key, value in arch.items()}
+    with configuration({**overrides, "architecture.dtype.activation": "float32"}):
+        return configure(GPT)
+
+
+def target_of(model: GPT, seq_len: int = 4) -> dict:
+    """The model's params as ShapeDtypeStructs on the first device (what load_params fills)."""
+    import flax.linen as nn
+
+    shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, seq_len), jnp.int32)))["params"]
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), shapes)
+
+
+def hf_logits(folder: Path, tokens: np.ndarray) -> np.ndarray:
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        return hf(torch.from_numpy(tokens)).logits.numpy()

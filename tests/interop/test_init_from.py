@@ -1,0 +1,97 @@
+"""``apply_init_from``: the composed config resolved against a Hugging Face folder, and the
+folder's mistakes refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from interop.hf_models import target_of, theseus_model
+from omegaconf import OmegaConf
+
+from theseus.config import ConfigError
+from theseus.config.compose import compose
+from theseus.interop.hf_config import arch_of
+from theseus.interop.init_from import apply_init_from
+from theseus.interop.loading import load_params
+
+
+def resolved(folder: Path, *overrides: str):
+    return apply_init_from(compose([f"trainer.init_from={folder}", *overrides]))
+
+
+def edited(folder: Path, tmp: Path, **changes) -> Path:
+    """A copy of ``folder`` whose config.json has ``changes`` (None: the entry removed)."""
+    copy = tmp / "edited"
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config.update(changes)
+    (copy / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return copy
+
+
+def test_the_architecture_and_tokenizer_follow_the_folder(llama_folder):
+    cfg = resolved(llama_folder, "architecture.seq_len=16", "architecture.dropout=0.1")
+    arch = OmegaConf.to_container(cfg.architecture)
+    assert {k: arch[k] for k in ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff")} == \
+        {"vocab_size": 333, "n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 2, "d_ff": 96}
+    assert (arch["norm"], arch["activation"], arch["positions"], arch["bias"], arch["tie_embeddings"]) == \
+        ("rmsnorm", "swiglu", "rope", False, False)
+    assert arch["rope_theta"] == 500000.0 and arch["seq_len"] == 16 and arch["dropout"] == 0.1  # lowered, set
+    assert cfg.data.tokenizer == str(llama_folder / "tokenizer.json")
+    assert resolved(llama_folder).architecture.seq_len == 64
+
+
+def test_an_explicit_tokenizer_is_kept(llama_folder):
+    assert resolved(llama_folder, "data.tokenizer=char").data.tokenizer == "char"
+
+
+def test_a_config_without_init_from_is_unchanged():
+    cfg = compose(["architecture.n_layers=3"])
+    assert apply_init_from(cfg) is cfg
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_one_line(gpt2_folder, tmp_path):
+    folder = edited(gpt2_folder, tmp_path, vocab_size=200)
+    (folder / "tokenizer.json").unlink()  # so the run's tokenizer is data.tokenizer's default, byte (257)
+    with pytest.raises(ConfigError, match=r"^data.tokenizer=byte has 257 tokens, more than the 200 rows of "
+                                          r"trainer.init_from=.*: use the checkpoint's own tokenizer.json$"):
+        resolved(folder)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"model_type": "qwen2"}, "model_type 'qwen2' is not supported; theseus imports gpt2, llama"),
+    ({"rms_norm_eps": 1e-6}, "rms_norm_eps=1e-06 is not supported for model_type llama (theseus computes 1e-05)"),
+    ({"attention_bias": True}, "attention_bias=True is not supported for model_type llama"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "RoPE scaling 'llama3' is not supported"),
+])
+def test_what_theseus_does_not_compute_is_refused(llama_folder, tmp_path, changes, message):
+    with pytest.raises(ConfigError, match=f"config.json: {message}".replace("(", r"\(").replace(")", r"\)")):
+        resolved(edited(llama_folder, tmp_path, **changes))
+
+
+def test_pickle_checkpoints_are_refused_with_the_conversion(gpt2_folder, tmp_path):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    shutil.copy(gpt2_folder / "config.json", folder)
+    (folder / "pytorch_model.bin").write_bytes(b"not opened")
+    model = theseus_model(folder)
+    with pytest.raises(ConfigError, match=r"holds pytorch_model.bin \(pickle\), which theseus does not load: "
+                                          r"convert it with transformers: .*save_pretrained\(folder, "
+                                          r"safe_serialization=True\)"):
+        load_params(folder, arch_of(model), target_of(model))
+
+
+def test_weights_the_config_does_not_describe_are_refused(gpt2_folder, tmp_path):
+    folder = edited(gpt2_folder, tmp_path, n_layer=1)
+    model = theseus_model(folder)
+    with pytest.raises(ConfigError, match=r"tensor transformer.h.1.attn.c_attn.bias \(and 11 more\) of the "
+                                          r"checkpoint has no place in the model"):
+        load_params(folder, arch_of(model), target_of(model))
+
+
+def test_a_missing_folder_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"trainer.init_from=.*nowhere is not a folder"):
+        resolved(tmp_path / "nowhere")

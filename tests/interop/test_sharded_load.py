@@ -1,0 +1,66 @@
+"""A checkpoint loads straight onto its shards: 8 simulated devices, FSDP over all of them."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from support import ROOT, run_python
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    import jax, numpy as np, optax
+    from theseus.base.axis import DATA, FSDP, ShardingPlan
+    from theseus.base.mesh import MeshConfig, make_mesh
+    from theseus.config import configuration, configure
+    from theseus.interop.hf_config import arch_of, architecture, read_config
+    from flax import traverse_util
+    from theseus.interop.hf_weights import Checkpoint, to_theseus
+    from theseus.interop.loading import load_params
+    from theseus.model.models.gpt import GPT
+    from theseus.training.state import sharded_init
+
+    folder = Path(sys.argv[1])
+    arch = architecture(read_config(folder))
+    with configuration({f"architecture.{k}": v for k, v in arch.items()}):
+        model = configure(GPT)
+    mesh = make_mesh(MeshConfig(data=1, fsdp=8))
+    plan = model.plan().merge(ShardingPlan(batch=(DATA, FSDP)))
+    _, target, _ = sharded_init(model, optax.sgd(0.1), 8, 0, plan, mesh)
+    params = load_params(folder, arch_of(model), target.params)
+    with Checkpoint(folder) as ckpt:
+        full = {path: thunk() for path, thunk in to_theseus("llama", arch_of(model), ckpt.read).items()}
+    report = {}
+    leaves = traverse_util.flatten_dict(target.params, sep="/")
+    for path, array in traverse_util.flatten_dict(params, sep="/").items():
+        leaf = leaves[path]
+        shards = array.addressable_shards
+        report[path] = {
+            "sharding_equal": array.sharding == leaf.sharding,
+            "shapes": sorted({tuple(s.data.shape) for s in shards}),
+            "expected": list(leaf.sharding.shard_shape(leaf.shape)),
+            "full": list(leaf.shape),
+            "devices": len({s.device for s in shards}),
+            "values_equal": all(np.array_equal(np.asarray(s.data), full[path][s.index]) for s in shards),
+        }
+    print(json.dumps(report))
+""")
+
+
+def test_each_tensor_lands_on_its_fsdp_shards(llama_sharded_folder, tmp_path):
+    """From a checkpoint in several safetensors files (with their index), as big ones are saved."""
+    assert len(list(llama_sharded_folder.glob("model-*.safetensors"))) > 1
+    script = tmp_path / "load.py"
+    script.write_text(SCRIPT)
+    proc = run_python(str(script), str(llama_sharded_folder), devices=8, env={"PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert len(report) == 2 * 8 + 3  # 8 tensors a layer, embedding, final norm, untied head
+    for path, r in report.items():
+        assert r["sharding_equal"] and r["values_equal"] and r["devices"] == 8, path
+        assert r["shapes"] == [r["expected"]], path  # every device holds exactly its slice
+    # embed (64) splits 8 ways over fsdp: each device holds an eighth of the embedding and of wq
+    assert report["wte/embedding"]["expected"] == [333, 8]
+    assert report["h_0/attn/wq"]["expected"] == [8, 4, 16]
+    assert report["lm_head"]["expected"] == [8, 333]

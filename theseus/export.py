@@ -1,0 +1,68 @@
+"""``python -m theseus.export RUN_DIR OUT_DIR [--step N]``: a run's checkpoint as a Hugging Face folder.
+
+Writes ``config.json``, ``model.safetensors`` and, when the run's tokenizer is a Hugging Face
+one (bpe or a tokenizer.json), ``tokenizer.json``; ``transformers.AutoModelForCausalLM
+.from_pretrained(OUT_DIR)`` loads it. GPT-2-style runs export as ``gpt2``, Llama-style ones as
+``llama``. The vocabulary keeps a ``trainer.init_from`` checkpoint's own size (import then
+export is the identity); a run that padded its tokenizer's vocabulary to a multiple of 128
+drops the padding rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import traverse_util
+from omegaconf import OmegaConf
+
+from theseus.config import ConfigError
+from theseus.data.tokenizer import HFTokenizer
+from theseus.interop.hf_config import CONFIG_FILE, arch_of, hf_config, model_type, read_config
+from theseus.interop.hf_weights import WEIGHTS_FILE, save, to_hf
+from theseus.sample import load
+
+
+def export(run_dir: Path, out_dir: Path, step: int | None = None) -> None:
+    """Write the Hugging Face folder ``out_dir`` of ``run_dir``'s checkpoint (the newest, or ``step``)."""
+    if (out_dir / WEIGHTS_FILE).exists():
+        raise ConfigError(f"{out_dir} already holds {WEIGHTS_FILE}: choose a new folder or remove it")
+    model, params, tokenizer = load(run_dir, step)
+    arch = arch_of(model)
+    kind = model_type(arch)  # refuses an architecture transformers has no class for, before writing
+    imported = OmegaConf.select(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), "trainer.init_from")
+    vocab_size = model.vocab_size if imported else tokenizer.vocab_size
+    special = (read_config(Path(imported).expanduser()) if imported
+               else {"bos_token_id": tokenizer.eot, "eos_token_id": tokenizer.eot})
+    flat = {path: np.asarray(value)
+            for path, value in traverse_util.flatten_dict(jax.device_get(params), sep="/").items()}
+    tensors = to_hf(kind, arch, flat, vocab_size)
+    config = hf_config(arch, vocab_size, special, dtype=str(flat["wte/embedding"].dtype))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    save(tensors, out_dir)
+    if isinstance(tokenizer, HFTokenizer):
+        tokenizer.save(out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m theseus.export", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path, help="a run directory (with .hydra/ and checkpoints/)")
+    parser.add_argument("out_dir", type=Path, help="the Hugging Face folder to write")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    args = parser.parse_args(argv)
+    try:
+        export(args.run_dir, args.out_dir, args.step)
+    except ConfigError as exc:
+        print(f"theseus: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out_dir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
