@@ -56,8 +56,8 @@ class Compiled:
     mesh: Mesh
     init: Any  # () -> TrainState, created sharded
     target: TrainState  # ShapeDtypeStructs with shardings: what a checkpoint restores onto
-    step: Any  # (state, tokens [accum, micro, seq + 1], key) -> (state, metrics); donates state
-    evaluate: Any  # (params, tokens [micro, seq + 1]) -> loss
+    step: Any  # (state, batch [accum, micro, *example], key) -> (state, metrics); donates state
+    evaluate: Any  # (params, batch [micro, *example]) -> loss (the task's example: lm, int32 [seq + 1])
     xla_flops: float | None  # XLA's count for one step, all devices
     memory: dict[str, int]  # XLA's memory analysis of the step, bytes per device
     batch_share: tuple[int, int]  # (index, count): the share of every batch this process reads
