@@ -2,9 +2,10 @@
 
 Both sides train the same GPT (the same Flax module, initial parameters, dtype, batches and
 AdamW settings) in one process, interleaved one log window at a time. The theseus side is
-the step ``Trainer.build()`` compiles, driven with the host work of ``Trainer.run``'s loop:
-the prefetching loader, the global batch, the step call, and at each window's end the metrics
-fetch, throughput, the logger (metrics.jsonl and the console line) and the non-finite check. The bare side is what
+the step ``Trainer.build()`` compiles, driven by the trainer's own loop methods
+(``Trainer.train_step``: the prefetching loader, the global batch, the step call;
+``Trainer.log_window`` at each window's end: the metrics fetch, throughput, the logger
+(metrics.jsonl and the console line) and the non-finite check). The bare side is what
 one writes by hand: a jitted value_and_grad + optax update, ``device_put`` of a numpy batch.
 Both sides see the same stream of batches, so their losses must agree step for step.
 
@@ -36,7 +37,7 @@ from common import child, experiment, interleaved, make_trainer, program_cost, s
 
 from theseus.data.loader import Windows
 from theseus.training.logger import RunLogger
-from theseus.training.metrics import throughput
+from theseus.training.loop import Loop
 
 # Settings the bare loop implements too: no dropout, a cosine schedule, no accumulation.
 FAIR = ["architecture.dropout=0.0", "optimizer.schedule=cosine", "trainer.grad_accum=1"]
@@ -50,38 +51,31 @@ CASES = {
 
 
 class TheseusLoop:
-    """``Trainer.run``'s loop, one log window per call (as in theseus/training/trainer.py; its
-    per-step bookkeeping, a few integer tests and a preemption flag read, is left out)."""
+    """``Trainer.run``'s loop, one log window per call: the trainer's own ``train_step`` and
+    ``log_window`` (the other hooks, a few integer tests and a preemption flag read, left out)."""
 
     def __init__(self, trainer, run_dir: Path):
         s = trainer.settings
         self.trainer, self.every = trainer, s.log_every
         self.compiled = trainer.build()
-        self.state = self.compiled.init()
-        self.loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.data_config.seed,
-                                             prefetch=trainer.prefetch)
-        self.key = jax.random.key(s.seed + 1)
-        self.peak = trainer.peak()[0]
-        self.logger = RunLogger(trainer.logger_config, run_dir, resolved_config=trainer.resolved,
-                                total_steps=s.max_steps)
-        self.done = 0
+        loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.data_config.seed,
+                                        prefetch=trainer.prefetch)
+        logger = RunLogger(trainer.logger_config, run_dir, resolved_config=trainer.resolved, total_steps=s.max_steps)
+        self.loop = Loop(run_dir, self.compiled, self.compiled.init(), loader, logger, checkpointer=None,
+                         dropout_key=jax.random.key(s.seed + 1), peak=trainer.peak()[0], step=0,
+                         last_step=s.max_steps)
+
+    @property
+    def state(self):
+        return self.loop.state
 
     def window(self) -> tuple[float, float]:
-        """Run one log window; ``(seconds per step, loss of its last step)``."""
-        t = self.trainer
-        clock, waited = time.perf_counter(), 0.0
+        """Run one log window; ``(seconds per step, mean loss of its steps)``."""
+        clock = time.perf_counter()
         for _ in range(self.every):
-            tokens = t._global_batch(next(self.loader), self.compiled.mesh)
-            waited += self.loader.last_wait
-            self.state, metrics = self.compiled.step(self.state, tokens, self.key)
-        self.done += self.every
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        step_time = (time.perf_counter() - clock) / self.every
-        metrics.update(step_time=step_time, data_wait=waited / self.every,
-                       **throughput(step_time, t.tokens_per_step, t.flops_per_step, self.peak, jax.device_count()))
+            self.trainer.train_step(self.loop)
         with contextlib.redirect_stdout(io.StringIO()):  # the console line, kept off this table
-            self.logger.log(self.done, metrics)
-        t._check_finite(self.state, checkpointer=None)  # reads the state's non-finite record
+            metrics = self.trainer.log_window(self.loop)
         return (time.perf_counter() - clock) / self.every, metrics["loss"]
 
 
@@ -104,12 +98,14 @@ class BareLoop:
         self.position = 0
 
     def window(self) -> tuple[float, float]:
-        clock = time.perf_counter()
+        """Run one log window; ``(seconds per step, mean loss of its steps)``, as theseus logs it."""
+        clock, losses = time.perf_counter(), []
         for _ in range(self.every):
             batch = jax.device_put(self.windows.batch(self.position))
             self.position += self.windows.stride
             self.params, self.opt_state, loss = self.step(self.params, self.opt_state, batch)
-        loss = float(loss)
+            losses.append(loss)
+        loss = float(np.mean(np.asarray(jax.device_get(losses), np.float64)))
         return (time.perf_counter() - clock) / self.every, loss
 
 

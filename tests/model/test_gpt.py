@@ -1,8 +1,6 @@
-"""GPT: the trainer's contract, configuration, validation, logical axes and sharding, the loss."""
+"""GPT: the trainer's contract, configuration, validation, logical axes and sharding, training."""
 
 from __future__ import annotations
-
-import math
 
 import flax.linen as nn
 import jax

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from theseus.tasks.task import LossTask, task_class
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
 from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets
+from theseus.training.loop import Hook, Loop
 from theseus.training.metrics import format_bytes, memory_report, throughput, xla_flops
 from theseus.training.optimizer import make_optimizer, optimizer_class
 from theseus.training.preemption import Preemption
@@ -59,8 +59,8 @@ class Compiled:
     mesh: Mesh
     init: Any  # () -> TrainState, created sharded
     target: TrainState  # ShapeDtypeStructs with shardings: what a checkpoint restores onto
-    step: Any  # (state, tokens [accum, micro, seq + 1], key) -> (state, metrics); donates state
-    evaluate: Any  # (params, tokens [micro, seq + 1]) -> loss
+    step: Any  # (state, batch [accum, micro, *example], key) -> (state, metrics); donates state
+    evaluate: Any  # (params, batch [micro, *example]) -> loss (the task's example: lm, int32 [seq + 1])
     xla_flops: float | None  # XLA's count for one step, all devices
     memory: dict[str, int]  # XLA's memory analysis of the step, bytes per device
     batch_share: tuple[int, int]  # (index, count): the share of every batch this process reads
@@ -198,8 +198,31 @@ class Trainer:
 
     def run(self, run_dir: Path) -> float:
         """Train to ``trainer.max_steps``, resuming from checkpoints; returns the final val loss."""
-        s = self.settings
         self.check_run_dir(run_dir)
+        loop = self.start(run_dir)
+        hooks = self.hooks()
+        with loop.logger, Preemption() as loop.preemption:
+            if loop.step >= loop.last_step:
+                loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
+                loop.val_loss = self._evaluate(loop.compiled, loop.state.params)
+            while loop.step < loop.last_step and not loop.stop:
+                self.train_step(loop)
+                with loop.window.pause():  # the hooks' time is not step time
+                    for hook in hooks:
+                        hook(loop)
+            loop.checkpointer.wait()
+            if loop.stop:
+                self._report_stop(loop)
+            loop.checkpointer.close()
+            loop.logger.summary(final_val_loss=loop.val_loss)
+        if loop.stop:
+            raise SystemExit(128 + loop.stop)  # the shell's code for a process ended by that signal
+        return loop.val_loss
+
+    def start(self, run_dir: Path) -> Loop:
+        """Compile, restore the state (a checkpoint or a fresh init) and the loader, open the
+        logger with the run's summary: the loop before its first step."""
+        s = self.settings
         compiled = self.build()
         checkpointer = Checkpointer(run_dir / "checkpoints", s.keep_checkpoints)
         state, start, loader_state = self._restore(checkpointer, compiled)
@@ -211,54 +234,61 @@ class Trainer:
         peak, source = self.peak()
         if jax.process_index() == 0:
             _print_table("theseus run", self._describe(compiled, peak, source, n_params(state.params)))
-        dropout_key = jax.random.key(s.seed + 1)
-        val_loss = float("nan")
         logger = RunLogger(self.logger_config, run_dir, resolved_config=self.resolved, total_steps=s.max_steps,
                            start_step=start, is_main=jax.process_index() == 0)
-        with logger, Preemption() as preemption:
-            logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
-            if start >= s.max_steps:
-                logger.message(f"{run_dir} is complete at step {start}: nothing to train")
-                val_loss = self._evaluate(compiled, state.params)
-            clock, waited, since, stop = time.perf_counter(), 0.0, 0, None
-            for done in range(start + 1, s.max_steps + 1):
-                tokens = self._global_batch(next(loader), compiled.mesh)
-                waited += loader.last_wait
-                state, metrics = compiled.step(state, tokens, dropout_key)
-                since += 1
-                last = done == s.max_steps
-                if done % s.log_every == 0 or last:
-                    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                    step_time = (time.perf_counter() - clock) / since
-                    metrics.update(step_time=step_time, data_wait=waited / since,
-                                   **throughput(step_time, self.tokens_per_step, self.flops_per_step, peak,
-                                                jax.device_count()))
-                    logger.log(done, metrics)
-                    self._check_finite(state, checkpointer)
-                    clock, waited, since = time.perf_counter(), 0.0, 0
-                paused = time.perf_counter()  # evaluation and checkpoints are not step time
-                stop = preemption.agreed(now=done % s.log_every == 0 or last)
-                evaluated = (s.eval_every and done % s.eval_every == 0) or last
-                if evaluated:
-                    val_loss = self._evaluate(compiled, state.params)
-                    logger.log(done, self.task.val_metrics(val_loss, self.dataset.bytes_per_token))
-                if (s.checkpoint_every and done % s.checkpoint_every == 0) or last or stop:
-                    self._check_finite(state, checkpointer)
-                    checkpointer.save(done, state, loader.get_state(), self.resolved,
-                                      val_loss if evaluated else None)
-                clock += time.perf_counter() - paused
-                if stop:
-                    checkpointer.wait()
-                    again = [arg for arg in sys.argv[1:] if not arg.startswith("hydra.run.dir=")]
-                    logger.message(f"stopped by signal {stop} after step {done}; checkpoint saved. "
-                                   f"Resume with: python -m theseus.run {' '.join(again)} hydra.run.dir={run_dir}")
-                    break
-            checkpointer.wait()
-            checkpointer.close()
-            logger.summary(final_val_loss=val_loss)
-        if stop:
-            raise SystemExit(128 + stop)  # the shell's code for a process ended by that signal
-        return val_loss
+        logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
+        return Loop(run_dir, compiled, state, loader, logger, checkpointer, jax.random.key(s.seed + 1), peak,
+                    step=start, last_step=s.max_steps)
+
+    def hooks(self) -> list[Hook]:
+        """What runs after every step, in order; each acts on its own cadence. ``log`` comes
+        first: the window it closes ends when its last step has finished."""
+        return [self.log, self.preempt, self.evaluate, self.checkpoint]
+
+    def train_step(self, loop: Loop) -> None:
+        """One optimizer step on the loader's next batch (dispatched: nothing waits for it)."""
+        tokens = self._global_batch(next(loop.loader), loop.compiled.mesh)
+        loop.state, loop.metrics = loop.compiled.step(loop.state, tokens, loop.dropout_key)
+        loop.step += 1
+        loop.window.add(loop.metrics["loss"], loop.loader.last_wait)
+
+    def log(self, loop: Loop) -> None:
+        """Every ``trainer.log_every`` steps: log the window's metrics."""
+        if loop.due(self.settings.log_every):
+            self.log_window(loop)
+
+    def log_window(self, loop: Loop) -> dict[str, float]:
+        """Log the metrics of the steps since the last log (``loss``: their mean; lr, grad_norm:
+        the last step's; throughput from the mean step time), then stop on a NaN/Inf."""
+        metrics = loop.window.close(loop.metrics)
+        metrics.update(throughput(metrics["step_time"], self.tokens_per_step, self.flops_per_step, loop.peak,
+                                  jax.device_count()))
+        loop.logger.log(loop.step, metrics)
+        self._check_finite(loop.state, loop.checkpointer)
+        return metrics
+
+    def preempt(self, loop: Loop) -> None:
+        """Agree on a stop signal (compared across processes at log steps only)."""
+        loop.stop = loop.preemption.agreed(now=loop.due(self.settings.log_every))
+
+    def evaluate(self, loop: Loop) -> None:
+        """Every ``trainer.eval_every`` steps: the validation loss, logged with the task's metrics."""
+        loop.evaluated = loop.due(self.settings.eval_every)
+        if loop.evaluated:
+            loop.val_loss = self._evaluate(loop.compiled, loop.state.params)
+            loop.logger.log(loop.step, self.task.val_metrics(loop.val_loss, self.dataset.bytes_per_token))
+
+    def checkpoint(self, loop: Loop) -> None:
+        """Every ``trainer.checkpoint_every`` steps, and when stopping: save (asynchronously)."""
+        if loop.due(self.settings.checkpoint_every) or loop.stop:
+            self._check_finite(loop.state, loop.checkpointer)
+            loop.checkpointer.save(loop.step, loop.state, loop.loader.get_state(), self.resolved,
+                                   loop.val_loss if loop.evaluated else None)
+
+    def _report_stop(self, loop: Loop) -> None:
+        again = [arg for arg in sys.argv[1:] if not arg.startswith("hydra.run.dir=")]
+        loop.logger.message(f"stopped by signal {loop.stop} after step {loop.step}; checkpoint saved. "
+                            f"Resume with: python -m theseus.run {' '.join(again)} hydra.run.dir={loop.run_dir}")
 
     def _check_finite(self, state: TrainState, checkpointer: Checkpointer) -> None:
         """Stop (TrainingError) once a step's loss or gradients were NaN/Inf, unless skipping them."""

@@ -1,0 +1,97 @@
+"""The training loop's state between steps, and its log window: the one place time is kept.
+
+``Trainer.run`` takes a step, then runs its hooks (log, preempt, evaluate, checkpoint) on the
+``Loop``; each hook decides with ``Loop.due`` whether its cadence falls on this step. A new
+piece of cadence (a profiler, an extra evaluation) is one more hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from theseus.training.checkpoint import Checkpointer
+from theseus.training.logger import RunLogger
+from theseus.training.preemption import Preemption
+from theseus.training.state import TrainState
+
+
+class LogWindow:
+    """The steps since the last logged one: each step's loss (kept on device until the log
+    fetches them all at once: no host sync per step), their wall time and data wait, less the
+    pauses between steps (hooks: evaluation, checkpoints, the log itself)."""
+
+    def __init__(self) -> None:
+        self._restart(time.perf_counter())
+
+    def _restart(self, now: float) -> None:
+        self.began, self.paused, self.waited, self.losses = now, 0.0, 0.0, []
+
+    def add(self, loss: jax.Array, waited: float) -> None:
+        """Count one step: its loss (a device scalar) and the seconds it waited for its batch."""
+        self.losses.append(loss)
+        self.waited += waited
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Time spent inside is not step time. A window closed inside (the log hook) keeps the
+        time up to its close, the wait for its last step included; the next one counts none."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused += time.perf_counter() - max(start, self.began)
+
+    def close(self, last: Mapping[str, jax.Array]) -> dict[str, float]:
+        """The window's metrics, and the next window begins.
+
+        ``last``: the last step's metrics on device (lr, grad_norm, ...), fetched with every
+        step's loss in one transfer. ``loss`` is the mean over the window's steps; ``step_time``
+        and ``data_wait`` are seconds per step, measured once the last step has finished.
+        """
+        fetched, losses = jax.device_get((dict(last), self.losses))
+        now = time.perf_counter()
+        steps = len(losses)
+        metrics = {key: float(value) for key, value in fetched.items()}
+        metrics.update(loss=float(np.mean(np.asarray(losses, np.float64))),
+                       step_time=(now - self.began - self.paused) / steps, data_wait=self.waited / steps)
+        self._restart(now)
+        return metrics
+
+
+@dataclass
+class Loop:
+    """A run in progress: what the trainer's step and hooks read and update."""
+
+    run_dir: Path
+    compiled: Any  # theseus.training.trainer.Compiled
+    state: TrainState
+    loader: Any  # theseus.data.loader's: next() -> host batch, last_wait, get_state()
+    logger: RunLogger
+    checkpointer: Checkpointer | None
+    dropout_key: jax.Array
+    peak: float  # FLOP/s per device, for MFU
+    step: int  # the last step taken (the restored one before the first)
+    last_step: int  # trainer.max_steps
+    preemption: Preemption | None = None
+    metrics: dict[str, jax.Array] = field(default_factory=dict)  # the last step's, on device
+    window: LogWindow = field(default_factory=LogWindow)
+    val_loss: float = math.nan  # the latest evaluation's
+    evaluated: bool = False  # whether this step evaluated
+    stop: int | None = None  # the signal every process agreed to stop on
+
+    def due(self, every: int) -> bool:
+        """Whether a cadence of ``every`` steps (0: only at the end) falls on this step; the
+        last step is always due."""
+        return (every > 0 and self.step % every == 0) or self.step == self.last_step
+
+
+Hook = Callable[[Loop], None]  # runs after every step; decides with loop.due whether it acts
