@@ -21,7 +21,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from theseus.base.devices import claim_devices
+from theseus.base.devices import check_enough, claim_devices, parallel_jobs, visible_gpus
 from theseus.base.distributed import initialize
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose, conf_dir
@@ -111,6 +111,8 @@ def preflight(argv: list[str]) -> list | None:
     if INFO_FLAGS & set(argv):
         return []
     initialize(_job(base)[0])  # join the job (several hosts) before anything touches a device
+    if is_multirun(argv) and visible_gpus():  # parallel jobs on this host: one GPU share each, or refused now
+        check_enough(parallel_jobs(base.hydra.launcher), visible_gpus())
     remote = any(arg.startswith("hydra/launcher=submitit") for arg in argv)  # other machines, other devices
     trainers = []
     for overrides in job_overrides(argv, sweep_params(base) if is_multirun(argv) else ()):
