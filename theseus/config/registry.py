@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from theseus.config.errors import ConfigError
 from theseus.config.schema import Schema, schema_of, structured
 
-GROUPS = ("model", "optimizer", "data", "trainer", "mesh", "distributed", "logger")
+GROUPS = ("model", "optimizer", "data", "trainer", "mesh", "distributed", "logger", "evaluation")
 
 # The modules whose import registers theseus's own options.
 BUILTINS = (
@@ -28,6 +28,7 @@ BUILTINS = (
     "theseus.training.optimizer",
     "theseus.training.config",
     "theseus.training.logger",
+    "theseus.tasks.evaluation",
 )
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: conf/, experiments/, sweeps/

@@ -8,7 +8,6 @@ evaluates, logs and checkpoints, resuming where the run directory left off.
 from __future__ import annotations
 
 import functools
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.model.models.gpt import cross_entropy
+from theseus.tasks.evaluation import evaluate, load_evaluations
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
 from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets
@@ -101,6 +101,7 @@ class Trainer:
                     f"raise data.val_fraction"
                 )
         self.plan = self.model.plan().merge(ShardingPlan(batch=BATCH)).override(self.mesh_config.rules)
+        self.evaluations = load_evaluations(self.cfg, self.dataset, self.model, self.data_config.seed, self.prefetch)
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
 
     @property
@@ -211,7 +212,7 @@ class Trainer:
             logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
             if start >= s.max_steps:
                 logger.message(f"{run_dir} is complete at step {start}: nothing to train")
-                val_loss = self._evaluate(compiled, state.params)
+                val_loss = self._evaluate(compiled, state.params)["val_loss"]
             clock, waited, since, stop = time.perf_counter(), 0.0, 0, None
             for done in range(start + 1, s.max_steps + 1):
                 tokens = self._global_batch(next(loader), compiled.mesh)
@@ -232,8 +233,9 @@ class Trainer:
                 stop = preemption.agreed(now=done % s.log_every == 0 or last)
                 evaluated = (s.eval_every and done % s.eval_every == 0) or last
                 if evaluated:
-                    val_loss = self._evaluate(compiled, state.params)
-                    logger.log(done, self._val_metrics(val_loss))
+                    evaluation = self._evaluate(compiled, state.params)
+                    val_loss = evaluation["val_loss"]
+                    logger.log(done, evaluation)
                 if (s.checkpoint_every and done % s.checkpoint_every == 0) or last or stop:
                     self._check_finite(state, checkpointer)
                     checkpointer.save(done, state, loader.get_state(), self.resolved,
@@ -299,26 +301,13 @@ class Trainer:
         shape = (s.grad_accum, s.batch_size // s.grad_accum, host.shape[-1])
         return _on_devices(local, self.batch_sharding(mesh, accumulated=True), shape)
 
-    def _evaluate(self, compiled: Compiled, params: Any) -> float:
-        """Mean loss over ``trainer.eval_batches`` batches of the validation split (same each time)."""
+    def _evaluate(self, compiled: Compiled, params: Any) -> dict[str, float]:
+        """Every evaluation's metrics (``val_loss``, per source, multiple-choice tasks) on
+        ``trainer.eval_batches`` batches of each validation split (the same each time)."""
         s = self.settings
-        micro = s.batch_size // s.grad_accum
-        index, count = compiled.share
-        loader = self.dataset.loader("val", self.seq_len, micro // count, seed=self.data_config.seed,
-                                     process_index=index, process_count=count, prefetch=self.prefetch)
-        sharding = self.batch_sharding(compiled.mesh)
-        losses = []
-        for _ in range(s.eval_batches):
-            host = next(loader)
-            batch = _on_devices(host, sharding, (micro, host.shape[-1]))
-            losses.append(compiled.evaluate(params, batch))
-        return float(jnp.mean(jnp.stack(losses)))
-
-    def _val_metrics(self, val_loss: float) -> dict[str, float]:
-        metrics = {"val_loss": val_loss}
-        if self.dataset.bytes_per_token:
-            metrics["val_bpb"] = val_loss / (math.log(2) * self.dataset.bytes_per_token)
-        return metrics
+        return evaluate(params, self.evaluations, loss=compiled.evaluate, sharding=self.batch_sharding(compiled.mesh),
+                        rules=self.plan.rules(), share=compiled.share, batch_size=s.batch_size // s.grad_accum,
+                        batches=s.eval_batches)
 
     def _summary(self, compiled: Compiled, peak: float, source: str, params: int) -> dict[str, Any]:
         """What the run records about itself, the FLOPs convention included."""

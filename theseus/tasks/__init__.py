@@ -1,0 +1,1 @@
+"""Tasks: what a job optimises and how it is evaluated."""
