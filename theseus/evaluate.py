@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write (default: RUN_DIR/eval-STEP.json)")
     parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         step, metrics = run_evaluations(args.run_dir, args.step, args.overrides)
     except ConfigError as exc:
