@@ -49,12 +49,13 @@ class Dataset:
         tokens = self.split_tokens(split, seq_len)
         return Loader(tokens, seq_len, batch_size, seed, process_index, process_count, split=split, prefetch=prefetch)
 
-    def split_tokens(self, split: str, seq_len: int, name: str = "data") -> np.ndarray:
-        """The tokens of ``split``; ConfigError (naming the source ``name``) when they cannot fill one
-        window of ``seq_len + 1``."""
+    def split_tokens(self, split: str, seq_len: int, name: str | None = None) -> np.ndarray:
+        """The tokens of ``split``; ConfigError (naming the mixture's source ``name``, if any) when
+        they cannot fill one window of ``seq_len + 1``."""
         tokens = self._split(split)
         if len(tokens) < seq_len + 1:
-            raise ConfigError(f"the {split} split of {name} ({self.folder}) holds {len(tokens)} tokens, fewer than "
+            where = self.folder if name is None else f"{name} ({self.folder})"
+            raise ConfigError(f"the {split} split of {where} holds {len(tokens)} tokens, fewer than "
                               f"seq_len + 1 = {seq_len + 1}: lower architecture.seq_len or give data.val_fraction more")
         return tokens
 
