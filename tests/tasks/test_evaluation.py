@@ -204,3 +204,12 @@ def test_a_tiny_model_learns_the_toy_task_well_above_chance(files, tmp_path):
     assert final["step"] == 60 and math.isfinite(final["val_loss"])
     assert final["eval/toy/acc"] >= 0.8 and final["eval/toy/acc_norm"] >= 0.8
     assert final["eval/mislabelled/acc"] <= 0.2
+
+
+def test_a_resume_may_add_evaluations_but_not_change_the_mixture():
+    from theseus.training.resume import unsafe_changes
+
+    saved = {"data": {"mixture": {"a": {"source": "stdlib", "weight": 0.7}}}, "evaluation": {"multiple_choice": {}}}
+    assert unsafe_changes(saved, {**saved, "evaluation": {"multiple_choice": {"toy": "toy.jsonl"}}}) == []
+    heavier = {**saved, "data": {"mixture": {"a": {"source": "stdlib", "weight": 0.9}}}}
+    assert unsafe_changes(saved, heavier) == [("data.mixture.a.weight", 0.7, 0.9)]
