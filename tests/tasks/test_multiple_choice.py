@@ -18,6 +18,8 @@ from theseus.data.tokenizer import ByteTokenizer
 from theseus.model.models.gpt import GPT
 from theseus.tasks.multiple_choice import accuracy, load_examples, log_likelihoods, score
 
+from support import run_python
+
 SEQ = 24
 TINY = {"architecture.vocab_size": 257, "architecture.seq_len": SEQ, "architecture.n_layers": 2,
         "architecture.d_model": 32, "architecture.n_heads": 4}
@@ -71,6 +73,42 @@ def test_batched_scores_equal_one_forward_per_choice(model_and_params, tmp_path)
     for i, record in enumerate(EXAMPLES):
         expected = reference(model, params, record)
         np.testing.assert_allclose(scores[i, :len(expected)], expected, rtol=1e-5, atol=1e-4)
+
+
+SHARDED = r"""
+import functools, json, sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+from theseus.base.mesh import MeshConfig, make_mesh
+from theseus.config import configuration, configure
+from theseus.data.tokenizer import ByteTokenizer
+from theseus.model.models.gpt import GPT
+from theseus.tasks.multiple_choice import load_examples, log_likelihoods, score
+
+tiny, seq, path = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+with configuration(tiny):
+    model = configure(GPT)
+shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, seq), jnp.int32))["params"]
+rng = np.random.default_rng(0)
+params = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.3, s.shape), s.dtype), shapes)
+examples = load_examples(path, ByteTokenizer(), seq)
+fn = jax.jit(functools.partial(log_likelihoods, model=model))
+out = {}
+for name, mesh in {"one": make_mesh(MeshConfig(data=1), jax.devices()[:1]), "four": make_mesh(MeshConfig(data=4))}.items():
+    sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, None))
+    with jax.set_mesh(mesh):
+        out[name] = score(jax.device_put(params, NamedSharding(mesh, PartitionSpec())), examples, fn, sharding,
+                          batch_size=4).tolist()
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_scores_sharded_over_four_devices_equal_one_device(tmp_path):
+    path = write(tmp_path / "mc.jsonl", EXAMPLES)
+    proc = run_python("-c", SHARDED, json.dumps(TINY), str(SEQ), str(path), devices=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    np.testing.assert_allclose(result["four"], result["one"], rtol=1e-5, atol=1e-5)
 
 
 def test_accuracy_sums_or_normalises_by_bytes(tmp_path):
