@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from theseus.base.mesh import on_devices
 from theseus.config import ConfigError, Configurable, configuration, configure, field, register
 from theseus.data.dataset import Dataset
 from theseus.data.mixture import Mixture
@@ -95,7 +96,7 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, sharding:
         loader = dataset.loader("val", evaluations.seq_len, batch_size // count, seed=evaluations.seed,
                                 process_index=index, process_count=count, prefetch=evaluations.prefetch)
         shape = (batch_size, evaluations.seq_len + 1)
-        values = [loss(params, jax.make_array_from_process_local_data(sharding, next(loader), shape))
+        values = [loss(params, on_devices(sharding, next(loader), shape))
                   for _ in range(batches)]
         loader.close()
         losses[name] = float(jnp.mean(jnp.stack(values)))

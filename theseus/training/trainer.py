@@ -25,7 +25,7 @@ from rich.table import Table
 
 from theseus.base.axis import DATA, FSDP, ShardingPlan
 from theseus.base.hardware import peak_flops
-from theseus.base.mesh import MeshConfig, make_mesh
+from theseus.base.mesh import MeshConfig, make_mesh, on_devices
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
@@ -299,7 +299,7 @@ class Trainer:
         s = self.settings
         local = host.reshape(s.grad_accum, -1, host.shape[-1])
         shape = (s.grad_accum, s.batch_size // s.grad_accum, host.shape[-1])
-        return _on_devices(local, self.batch_sharding(mesh, accumulated=True), shape)
+        return on_devices(local, self.batch_sharding(mesh, accumulated=True), shape)
 
     def _evaluate(self, compiled: Compiled, params: Any) -> dict[str, float]:
         """Every evaluation's metrics (``val_loss``, per source, multiple-choice tasks) on
@@ -365,14 +365,6 @@ def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
     for key, value in rows:
         table.add_row(key, value)
     Console(stderr=True).print(table)
-
-
-def _on_devices(local: np.ndarray, sharding: NamedSharding, shape: tuple[int, ...]) -> jax.Array:
-    """The global array of ``shape`` laid out by ``sharding`` whose part on this process's
-    devices is ``local``; with one process a plain ``device_put``, the cheaper call."""
-    if jax.process_count() == 1:
-        return jax.device_put(local, sharding)
-    return jax.make_array_from_process_local_data(sharding, local, shape)
 
 
 def _warn(text: str) -> None:
