@@ -94,7 +94,8 @@ params = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.3, s.shape), s.dtype
 examples = load_examples(path, ByteTokenizer(), seq)
 fn = jax.jit(functools.partial(log_likelihoods, model=model))
 out = {}
-for name, mesh in {"one": make_mesh(MeshConfig(data=1), jax.devices()[:1]), "four": make_mesh(MeshConfig(data=4))}.items():
+meshes = {"one": make_mesh(MeshConfig(data=1), jax.devices()[:1]), "four": make_mesh(MeshConfig(data=4))}
+for name, mesh in meshes.items():
     sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, None))
     with jax.set_mesh(mesh):
         out[name] = score(jax.device_put(params, NamedSharding(mesh, PartitionSpec())), examples, fn, sharding,
@@ -112,7 +113,8 @@ def test_scores_sharded_over_four_devices_equal_one_device(tmp_path):
 
 
 def test_accuracy_sums_or_normalises_by_bytes(tmp_path):
-    records = [{"context": "q", "choices": ["a", "bbbb"], "label": 1}, {"context": "q", "choices": ["a", "bb"], "label": 0}]
+    records = [{"context": "q", "choices": ["a", "bbbb"], "label": 1},
+               {"context": "q", "choices": ["a", "bb"], "label": 0}]
     examples = load_examples(write(tmp_path / "mc.jsonl", records), ByteTokenizer(), SEQ)
     # summed: example 0 picks "a" (-1 > -2), wrong; example 1 picks "a" (-1 > -3), right.
     # per byte: example 0 picks "bbbb" (-0.5 > -1), right; example 1 picks "a" (-1 > -1.5), right.
@@ -122,7 +124,8 @@ def test_accuracy_sums_or_normalises_by_bytes(tmp_path):
 
 @pytest.mark.parametrize("line, message", [
     ('{"context": "x", "choices": [], "label": 0}', "choices must be a non-empty list of non-empty strings, got []"),
-    ('{"context": "x", "choices": ["a", "b"], "label": 2}', "label must be the index of the right choice, 0 to 1, got 2"),
+    ('{"context": "x", "choices": ["a", "b"], "label": 2}',
+     "label must be the index of the right choice, 0 to 1, got 2"),
     ('{"context": "x", "choices": ["a", "b"], "label": -1}', "label must be the index of the right choice"),
     ('{"context": "x", "choices": ["a", "b"], "label": "a"}', "got 'a'"),
     ('{"context": "", "choices": ["a"], "label": 0}', "context must be a non-empty string"),

@@ -53,10 +53,8 @@ class DataConfig(Configurable):
                               "is fitted to each corpus: use data.tokenizer=byte or the path of a tokenizer.json")
 
     def sources(self) -> dict[str, tuple[DataConfig, float]]:
-        """NAME -> (its settings, its weight): the mixture's sources, or this one source as ``data``
-        with weight 1. A source shares every setting (tokenizer, split, cache) but source and path."""
-        if not self.mixture:
-            return {"data": (self, 1.0)}
+        """The mixture's sources, NAME -> (its settings, its weight); each shares every setting
+        (tokenizer, split, cache) but source and path. Empty without a mixture."""
         return {str(name): (dataclasses.replace(self, source=entry["source"], path=entry.get("path"), mixture={}),
                             float(entry["weight"]))
                 for name, entry in self.mixture.items()}

@@ -119,7 +119,8 @@ class Mixture:
             if (dataset.meta.tokenizer, dataset.vocab_size) != (first[1].meta.tokenizer, first[1].vocab_size):
                 raise ConfigError(f"data.mixture.{name} was tokenized with {dataset.meta.tokenizer} "
                                   f"({dataset.vocab_size} tokens) but data.mixture.{first[0]} with "
-                                  f"{first[1].meta.tokenizer} ({first[1].vocab_size}): every source needs one tokenizer")
+                                  f"{first[1].meta.tokenizer} ({first[1].vocab_size}): "
+                                  "every source needs one tokenizer")
 
     @property
     def tokenizer(self) -> Tokenizer:

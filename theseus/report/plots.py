@@ -85,7 +85,8 @@ def metric(runs: Labelled, key: str, title: str, formatter: Formatter | str | No
         return png(fig)
 
 
-def family(runs: Labelled, prefix: str, suffix: str, title: str, formatter: Formatter | str | None = None) -> bytes | None:
+def family(runs: Labelled, prefix: str, suffix: str, title: str,
+           formatter: Formatter | str | None = None) -> bytes | None:
     """Every logged ``PREFIX NAME SUFFIX`` series (each mixture source's val_loss, each task's
     accuracy) against steps, one line per name and run."""
     keys = sorted({key for _, run in runs for row in run.metrics for key in row

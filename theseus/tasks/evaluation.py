@@ -96,7 +96,7 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, sharding:
         loader = dataset.loader("val", evaluations.seq_len, batch_size // count, seed=evaluations.seed,
                                 process_index=index, process_count=count, prefetch=evaluations.prefetch)
         shape = (batch_size, evaluations.seq_len + 1)
-        values = [loss(params, on_devices(sharding, next(loader), shape))
+        values = [loss(params, on_devices(next(loader), sharding, shape))
                   for _ in range(batches)]
         loader.close()
         losses[name] = float(jnp.mean(jnp.stack(values)))

@@ -138,7 +138,7 @@ def score(params, examples: Examples, score_fn, sharding: NamedSharding, batch_s
     scores = []
     for first in range(0, padded, batch_size):
         mine = np.arange(first + index * per, first + (index + 1) * per) % n  # padding repeats examples
-        tokens, mask = (on_devices(sharding, part[mine], (batch_size, *part.shape[1:]))
+        tokens, mask = (on_devices(part[mine], sharding, (batch_size, *part.shape[1:]))
                         for part in (examples.tokens, examples.mask))
         scores.append(np.asarray(score_fn(params, tokens, mask)))
     return np.concatenate(scores)[:n]
