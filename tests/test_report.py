@@ -72,6 +72,20 @@ def test_run_renders_every_chart(tmp_path):
     assert "<b>2,457,600</b><span>tokens seen</span>" in text  # 600 steps x 16 x 256
 
 
+def test_a_mixture_run_adds_per_source_and_task_charts(tmp_path):
+    run = write_run(tmp_path / "run")
+    extra = [{"step": step, "val_loss/stdlib": 2.0 - step / 1000, "val_loss/text": 2.5 - step / 800,
+              "eval/toy/acc": step / 600, "eval/toy/acc_norm": step / 700} for step in (100, 300, 600)]
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("".join(json.dumps(line) + "\n" for line in extra))
+    assert len(images(render(run))) == 8  # and validation loss per source, multiple-choice accuracy
+    from theseus.report.plots import family
+    from theseus.report.rundir import Run
+
+    assert family([("", Run.load(run))], "eval/", "/acc_norm", "acc_norm") is not None
+    assert family([("", Run.load(run))], "eval/", "/f1", "f1") is None
+
+
 def test_sweep_renders_summary_and_final_metric(tmp_path):
     sweep = write_sweep(tmp_path / "sweep")
     page = render(sweep)

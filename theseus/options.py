@@ -13,3 +13,4 @@ import theseus.training.config  # noqa: F401  trainer=default  # isort: skip
 import theseus.base.mesh  # noqa: F401  mesh=default  # isort: skip
 import theseus.base.distributed  # noqa: F401  distributed=default  # isort: skip
 import theseus.training.logger  # noqa: F401  logger=wandb  # isort: skip
+import theseus.tasks.evaluation  # noqa: F401  evaluation=default  # isort: skip

@@ -7,19 +7,23 @@ its newest readable checkpoint (or ``--step``), and prints the generated text.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
+import flax.linen as nn
 import jax
-from omegaconf import OmegaConf
+from jax.sharding import Mesh
+from omegaconf import DictConfig, OmegaConf
 
 from theseus.base.axis import ShardingPlan
 from theseus.base.mesh import MeshConfig, make_mesh
-from theseus.config import ConfigError, configuration, configure
-from theseus.config import registry
+from theseus.config import ConfigError, configuration, configure, registry
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
-from theseus.data.dataset import open_dataset
+from theseus.data.dataset import Dataset, open_dataset
+from theseus.data.mixture import Mixture
 from theseus.interop.init_from import apply_init_from
 from theseus.model.generate import sample_text
 from theseus.training.checkpoint import Checkpointer
@@ -28,13 +32,27 @@ from theseus.training.state import sharded_init
 from theseus.training.trainer import with_vocab
 
 
-def load(run_dir: Path, step: int | None = None):
-    """``(model, params, tokenizer)`` of a run directory's checkpoint."""
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """A run directory's checkpoint, ready to use on one device."""
+
+    cfg: DictConfig  # the run's config, ``architecture.vocab_size`` resolved, with any overrides
+    data: Dataset | Mixture  # its corpus (the tokenizer, the validation splits)
+    model: nn.Module
+    params: Any  # on the one device of ``mesh``
+    mesh: Mesh
+    step: int
+
+
+def restore(run_dir: Path, step: int | None = None, overrides: DictConfig | None = None) -> Restored:
+    """The model, parameters and data of a run directory's checkpoint (the newest readable one,
+    or ``step``), its saved config merged with ``overrides``; ConfigError when there is none."""
     config_file = run_dir / ".hydra" / "config.yaml"
     if not config_file.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml): give the folder a run wrote")
     registry.load()
-    cfg = apply_init_from(OmegaConf.load(config_file))  # a run from a Hugging Face folder: its architecture
+    # a run from a Hugging Face folder (trainer.init_from) takes that folder's architecture
+    cfg = apply_init_from(OmegaConf.merge(OmegaConf.load(config_file), overrides or {}))
     with configuration(cfg):
         dataset = open_dataset(configure(DataConfig))
     cfg = with_vocab(cfg, dataset.vocab_size)
@@ -44,10 +62,13 @@ def load(run_dir: Path, step: int | None = None):
     mesh = make_mesh(MeshConfig(data=1), jax.devices()[:1])
     _, target, _ = sharded_init(model, tx, model.seq_len, 0, ShardingPlan(), mesh)
     checkpoints = Checkpointer(run_dir / "checkpoints", requested_step=step)
+    if step is not None and step not in checkpoints.steps():
+        raise ConfigError(f"{run_dir / 'checkpoints'} has no checkpoint of step {step}: saved steps are "
+                          f"{', '.join(map(str, checkpoints.steps())) or 'none'}")
     restored = checkpoints.restore(target, step=step, report=lambda line: print(line, file=sys.stderr))
     if restored is None:
         raise ConfigError(f"{run_dir / 'checkpoints'} holds no readable checkpoint: train first")
-    return model, restored[0].params, dataset.tokenizer
+    return Restored(cfg, dataset, model, restored[0].params, mesh, restored[3])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     args = parser.parse_args(argv)
     try:
-        model, params, tokenizer = load(args.run_dir, args.step)
+        run = restore(args.run_dir, args.step)
+        model, params, tokenizer = run.model, run.params, run.data.tokenizer
         if not args.prompt or len(tokenizer.encode(args.prompt)) + args.max_new_tokens > model.seq_len:
             raise ConfigError(f"--prompt plus --max-new-tokens must be between 1 and architecture.seq_len "
                               f"({model.seq_len}) tokens")

@@ -8,7 +8,7 @@ import math
 import jax
 import numpy as np
 from jax.experimental import mesh_utils
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from theseus.base.axis import MESH_AXES
 from theseus.config import ConfigError, Configurable, field, register
@@ -67,3 +67,11 @@ def make_mesh(config: MeshConfig, devices: list | None = None) -> Mesh:
     except Exception:  # shapes the topology-aware helper cannot place: plain order
         grid = np.asarray(devices).reshape(shape)
     return Mesh(grid, MESH_AXES)
+
+
+def on_devices(local: np.ndarray, sharding: NamedSharding, shape: tuple[int, ...]) -> jax.Array:
+    """The global array of ``shape`` laid out by ``sharding`` whose part on this process's
+    devices is ``local``; with one process a plain ``device_put``, the cheaper call."""
+    if jax.process_count() == 1:
+        return jax.device_put(local, sharding)
+    return jax.make_array_from_process_local_data(sharding, local, shape)

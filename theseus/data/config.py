@@ -1,16 +1,24 @@
-"""Data settings: where the corpus comes from, how it is tokenized and split."""
+"""Data settings: where the corpus comes from (one source, or a weighted mixture of several),
+how it is tokenized and split."""
 
 from __future__ import annotations
 
 import dataclasses
+import glob
+import os
+from collections.abc import Mapping
 
 from theseus.config import ConfigError, Configurable, field, register
+
+
+SOURCES = ("stdlib", "text", "shards")
+MIXTURE_KEYS = ("source", "path", "weight")
 
 
 @register("data", "default")
 @dataclasses.dataclass(frozen=True)
 class DataConfig(Configurable):
-    source: str = field("data/source", default="stdlib", choices=("stdlib", "text", "shards"),
+    source: str = field("data/source", default="stdlib", choices=SOURCES,
                         help="stdlib: this Python's own source files; text: local files (data.path); shards: pre-tokenized .bin files")
     path: str | None = field("data/path", default=None, help="a file, folder or glob (text), or a shard folder (shards)")
     tokenizer: str = field("data/tokenizer", default="byte", help="byte, char, bpe, or a path to a tokenizer.json")
@@ -21,6 +29,9 @@ class DataConfig(Configurable):
                                 help="vocabulary size the bpe tokenizer is trained to")
     max_files: int | None = field("data/max_files", default=None,
                                   help="use only the first N files of the corpus (stdlib, text)")
+    mixture: dict = field("data/mixture", default={},
+                          help="NAME: {source, path, weight}: train on several corpora, drawn by weight "
+                               "(data.source and data.path then only serve interpolations)")
     prefetch: int | None = field("data/prefetch", default=None,
                                  help="batches a thread gathers ahead; None: 8 on accelerators, 0 on CPU (no thread)")
 
@@ -35,3 +46,39 @@ class DataConfig(Configurable):
             raise ConfigError(f"data.prefetch must be 0 (no thread) or more, got {self.prefetch}")
         if self.max_files is not None and self.max_files < 1:
             raise ConfigError(f"data.max_files must be at least 1 (or unset for every file), got {self.max_files}")
+        for name, entry in self.mixture.items():
+            check_source(f"data.mixture.{name}", entry)
+        if self.mixture and self.tokenizer in ("char", "bpe"):
+            raise ConfigError(f"data.mixture needs one tokenizer for every source, but data.tokenizer={self.tokenizer} "
+                              "is fitted to each corpus: use data.tokenizer=byte or the path of a tokenizer.json")
+
+    def sources(self) -> dict[str, tuple[DataConfig, float]]:
+        """The mixture's sources, NAME -> (its settings, its weight); each shares every setting
+        (tokenizer, split, cache) but source and path. Empty without a mixture."""
+        return {str(name): (dataclasses.replace(self, source=entry["source"], path=entry.get("path"), mixture={}),
+                            float(entry["weight"]))
+                for name, entry in self.mixture.items()}
+
+
+def check_source(key: str, entry: object) -> None:
+    """ConfigError naming ``KEY.FIELD`` unless ``entry`` is ``{source, path, weight}`` with a known
+    source, a positive weight, and a path (that exists, unless a glob) where the source reads one."""
+    example = f"{key}={{source: text, path: corpus.txt, weight: 0.5}}"
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{key} must be a mapping of source, path and weight, got {entry!r}: e.g. {example}")
+    unknown = sorted(set(entry) - set(MIXTURE_KEYS))
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]} is not a mixture key: a source takes only {', '.join(MIXTURE_KEYS)}")
+    source, path, weight = (entry.get(k) for k in MIXTURE_KEYS)
+    if source not in SOURCES:
+        raise ConfigError(f"{key}.source={source!r} is not a source: use one of {', '.join(SOURCES)}")
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise ConfigError(f"{key}.weight must be a positive number, got {weight!r}: e.g. {key}.weight=0.5")
+    if not weight > 0:
+        raise ConfigError(f"{key}.weight must be positive, got {weight}: drop the source, or give it a share")
+    if source == "stdlib":
+        return
+    if path is None:
+        raise ConfigError(f"{key}.path is missing: source {source} reads a file, folder or glob there")
+    if not glob.has_magic(str(path)) and not os.path.exists(os.path.expanduser(str(path))):
+        raise ConfigError(f"{key}.path={path} does not exist: point it at a file, a folder or a glob")

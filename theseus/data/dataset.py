@@ -15,6 +15,7 @@ import numpy as np
 from theseus.config import ConfigError
 from theseus.data.config import DataConfig
 from theseus.data.loader import Loader
+from theseus.data.mixture import Mixture
 from theseus.data.prepare import prepare
 from theseus.data.shards import META_FILE, SPLITS, ShardMeta, read_meta, read_tokens
 from theseus.data.tokenizer import NAMES, HFTokenizer, Tokenizer, load_tokenizer
@@ -45,11 +46,18 @@ class Dataset:
                process_index: int = 0, process_count: int = 1, prefetch: int = 8) -> Loader:
         """Batches int32 ``[batch_size, seq_len + 1]`` of ``split``: ``batch_size`` is this process's
         share, ``process_index`` of ``process_count``, of each global batch."""
+        tokens = self.split_tokens(split, seq_len)
+        return Loader(tokens, seq_len, batch_size, seed, process_index, process_count, split=split, prefetch=prefetch)
+
+    def split_tokens(self, split: str, seq_len: int, name: str | None = None) -> np.ndarray:
+        """The tokens of ``split``; ConfigError (naming the mixture's source ``name``, if any) when
+        they cannot fill one window of ``seq_len + 1``."""
         tokens = self._split(split)
         if len(tokens) < seq_len + 1:
-            raise ConfigError(f"the {split} split of {self.folder} holds {len(tokens)} tokens, fewer than "
+            where = self.folder if name is None else f"{name} ({self.folder})"
+            raise ConfigError(f"the {split} split of {where} holds {len(tokens)} tokens, fewer than "
                               f"seq_len + 1 = {seq_len + 1}: lower architecture.seq_len or give data.val_fraction more")
-        return Loader(tokens, seq_len, batch_size, seed, process_index, process_count, split=split, prefetch=prefetch)
+        return tokens
 
     def _split(self, split: str) -> np.ndarray:
         if split not in SPLITS:
@@ -57,12 +65,23 @@ class Dataset:
         return self.tokens[split]
 
 
-def open_dataset(cfg: DataConfig) -> Dataset:
+def open_dataset(cfg: DataConfig) -> Dataset | Mixture:
     """The dataset ``cfg`` describes, prepared first if needed (with progress); ConfigError on bad input.
 
     ``data.source=shards`` opens the folder ``data.path`` as it is; its tokenizer is the one its
     meta.json records (``data.tokenizer`` must name it), or the tokenizer.json ``data.tokenizer`` gives.
+    With ``data.mixture``, a Mixture of each source opened so (each prepared and cached on its own,
+    shared with any run of that source alone).
     """
+    if cfg.mixture:
+        sources = cfg.sources()
+        return Mixture({name: open_source(c) for name, (c, _) in sources.items()},
+                       {name: weight for name, (_, weight) in sources.items()})
+    return open_source(cfg)
+
+
+def open_source(cfg: DataConfig) -> Dataset:
+    """One source's dataset (``data.source``, ``data.path``), prepared first if needed."""
     folder = _shard_folder(cfg.path) if cfg.source == "shards" else prepare(cfg)
     meta = read_meta(folder)
     tokens = read_tokens(folder, meta)

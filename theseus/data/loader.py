@@ -51,7 +51,10 @@ class Windows:
 
     def starts(self, position: int) -> np.ndarray:
         """Token offsets of this process's windows in the step beginning at stream ``position``."""
-        index = position + self.first + np.arange(self.batch_size)
+        return self.starts_of(position + self.first + np.arange(self.batch_size))
+
+    def starts_of(self, index: np.ndarray) -> np.ndarray:
+        """Token offsets of the windows at stream positions ``index`` (non-decreasing, non-empty)."""
         epochs, within = np.divmod(index, self.per_epoch)
         first, last = int(epochs[0]), int(epochs[-1])
         cached = self._epochs  # read and written once: the producer and the consumer may both gather
@@ -64,6 +67,14 @@ class Windows:
     def batch(self, position: int) -> np.ndarray:
         return self._rows[self.starts(position)].astype(np.int32)
 
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """The windows at stream positions ``index``: int32 ``[len(index), seq_len + 1]``."""
+        return self._rows[self.starts_of(index)].astype(np.int32)
+
+    def identity(self) -> dict:
+        """What a saved position means only together with: the loader state's other entries."""
+        return {"seed": self.seed, "seq_len": self.seq_len}
+
 
 class Loader:
     """An endless iterator of batches (int32 ``[batch_size, seq_len + 1]``) with resumable state.
@@ -75,8 +86,18 @@ class Loader:
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int,
                  process_index: int = 0, process_count: int = 1, *, split: str = "train", prefetch: int = 8):
-        self.windows = Windows(tokens, seq_len, batch_size, seed, process_index, process_count)
-        self.split, self.prefetch = split, prefetch
+        self._begin(Windows(tokens, seq_len, batch_size, seed, process_index, process_count), split, prefetch)
+
+    @classmethod
+    def over(cls, windows, *, split: str = "train", prefetch: int = 8) -> Loader:
+        """A loader of any ``windows`` with ``Windows``'s ``batch``, ``stride`` and ``identity``
+        (a mixture's, say): the same thread, state and resume."""
+        loader = cls.__new__(cls)
+        loader._begin(windows, split, prefetch)
+        return loader
+
+    def _begin(self, windows, split: str, prefetch: int) -> None:
+        self.windows, self.split, self.prefetch = windows, split, prefetch
         self.last_wait = 0.0
         self._start(0)
 
@@ -94,14 +115,13 @@ class Loader:
 
     def get_state(self) -> dict:
         """JSON-serialisable; the same on every process."""
-        return {"split": self.split, "seed": self.windows.seed, "seq_len": self.windows.seq_len,
-                "position": self._position}
+        return {"split": self.split, **self.windows.identity(), "position": self._position}
 
     def set_state(self, state: dict) -> None:
         """Continue from ``state`` (from ``get_state``, possibly of another process or batch size)."""
         mine = self.get_state()
-        differ = [f"{key}={state.get(key)!r} (this loader: {mine[key]!r})" for key in ("split", "seed", "seq_len")
-                  if state.get(key) != mine[key]]
+        differ = [f"{key}={state.get(key)!r} (this loader: {mine[key]!r})" for key in mine
+                  if key != "position" and state.get(key) != mine[key]]
         if differ:
             raise ConfigError(f"the saved data loader state has {', '.join(differ)}: "
                               "resume with the data settings it was saved with")

@@ -86,6 +86,28 @@ def metric(runs: Labelled, key: str, title: str, formatter: Formatter | str | No
         return png(fig)
 
 
+def family(runs: Labelled, prefix: str, suffix: str, title: str,
+           formatter: Formatter | str | None = None) -> bytes | None:
+    """Every logged ``PREFIX NAME SUFFIX`` series (each mixture source's val_loss, each task's
+    accuracy) against steps, one line per name and run."""
+    keys = sorted({key for _, run in runs for row in run.metrics for key in row
+                   if key.startswith(prefix) and key.endswith(suffix) and len(key) > len(prefix + suffix)})
+    if not keys:
+        return None
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(layout="constrained")
+        ax = fig.add_subplot(title=title, xlabel="step")
+        for color, key in zip(_colors(len(keys)), keys):
+            name = key[len(prefix):len(key) - len(suffix)]
+            for (label, run), style in zip(runs, ("-", "--", ":", "-.") * len(runs)):
+                ax.plot(*run.series(key), color=color, linestyle=style, marker="o", markersize=3,
+                        label=f"{label} {name}".strip())
+        if formatter:
+            ax.yaxis.set_major_formatter(formatter)
+        _legend(fig, len(keys) * len(runs))
+        return png(fig)
+
+
 def run_charts(runs: Labelled) -> list[bytes]:
     """Every chart of a run (or an overlay of a sweep's runs) that has data."""
     charts = [
@@ -95,6 +117,8 @@ def run_charts(runs: Labelled) -> list[bytes]:
         metric(runs, "mfu", "model FLOPs utilisation", PercentFormatter(xmax=1)),
         metric(runs, "lr", "learning rate", "{x:.2g}"),
         metric(runs, "grad_norm", "gradient norm"),
+        family(runs, "val_loss/", "", "validation loss per source"),
+        family(runs, "eval/", "/acc", "multiple-choice accuracy", PercentFormatter(xmax=1)),
     ]
     return [chart for chart in charts if chart]
 

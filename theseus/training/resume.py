@@ -1,8 +1,8 @@
 """Resume safety: a run directory continues only under the config it was trained with.
 
 Changes that would alter shapes, the data order or the optimizer are refused with the diff;
-changes that only affect logging, evaluation cadence, checkpoint cadence or the device layout
-(restoring onto another mesh is supported) pass.
+changes that only affect logging, evaluations and their cadence, checkpoint cadence or the
+device layout (restoring onto another mesh is supported) pass.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from theseus.config import ConfigError
 
 SAFE = (
-    "logger.", "mesh.", "distributed.", "data.cache_dir", "trainer.log_every", "trainer.eval_every",
+    "logger.", "mesh.", "distributed.", "evaluation.", "data.cache_dir", "trainer.log_every", "trainer.eval_every",
     "trainer.eval_batches", "trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.resume",
     "trainer.dry_run", "trainer.peak_flops",
 )

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from theseus.base.axis import DATA, FSDP, ShardingPlan
 from theseus.base.hardware import peak_flops
-from theseus.base.mesh import MeshConfig, make_mesh
+from theseus.base.mesh import MeshConfig, make_mesh, on_devices
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
@@ -32,6 +32,7 @@ from theseus.data.dataset import open_dataset
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import apply_init_from
 from theseus.interop.loading import load_params
+from theseus.tasks.evaluation import evaluate, load_evaluations
 from theseus.tasks.task import LossTask, task_class
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
@@ -108,6 +109,7 @@ class Trainer:
                     f"raise data.val_fraction"
                 )
         self.plan = self.model.plan().merge(ShardingPlan(batch=BATCH_MESH_AXES)).override(self.mesh_config.rules)
+        self.evaluations = load_evaluations(self.cfg, self.dataset, self.model, self.data_config.seed, self.prefetch)
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
 
     @property
@@ -204,7 +206,7 @@ class Trainer:
         with loop.logger, Preemption() as loop.preemption:
             if loop.step >= loop.last_step:
                 loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
-                loop.val_loss = self._evaluate(loop.compiled, loop.state.params)
+                loop.val_loss = self._evaluate(loop.compiled, loop.state.params)["val_loss"]
             while loop.step < loop.last_step and not loop.stop:
                 self.train_step(loop)
                 with loop.window.pause():  # the hooks' time is not step time
@@ -275,8 +277,9 @@ class Trainer:
         """Every ``trainer.eval_every`` steps: the validation loss, logged with the task's metrics."""
         loop.evaluated = loop.due(self.settings.eval_every)
         if loop.evaluated:
-            loop.val_loss = self._evaluate(loop.compiled, loop.state.params)
-            loop.logger.log(loop.step, self.task.val_metrics(loop.val_loss, self.dataset.bytes_per_token))
+            metrics = self._evaluate(loop.compiled, loop.state.params)
+            loop.val_loss = metrics["val_loss"]
+            loop.logger.log(loop.step, metrics)
 
     def checkpoint(self, loop: Loop) -> None:
         """Every ``trainer.checkpoint_every`` steps, and when stopping: save (asynchronously)."""
@@ -346,22 +349,15 @@ class Trainer:
         s = self.settings
         local = host.reshape(s.grad_accum, -1, host.shape[-1])
         shape = (s.grad_accum, s.batch_size // s.grad_accum, host.shape[-1])
-        return _on_devices(local, self.batch_sharding(mesh, accumulated=True), shape)
+        return on_devices(local, self.batch_sharding(mesh, accumulated=True), shape)
 
-    def _evaluate(self, compiled: Compiled, params: Any) -> float:
-        """Mean loss over ``trainer.eval_batches`` batches of the validation split (same each time)."""
+    def _evaluate(self, compiled: Compiled, params: Any) -> dict[str, float]:
+        """Every evaluation's metrics (``val_loss``, per source, multiple-choice tasks) on
+        ``trainer.eval_batches`` batches of each validation split (the same each time)."""
         s = self.settings
-        micro = s.batch_size // s.grad_accum
-        index, count = compiled.batch_share
-        loader = self.dataset.loader("val", self.seq_len, micro // count, seed=self.data_config.seed,
-                                     process_index=index, process_count=count, prefetch=self.prefetch)
-        sharding = self.batch_sharding(compiled.mesh)
-        losses = []
-        for _ in range(s.eval_batches):
-            host = next(loader)
-            batch = _on_devices(host, sharding, (micro, host.shape[-1]))
-            losses.append(compiled.evaluate(params, batch))
-        return float(jnp.mean(jnp.stack(losses)))
+        return evaluate(params, self.evaluations, loss=compiled.evaluate, val_metrics=self.task.val_metrics,
+                        sharding=self.batch_sharding(compiled.mesh), rules=self.plan.rules(),
+                        share=compiled.batch_share, batch_size=s.batch_size // s.grad_accum, batches=s.eval_batches)
 
     def _summary(self, compiled: Compiled, peak: float, source: str, params: int) -> dict[str, Any]:
         """What the run records about itself, the FLOPs convention included."""
@@ -419,14 +415,6 @@ def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
     for key, value in rows:
         table.add_row(key, value)
     Console(stderr=True).print(table)
-
-
-def _on_devices(local: np.ndarray, sharding: NamedSharding, shape: tuple[int, ...]) -> jax.Array:
-    """The global array of ``shape`` laid out by ``sharding`` whose part on this process's
-    devices is ``local``; with one process a plain ``device_put``, the cheaper call."""
-    if jax.process_count() == 1:
-        return jax.device_put(local, sharding)
-    return jax.make_array_from_process_local_data(sharding, local, shape)
 
 
 def _warn(text: str) -> None:

@@ -1,0 +1,115 @@
+"""What each evaluation measures: the validation loss (overall and per mixture source) and the
+multiple-choice tasks of ``evaluation.multiple_choice``.
+
+    evaluations = load_evaluations(cfg, data, model, seed=0, prefetch=0)   # checks every file first
+    metrics = evaluate(params, evaluations, loss=..., sharding=..., rules=..., share=(0, 1),
+                       batch_size=16, batches=10)
+    # {"val_loss": ..., "val_bpb": ..., "val_loss/NAME": ..., "val_bpb/NAME": ...,
+    #  "eval/TASK/acc": ..., "eval/TASK/acc_norm": ...}
+
+The training loop and ``python -m theseus.evaluate`` (a saved checkpoint) call the same
+``evaluate``. The overall ``val_loss`` of a mixture is the weighted mean of its sources' losses
+(the expected loss of a draw from the mixture); each source's is computed on that source's own
+validation batches, exactly those a run on that source alone evaluates on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from theseus.base.mesh import on_devices
+from theseus.config import ConfigError, Configurable, configuration, configure, field, register
+from theseus.data.dataset import Dataset
+from theseus.data.mixture import Mixture
+from theseus.tasks.multiple_choice import Examples, accuracy, load_examples, log_likelihoods, score
+
+
+@register("evaluation", "default")
+@dataclasses.dataclass(frozen=True)
+class EvaluationConfig(Configurable):
+    multiple_choice: dict = field("evaluation/multiple_choice", default={},
+                                  help='NAME: PATH of a JSONL file of {"context", "choices", "label"}, scored at each '
+                                       "evaluation (eval/NAME/acc, eval/NAME/acc_norm)")
+
+    def __post_init__(self):
+        for name, path in self.multiple_choice.items():
+            key = f"evaluation.multiple_choice.{name}"
+            if not isinstance(path, str) or not path:
+                raise ConfigError(f"{key} must be the path of a JSONL file, got {path!r}")
+            if not os.path.isfile(os.path.expanduser(path)):
+                raise ConfigError(f"{key}={path}: no such file; give a JSONL file of "
+                                  '{"context", "choices", "label"} lines')
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluations:
+    """A run's evaluation sets, loaded once: validation sources (NAME -> dataset, weight; ``data``
+    alone for a single corpus) and multiple-choice tasks (NAME -> examples)."""
+
+    sources: dict[str, tuple[Dataset, float]]
+    tasks: dict[str, Examples]
+    score_fn: Callable  # jitted log_likelihoods: (params, tokens, mask) -> [batch, choices]
+    seq_len: int
+    seed: int
+    prefetch: int
+    bytes_per_token: float | None  # of the whole (mixed) corpus
+    mixed: bool  # a mixture: each source's loss is logged too
+
+
+def load_evaluations(cfg: Any, data: Dataset | Mixture, model: nn.Module, seed: int, prefetch: int) -> Evaluations:
+    """The evaluations ``cfg`` (its ``evaluation.*`` keys) asks for on ``data``; ConfigError, naming
+    the file and line, for a multiple-choice file that does not load."""
+    with configuration(cfg):
+        settings = configure(EvaluationConfig)
+    sources = ({name: (data.sources[name], weight) for name, weight in data.weights.items()}
+               if isinstance(data, Mixture) else {"data": (data, 1.0)})
+    tasks = {str(name): load_examples(path, data.tokenizer, model.seq_len)
+             for name, path in settings.multiple_choice.items()}
+    return Evaluations(sources, tasks, jax.jit(functools.partial(log_likelihoods, model=model)), model.seq_len,
+                       seed, prefetch, data.bytes_per_token, isinstance(data, Mixture))
+
+
+def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metrics: Callable, sharding: NamedSharding,
+             rules: Any, share: tuple[int, int], batch_size: int, batches: int) -> dict[str, float]:
+    """Every metric of one evaluation of ``params``.
+
+    ``loss(params, tokens [batch_size, seq + 1]) -> mean loss`` (the compiled eval step);
+    ``val_metrics(loss, bytes_per_token) -> {"val_loss": ..., ...}`` (the task's), for the whole
+    mixture and, suffixed ``/NAME``, for each of its sources;
+    ``sharding`` lays such a batch out on the mesh; ``rules`` are the model's logical-axis rules;
+    this process reads share ``index`` of ``count`` of every batch. Each source contributes
+    ``batches`` validation batches of ``batch_size`` sequences, the same ones every time; each
+    task scores ``batch_size`` examples (all their choices) per forward.
+    """
+    index, count = share
+    losses = {}
+    for name, (dataset, _) in evaluations.sources.items():
+        loader = dataset.loader("val", evaluations.seq_len, batch_size // count, seed=evaluations.seed,
+                                process_index=index, process_count=count, prefetch=evaluations.prefetch)
+        shape = (batch_size, evaluations.seq_len + 1)
+        values = [loss(params, on_devices(next(loader), sharding, shape))
+                  for _ in range(batches)]
+        loader.close()
+        losses[name] = float(jnp.mean(jnp.stack(values)))
+    val_loss = sum(weight * losses[name] for name, (_, weight) in evaluations.sources.items())
+    metrics = val_metrics(val_loss, evaluations.bytes_per_token)
+    if evaluations.mixed:
+        for name, (dataset, _) in evaluations.sources.items():
+            metrics.update({f"{key}/{name}": value
+                            for key, value in val_metrics(losses[name], dataset.bytes_per_token).items()})
+    choices = NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec, None))
+    with jax.set_mesh(sharding.mesh), nn.logical_axis_rules(rules):
+        for name, examples in evaluations.tasks.items():
+            scores = score(params, examples, evaluations.score_fn, choices, batch_size, share)
+            metrics.update({f"eval/{name}/{key}": value for key, value in accuracy(scores, examples).items()})
+    return metrics
