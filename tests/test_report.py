@@ -80,7 +80,7 @@ def test_a_mixture_run_adds_per_source_and_task_charts(tmp_path):
         f.write("".join(json.dumps(line) + "\n" for line in extra))
     assert len(images(render(run))) == 8  # and validation loss per source, multiple-choice accuracy
     from theseus.report.plots import family
-    from theseus.report.rundir import Run
+    from theseus.training.runs import Run
 
     assert family([("", Run.load(run))], "eval/", "/acc_norm", "acc_norm") is not None
     assert family([("", Run.load(run))], "eval/", "/f1", "f1") is None

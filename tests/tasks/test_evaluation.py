@@ -107,15 +107,15 @@ def test_each_source_s_loss_equals_that_source_evaluated_alone(files, straight):
     sharding = NamedSharding(run.mesh, PartitionSpec(("data", "fsdp"), None))
 
     def metrics(dataset) -> dict[str, float]:
-        from theseus.tasks.lm import cross_entropy
+        from theseus.tasks.lm import LanguageModeling, cross_entropy
 
         def loss(params, tokens):  # an eval step of its own, not the trainer's
             logits = run.model.apply({"params": params}, tokens[:, :-1], deterministic=True)
             return cross_entropy(logits, tokens[:, 1:])
 
         evaluations = load_evaluations({}, dataset, run.model, data.seed, prefetch=0)
-        return evaluate(run.params, evaluations, loss=jax.jit(loss), sharding=sharding, rules=(), share=(0, 1),
-                        batch_size=16, batches=2)
+        return evaluate(run.params, evaluations, loss=jax.jit(loss), val_metrics=LanguageModeling().val_metrics,
+                        sharding=sharding, rules=(), share=(0, 1), batch_size=16, batches=2)
 
     mixed = metrics(run.data)
     for name, (source, _) in data.sources().items():
