@@ -24,6 +24,8 @@ class TrainerConfig(Configurable):
     skip_nonfinite: bool = field("trainer/skip_nonfinite", default=False,
                                  help="skip updates whose loss or gradients are NaN/Inf (counted) instead of stopping")
     peak_flops: float | None = field("trainer/peak_flops", default=None, help="peak FLOP/s per device for MFU; unset: table or measured")
+    profile_steps: list[int] | None = field("trainer/profile_steps", default=None,
+                                            help="[START, END]: write a jax.profiler trace of these steps to RUN/profile/")
 
     def __post_init__(self):
         """Counts within range, so a bad value fails before a run starts."""
@@ -36,5 +38,9 @@ class TrainerConfig(Configurable):
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise ConfigError(f"trainer.peak_flops must be positive FLOP/s per device (or null: from the table "
                               f"or measured), got {self.peak_flops}")
+        steps = self.profile_steps
+        if steps is not None and (len(steps) != 2 or not 1 <= steps[0] <= steps[1]):
+            raise ConfigError(f"trainer.profile_steps must be [START, END] with 1 <= START <= END (the steps "
+                              f"to trace), got {list(steps)}")
         if not self.resume:
             raise ConfigError("trainer.resume is empty: set it to auto, never or a checkpoint path")

@@ -38,6 +38,7 @@ from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets
 from theseus.training.metrics import format_bytes, memory_report, throughput, xla_flops
 from theseus.training.optimizer import OptimizerConfig, make_optimizer
 from theseus.training.preemption import Preemption
+from theseus.training.profiler import Profiler
 from theseus.training.resume import check_resume
 from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
 from theseus.training.step import eval_step, train_step
@@ -207,6 +208,7 @@ class Trainer:
         val_loss = float("nan")
         logger = RunLogger(self.logger_config, run_dir, resolved_config=self.resolved, total_steps=s.max_steps,
                            start_step=start, is_main=jax.process_index() == 0)
+        profiler = Profiler(s.profile_steps, run_dir / "profile")
         with logger, Preemption() as preemption:
             logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
             if start >= s.max_steps:
@@ -214,6 +216,7 @@ class Trainer:
                 val_loss = self._evaluate(compiled, state.params)
             clock, waited, since, stop = time.perf_counter(), 0.0, 0, None
             for done in range(start + 1, s.max_steps + 1):
+                profiler.on_step(done, state)
                 tokens = self._global_batch(next(loader), compiled.mesh)
                 waited += loader.last_wait
                 state, metrics = compiled.step(state, tokens, dropout_key)
@@ -245,6 +248,7 @@ class Trainer:
                     logger.message(f"stopped by signal {stop} after step {done}; checkpoint saved. "
                                    f"Resume with: python -m theseus.run {' '.join(again)} hydra.run.dir={run_dir}")
                     break
+            profiler.close(state)
             checkpointer.wait()
             checkpointer.close()
             logger.summary(final_val_loss=val_loss)
