@@ -34,6 +34,7 @@ from theseus.data.dataset import open_dataset
 from theseus.model.models.gpt import cross_entropy
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
+from theseus.training.fit_check import Fit, check_fit, device_memory
 from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets
 from theseus.training.metrics import format_bytes, memory_report, throughput, xla_flops
 from theseus.training.optimizer import OptimizerConfig, make_optimizer
@@ -45,6 +46,7 @@ from theseus.training.step import eval_step, train_step
 
 BATCH = (DATA, FSDP)  # the mesh axes a batch is split over
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
+REMAT_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each remat policy to advise
 
 
 class TrainingError(RuntimeError):
@@ -181,13 +183,34 @@ class Trainer:
 
     def dry_run(self) -> None:
         """Build and compile, print parameters, FLOPs, memory and a step-time estimate; write nothing."""
-        compiled = self.build()
+        seconds, compiled = _timed(self.build)
         peak, source = self.peak()
         abstract_params = compiled.target.params
         rows = self._describe(compiled, peak, source, n_params(abstract_params))
         rows.append(("step time at 100% MFU", f"{self.flops_per_step / (peak * jax.device_count()) * 1e3:.2f} ms"))
+        fit = self.fit(compiled.memory, compile_candidates=seconds < REMAT_COMPILE_BUDGET_S) if compiled.memory else None
+        rows += fit.rows() if fit else []
         if jax.process_index() == 0:
             _print_table("theseus dry run", rows)
+        if fit and not fit.fits:
+            _warn(fit.message())
+
+    def fit(self, memory: dict[str, int], compile_candidates: bool) -> Fit:
+        """Whether the step (XLA ``memory`` per device) fits the device (``trainer.memory_limit``
+        overrides its size); with ``compile_candidates``, remat policies are compiled to advise."""
+        s = self.settings
+        limit, source = ((s.memory_limit, "trainer.memory_limit") if s.memory_limit
+                         else device_memory(jax.local_devices()[0]))
+        remat = getattr(self.model, "remat", None)
+
+        def remat_memory(policy: str) -> dict[str, int]:
+            cfg = self.composed.copy()
+            OmegaConf.update(cfg, "architecture.remat", policy, force_add=True)
+            return Trainer(cfg).build().memory
+
+        return check_fit(memory, limit, source, batch_size=s.batch_size, grad_accum=s.grad_accum,
+                         parallel=self.mesh_shape[DATA] * self.mesh_shape[FSDP], remat=remat,
+                         remat_memory=remat_memory if compile_candidates else None)
 
     def run(self, run_dir: Path) -> float:
         """Train to ``trainer.max_steps``, resuming from checkpoints; returns the final val loss."""
@@ -388,6 +411,13 @@ def _on_devices(local: np.ndarray, sharding: NamedSharding, shape: tuple[int, ..
     if jax.process_count() == 1:
         return jax.device_put(local, sharding)
     return jax.make_array_from_process_local_data(sharding, local, shape)
+
+
+def _timed(fn):
+    """``(seconds, fn())``."""
+    began = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - began, result
 
 
 def _warn(text: str) -> None:
