@@ -41,9 +41,11 @@ def compile_times(layers: int, rounds: int) -> dict:
     base = [*experiment("gpt_small"), *BYTES, f"architecture.n_layers={layers}"]
 
     def side(scan: bool):
-        def build() -> float:
+        trainer = make_trainer([*base, f"architecture.scan_layers={str(scan).lower()}"])
+
+        def build() -> float:  # lowering and compiling the train and eval steps
             jax.clear_caches()
-            return stopwatch(lambda: make_trainer([*base, f"architecture.scan_layers={str(scan).lower()}"]).build())[0]
+            return stopwatch(trainer.build)[0]
         return build
 
     samples = interleaved({"unrolled": side(False), "scanned": side(True)}, rounds)

@@ -6,7 +6,9 @@ the two sides interleaved (windows of steps, A B B A ...), reported as a ratio o
 
 The PyTorch model is the same GPT (learned positions, pre-norm blocks, LayerNorm with
 biases, tanh GELU, tied head, the same padded vocabulary), with AdamW, clipping at 1.0 and
-``F.scaled_dot_product_attention``, on the same batches. Data: Shakespeare
+``F.scaled_dot_product_attention``, on the same batches, run at PyTorch's default threads and
+at one thread (on a loaded machine its spinning OpenMP threads can cost it more than they
+give; the ratio is against the faster). Data: Shakespeare
 (``/work/shared/data/tinyshakespeare.txt`` or ``--data``) when present, else the stdlib corpus.
 """
 
@@ -65,7 +67,10 @@ class TorchGPT(nn.Module):
 
 
 class TorchSide:
-    def __init__(self, trainer, batches: list[np.ndarray]):
+    """PyTorch eager with ``threads`` intra-op threads (set for each window)."""
+
+    def __init__(self, trainer, batches: list[np.ndarray], threads: int):
+        self.threads = threads
         m = trainer.model
         torch.manual_seed(0)
         self.model = TorchGPT(m.vocab_size, m.seq_len, m.d_model, m.n_layers, m.n_heads)
@@ -76,6 +81,7 @@ class TorchSide:
         self.loss = math.nan
 
     def window(self, steps: int) -> float:
+        torch.set_num_threads(self.threads)
         began = time.perf_counter()
         for i in range(steps):
             tokens = self.batches[i % len(self.batches)]
@@ -117,18 +123,24 @@ def main() -> None:
     loader = trainer.dataset.loader("train", trainer.seq_len, trainer.settings.batch_size, seed=0)
     batches = [next(loader) for _ in range(8)]  # [1, batch, seq + 1] each
     loader.close()
-    sides = {"theseus": JaxSide(trainer, batches), "torch": TorchSide(trainer, [b.reshape(-1, b.shape[-1]) for b in batches])}
+    flat = [b.reshape(-1, b.shape[-1]) for b in batches]  # [batch, seq + 1]
+    threads = torch.get_num_threads()
+    sides = {"theseus": JaxSide(trainer, batches), "torch": TorchSide(trainer, flat, threads)}
+    if threads > 1:  # on a loaded machine, spinning OpenMP threads can cost PyTorch more than they give
+        sides["torch 1 thread"] = TorchSide(trainer, flat, 1)
     for side in sides.values():
         side.window(3)  # warm-up: compilation, allocation
     samples = interleaved({name: lambda s=side: s.window(args.steps) for name, side in sides.items()}, args.rounds)
     tokens = trainer.tokens_per_step
     rate = {name: tokens / spread(values)["median"] for name, values in samples.items()}
+    best_torch = max(v for name, v in rate.items() if name.startswith("torch"))
     results = {"data": str(args.data) if data else "stdlib", "overrides": [*CONFIG, *args.extra],
-               "torch_threads": torch.get_num_threads(), "steps_per_window": args.steps,
-               "samples_s_per_step": samples, "tokens_per_s": rate, "ratio": rate["theseus"] / rate["torch"],
+               "torch_threads": threads, "steps_per_window": args.steps, "samples_s_per_step": samples,
+               "tokens_per_s": rate, "ratio": rate["theseus"] / best_torch,  # against PyTorch's faster setting
                "last_loss": {name: side.loss for name, side in sides.items()}}
     show("CPU training, Shakespeare-char configuration (median of windows)", ["side", "tokens/s", "last loss"],
-         [(name, f"{rate[name]:,.0f}", sides[name].loss) for name in sides] + [("theseus / torch", results["ratio"], "")],
+         [*((name, f"{rate[name]:,.0f}", sides[name].loss) for name in sides),
+          ("theseus / faster torch", results["ratio"], "")],
          note="goal: > 1, aiming at 1.5")
     save("torch_cpu", results)
 

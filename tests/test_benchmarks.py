@@ -25,8 +25,10 @@ def test_model_flops_equal_the_matrix_products_xla_compiles(tmp_path):
 
 def test_gpu_script_measures_what_builds_and_records_what_does_not(tmp_path):
     configs = bench(tmp_path, "gpu", "--experiment", "gpt_tiny", "--batches", "2", "--impls", "xla", "cudnn",
-                    "--rounds", "1")["configs"]
+                    "--rounds", "1", "--variants", "scan remat=full")["configs"]
     assert 0 < configs["xla batch 2"]["mfu"] < 1 and configs["xla batch 2"]["tokens_per_s"] > 0
+    scanned = configs["xla batch 2 scan remat=full"]  # the scale knobs, at the first batch and implementation
+    assert 0 < scanned["mfu"] < 1 and scanned["build_s"] > 0 and scanned["xla_memory"]["temp"] > 0
     assert configs["cudnn batch 2"]["error"].startswith("RuntimeError")  # no cuDNN on a CPU
 
 

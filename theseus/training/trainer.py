@@ -188,7 +188,7 @@ class Trainer:
         abstract_params = compiled.target.params
         rows = self._describe(compiled, peak, source, n_params(abstract_params))
         rows.append(("step time at 100% MFU", f"{self.flops_per_step / (peak * jax.device_count()) * 1e3:.2f} ms"))
-        fit = self.fit(compiled.memory, compile_candidates=seconds < REMAT_COMPILE_BUDGET_S) if compiled.memory else None
+        fit = self.fit(compiled.memory, seconds < REMAT_COMPILE_BUDGET_S) if compiled.memory else None
         rows += fit.rows() if fit else []
         if jax.process_index() == 0:
             _print_table("theseus dry run", rows)
