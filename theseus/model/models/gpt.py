@@ -18,20 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from theseus.base.axis import (
-    BATCH,
-    DATA,
-    EMBED,
-    FSDP,
-    HEADS,
-    KV_HEADS,
-    LAYERS,
-    MLP,
-    SEQ,
-    TENSOR,
-    VOCAB,
-    ShardingPlan,
-)
+from theseus.base.axis import BATCH, DATA, EMBED, FSDP, HEADS, KV_HEADS, LAYERS, MLP, SEQ, TENSOR, VOCAB, ShardingPlan
 from theseus.config import ConfigError, configure, field, register
 from theseus.model.layers import (
     NORMS,
