@@ -10,6 +10,10 @@ skipped), then timed interleaved, a window of steps at a time. Results are writt
 building and again after timing, so a run cut short still leaves its figures. MFU is
 ``model.flops`` per second (attention counted in full, not causal-halved) over the table
 peak of the device. Try it small on a CPU: ``--experiment gpt_tiny --batches 4 --impls xla``.
+
+``--variants`` adds, at the first batch size and attention implementation, the scale knobs:
+each ``architecture.remat`` policy with ``architecture.scan_layers``, and unrolled ``full``;
+each records its build (compile) seconds and XLA memory beside its MFU.
 """
 
 from __future__ import annotations
@@ -20,7 +24,15 @@ import time
 import jax
 from common import experiment, interleaved, make_trainer, save, show, spread
 
+from theseus.training.metrics import format_bytes
+
 STEPS = 10  # steps per timed window
+VARIANTS = {  # name -> overrides: the scale knobs, measured at the first batch and implementation
+    "scan": ["architecture.scan_layers=true"],
+    "scan remat=dots": ["architecture.scan_layers=true", "architecture.remat=dots"],
+    "scan remat=full": ["architecture.scan_layers=true", "architecture.remat=full"],
+    "remat=full": ["architecture.remat=full"],
+}
 
 
 class Config:
@@ -60,30 +72,38 @@ def main() -> None:
     parser.add_argument("--impls", nargs="+", default=["cudnn", "xla"], choices=["cudnn", "xla"])
     parser.add_argument("--budget", type=float, default=360, help="seconds for building configurations")
     parser.add_argument("--rounds", type=int, default=5, help="timed windows per configuration")
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS),
+                        help="scale knobs to add at the first batch and implementation")
     args = parser.parse_args()
     began = time.perf_counter()
     base = [*experiment(args.experiment), "data.tokenizer=byte", "architecture.dtype.activation=bfloat16",
             "trainer.grad_accum=1"]  # bytes as tokens: no BPE to fit; the shapes are the job's
     built, results = {}, {}
-    for batch in args.batches:
-        for impl in args.impls:
-            name = f"{impl} batch {batch}"
-            if time.perf_counter() - began > args.budget:
-                results[name] = {"skipped": "out of time budget"}
-                continue
-            try:
-                built[name] = Config([*base, f"architecture.attention_impl={impl}", f"trainer.batch_size={batch}"])
-                results[name] = {"built_after_s": time.perf_counter() - began}
-            except Exception as exc:  # noqa: BLE001  (recorded: an unsupported kernel must not end the run)
-                results[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
-            save("gpu", {"experiment": args.experiment, "overrides": base, "configs": results})
+    first = f"{args.impls[0]} batch {args.batches[0]}"
+    plan = [(f"{impl} batch {batch}", [f"architecture.attention_impl={impl}", f"trainer.batch_size={batch}"])
+            for batch in args.batches for impl in args.impls]
+    plan[1:1] = [(f"{first} {variant}", [*plan[0][1], *VARIANTS[variant]]) for variant in args.variants]
+    for name, overrides in plan:
+        if time.perf_counter() - began > args.budget:
+            results[name] = {"skipped": "out of time budget"}
+            continue
+        try:
+            build_began = time.perf_counter()
+            built[name] = Config([*base, *overrides])
+            results[name] = {"built_after_s": time.perf_counter() - began,
+                             "build_s": time.perf_counter() - build_began}
+        except Exception as exc:  # noqa: BLE001  (recorded: an unsupported kernel must not end the run)
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        save("gpu", {"experiment": args.experiment, "overrides": base, "configs": results})
     samples = interleaved({name: config.window for name, config in built.items()}, args.rounds)
     for name, config in built.items():
         results[name].update(config.figures(spread(samples[name])["median"]), samples=samples[name])
-    rows = [(name, r["step_s"] * 1e3, f"{r['tokens_per_s']:,.0f}", f"{100 * r['mfu']:.1f}%") if "mfu" in r
-            else (name, "-", "-", r.get("error", r.get("skipped", ""))[:80]) for name, r in results.items()]
+    rows = [(name, r["step_s"] * 1e3, f"{r['tokens_per_s']:,.0f}", f"{100 * r['mfu']:.1f}%", r["build_s"],
+             format_bytes(r["xla_memory"].get("temp", 0))) if "mfu" in r
+            else (name, "-", "-", r.get("error", r.get("skipped", ""))[:80], "-", "-") for name, r in results.items()]
     show(f"GPU: {args.experiment}, bf16, {jax.devices()[0].device_kind} (median of {args.rounds} windows)",
-         ["attention, batch", "step ms", "tokens/s", "MFU"], rows, note="target: MFU >= 55% on an H200")
+         ["attention, batch, knobs", "step ms", "tokens/s", "MFU", "build s", "XLA temp"], rows,
+         note="target: MFU >= 55% on an H200")
     save("gpu", {"experiment": args.experiment, "overrides": base, "configs": results,
                  "total_s": time.perf_counter() - began})
 

@@ -14,8 +14,10 @@ from pathlib import Path
 
 from common import RESULTS, ROOT, show
 
+from theseus.training.metrics import format_bytes
+
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ("overhead", "flops", "startup", "scaling", "data")
+SCRIPTS = ("overhead", "flops", "startup", "scaling", "data", "scale", "large_dry_run", "torch_cpu")
 
 
 def checks() -> list[tuple[str, str, str, bool]]:
@@ -37,6 +39,22 @@ def checks() -> list[tuple[str, str, str, bool]]:
                  max(losses) - min(losses) <= 1e-4))
     rows += [(f"data headroom, {job}", f"{min(v['headroom'].values()):,.0f}x", ">= 1x", min(v["headroom"].values()) >= 1)
              for job, v in r["data"].items()]
+    memory = r["scale"]["memory"]
+    for layers in ("unrolled", "scanned"):
+        temps = [memory[f"{layers} {policy}"]["temp"] for policy in ("none", "dots", "full")]
+        rows.append((f"XLA temp, {r['scale']['memory_size']} {layers}, remat none/dots/full",
+                     " / ".join(format_bytes(t) for t in temps), "falling", temps[0] > temps[1] > temps[2]))
+    ratio = r["scale"]["compile"]["ratio"]
+    rows.append((f"compile, {r['scale']['compile']['layers']} layers, unrolled / scanned", f"{ratio:.2f}x", ">= 3x",
+                 ratio >= 3))
+    for policy, v in r["large_dry_run"]["policies"].items():
+        worst = max(abs(x - 1) for x in v["per_device_over_share"].values())
+        rows.append((f"1.3B fsdp=8 remat={policy}: bytes / device vs total / 8", f"{1 + worst:.4f}", "within 2%",
+                     worst <= 0.02))
+        rows.append((f"1.3B fsdp=8 remat={policy}: compile", f"{v['compile_s']:.0f} s", "< 120 s",
+                     v["compile_s"] < 120))
+    torch_ratio = r["torch_cpu"]["ratio"]
+    rows.append(("CPU tokens/s, theseus / PyTorch eager", f"{torch_ratio:.2f}", "> 1 (aim 1.5)", torch_ratio > 1))
     return rows
 
 

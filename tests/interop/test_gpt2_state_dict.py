@@ -33,15 +33,17 @@ def hf_gpt2(n_embd: int, n_head: int, tied: bool):
     return model
 
 
-@pytest.mark.parametrize(("n_embd", "n_head", "as_numpy", "tied"), [(128, 2, False, True), (48, 4, True, False)])
-def test_logits_equal_transformers(n_embd, n_head, as_numpy, tied):
+@pytest.mark.parametrize(("n_embd", "n_head", "as_numpy", "tied", "scan"),
+                         [(128, 2, False, True, False), (48, 4, True, False, False), (48, 4, False, True, True)])
+def test_logits_equal_transformers(n_embd, n_head, as_numpy, tied, scan):
     hf = hf_gpt2(n_embd, n_head, tied)
     state = hf.state_dict()
     if as_numpy:
         state = {k: v.numpy() for k, v in state.items()}
     # heads: 128 / 64 = 2 follows GPT-2's head size of 64; 48 / 4 does not, so it is given
-    overrides, params = load_hf_gpt2(state, n_heads=None if n_embd == 128 else n_head)
+    overrides, params = load_hf_gpt2(state, n_heads=None if n_embd == 128 else n_head, scan_layers=scan)
     assert overrides["architecture.n_heads"] == n_head and overrides["architecture.tie_embeddings"] is tied
+    assert overrides["architecture.scan_layers"] is scan and ("h" in params) is scan  # stacked: one "h"
     with configuration({**overrides, "architecture.dtype.activation": "float32"}):
         model = configure(GPT)
 

@@ -30,6 +30,7 @@ MLP_HIDDEN = "mlp"  # the hidden width of the feed-forward, d_ff
 HEADS = "heads"  # query heads
 KV_HEADS = "kv_heads"  # key/value heads (grouped-query attention)
 HEAD_DIM = "head_dim"  # features per head
+LAYERS = "layers"  # the stacked blocks of architecture.scan_layers (one nn.scan)
 
 MeshAxes = str | tuple[str, ...] | None
 

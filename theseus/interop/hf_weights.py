@@ -25,6 +25,7 @@ from safetensors.numpy import save_file
 
 from theseus.config import ConfigError
 from theseus.interop.hf_config import architecture
+from theseus.model.models.gpt import stack_layers
 
 WEIGHTS_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -199,7 +200,8 @@ def save(tensors: Mapping[str, np.ndarray], folder: Path) -> None:
     save_file(dict(tensors), str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
 
 
-def load_hf_gpt2(state_dict: Mapping[str, Any], n_heads: int | None = None) -> tuple[dict[str, Any], dict]:
+def load_hf_gpt2(state_dict: Mapping[str, Any], n_heads: int | None = None,
+                 scan_layers: bool = False) -> tuple[dict[str, Any], dict]:
     """``(overrides, params)`` for a Hugging Face GPT2LMHeadModel (or GPT2Model) state dict.
 
     Values may be numpy arrays or torch tensors. Build the model under the overrides and apply
@@ -212,6 +214,7 @@ def load_hf_gpt2(state_dict: Mapping[str, Any], n_heads: int | None = None) -> t
 
     A state dict does not record the number of heads: ``n_heads`` defaults to d_model // 64,
     as in every released GPT-2. For a folder on disk, ``trainer.init_from`` reads config.json.
+    With ``scan_layers`` the blocks come stacked (``stack_layers``) for ``architecture.scan_layers=true``.
     """
     sd = {key if key.startswith("lm_head.") else GPT2_PREFIX + key.removeprefix(GPT2_PREFIX): _float32(value)
           for key, value in state_dict.items()}
@@ -224,7 +227,9 @@ def load_hf_gpt2(state_dict: Mapping[str, Any], n_heads: int | None = None) -> t
         "n_inner": sd[GPT2_PREFIX + "h.0.mlp.c_fc.weight"].shape[1], "tie_word_embeddings": tied,
     }, where="the state dict")
     flat = {path: thunk() for path, thunk in to_theseus("gpt2", arch, sd.__getitem__).items()}
-    return {f"architecture.{key}": value for key, value in arch.items()}, traverse_util.unflatten_dict(flat, sep="/")
+    params = traverse_util.unflatten_dict(flat, sep="/")
+    overrides = {f"architecture.{key}": value for key, value in {**arch, "scan_layers": scan_layers}.items()}
+    return overrides, stack_layers(params) if scan_layers else params
 
 
 def _heads(arch: Mapping[str, Any]) -> tuple[int, int, int, int]:

@@ -27,6 +27,10 @@ class TrainerConfig(Configurable):
                                   help="a local Hugging Face folder (config.json, safetensors): start from its "
                                        "architecture, weights and tokenizer.json")
     peak_flops: float | None = field("trainer/peak_flops", default=None, help="peak FLOP/s per device for MFU; unset: table or measured")
+    memory_limit: int | None = field("trainer/memory_limit", default=None,
+                                     help="bytes per device the dry run checks the step against; unset: the device's")
+    profile_steps: list[int] | None = field("trainer/profile_steps", default=None,
+                                            help="[START, END]: write a jax.profiler trace of these steps to RUN/profile/")
 
     def __post_init__(self):
         """Counts within range, so a bad value fails before a run starts."""
@@ -39,5 +43,12 @@ class TrainerConfig(Configurable):
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise ConfigError(f"trainer.peak_flops must be positive FLOP/s per device (or null: from the table "
                               f"or measured), got {self.peak_flops}")
+        if self.memory_limit is not None and self.memory_limit <= 0:
+            raise ConfigError(f"trainer.memory_limit must be positive bytes per device (or null: the device's), "
+                              f"got {self.memory_limit}")
+        steps = self.profile_steps
+        if steps is not None and (len(steps) != 2 or not 1 <= steps[0] <= steps[1]):
+            raise ConfigError(f"trainer.profile_steps must be [START, END] with 1 <= START <= END (the steps "
+                              f"to trace), got {list(steps)}")
         if not self.resume:
             raise ConfigError("trainer.resume is empty: set it to auto, never or a checkpoint path")

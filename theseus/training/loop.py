@@ -21,6 +21,7 @@ import numpy as np
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.logger import RunLogger
 from theseus.training.preemption import Preemption
+from theseus.training.profiler import Profiler
 from theseus.training.state import TrainState
 
 
@@ -87,6 +88,7 @@ class Loop:
     val_loss: float = math.nan  # the latest evaluation's
     evaluated: bool = False  # whether this step evaluated
     stop: int | None = None  # the signal every process agreed to stop on
+    profiler: Profiler = field(default_factory=lambda: Profiler(None, Path()))  # trainer.profile_steps; off
 
     def due(self, every: int) -> bool:
         """Whether a cadence of ``every`` steps (0: only at the end) falls on this step; the

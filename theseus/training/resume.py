@@ -15,7 +15,8 @@ from theseus.config import ConfigError
 SAFE = (
     "logger.", "mesh.", "distributed.", "evaluation.", "data.cache_dir", "trainer.log_every", "trainer.eval_every",
     "trainer.eval_batches", "trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.resume",
-    "trainer.dry_run", "trainer.peak_flops",
+    "trainer.dry_run", "trainer.peak_flops", "trainer.profile_steps",
+    "architecture.remat",  # the same numbers, another memory/compute trade (scan_layers changes the tree)
 )
 
 

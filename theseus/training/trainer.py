@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,17 +37,20 @@ from theseus.tasks.evaluation import evaluate, load_evaluations
 from theseus.tasks.task import LossTask, task_class
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
+from theseus.training.fit_check import Fit, check_fit, device_memory
 from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets
 from theseus.training.loop import Hook, Loop
 from theseus.training.metrics import format_bytes, memory_report, throughput, xla_flops
 from theseus.training.optimizer import make_optimizer, optimizer_class
 from theseus.training.preemption import Preemption
+from theseus.training.profiler import Profiler
 from theseus.training.resume import check_resume
 from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
 from theseus.training.step import eval_step, train_step
 
 BATCH_MESH_AXES = (DATA, FSDP)  # the mesh axes a batch is split over
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
+REMAT_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each remat policy to advise
 
 
 class TrainingError(RuntimeError):
@@ -190,13 +194,34 @@ class Trainer:
 
     def dry_run(self) -> None:
         """Build and compile, print parameters, FLOPs, memory and a step-time estimate; write nothing."""
-        compiled = self.build()
+        seconds, compiled = _timed(self.build)
         peak, source = self.peak()
         abstract_params = compiled.target.params
         rows = self._describe(compiled, peak, source, n_params(abstract_params))
         rows.append(("step time at 100% MFU", f"{self.flops_per_step / (peak * jax.device_count()) * 1e3:.2f} ms"))
+        fit = self.fit(compiled.memory, seconds < REMAT_COMPILE_BUDGET_S) if compiled.memory else None
+        rows += fit.rows() if fit else []
         if jax.process_index() == 0:
             _print_table("theseus dry run", rows)
+        if fit and not fit.fits:
+            _warn(fit.message())
+
+    def fit(self, memory: dict[str, int], compile_candidates: bool) -> Fit:
+        """Whether the step (XLA ``memory`` per device) fits the device (``trainer.memory_limit``
+        overrides its size); with ``compile_candidates``, remat policies are compiled to advise."""
+        s = self.settings
+        limit, source = ((s.memory_limit, "trainer.memory_limit") if s.memory_limit
+                         else device_memory(jax.local_devices()[0]))
+        remat = getattr(self.model, "remat", None)
+
+        def remat_memory(policy: str) -> dict[str, int]:
+            cfg = self.composed.copy()
+            OmegaConf.update(cfg, "architecture.remat", policy, force_add=True)
+            return Trainer(cfg).build().memory
+
+        return check_fit(memory, limit, source, batch_size=s.batch_size, grad_accum=s.grad_accum,
+                         parallel=self.mesh_shape[DATA] * self.mesh_shape[FSDP], remat=remat,
+                         remat_memory=remat_memory if compile_candidates else None)
 
     def run(self, run_dir: Path) -> float:
         """Train to ``trainer.max_steps``, resuming from checkpoints; returns the final val loss."""
@@ -212,6 +237,7 @@ class Trainer:
                 with loop.window.pause():  # the hooks' time is not step time
                     for hook in hooks:
                         hook(loop)
+            loop.profiler.close(loop.state)
             loop.checkpointer.wait()
             if loop.stop:
                 self._report_stop(loop)
@@ -240,7 +266,7 @@ class Trainer:
                            start_step=start, is_main=jax.process_index() == 0)
         logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
         return Loop(run_dir, compiled, state, loader, logger, checkpointer, jax.random.key(s.seed + 1), peak,
-                    step=start, last_step=s.max_steps)
+                    step=start, last_step=s.max_steps, profiler=Profiler(s.profile_steps, run_dir / "profile"))
 
     def hooks(self) -> list[Hook]:
         """What runs after every step, in order; each acts on its own cadence. ``log`` comes
@@ -249,6 +275,7 @@ class Trainer:
 
     def train_step(self, loop: Loop) -> None:
         """One optimizer step on the loader's next batch (dispatched: nothing waits for it)."""
+        loop.profiler.on_step(loop.step + 1, loop.state)
         tokens = self._global_batch(next(loop.loader), loop.compiled.mesh)
         loop.state, loop.metrics = loop.compiled.step(loop.state, tokens, loop.dropout_key)
         loop.step += 1
@@ -415,6 +442,13 @@ def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
     for key, value in rows:
         table.add_row(key, value)
     Console(stderr=True).print(table)
+
+
+def _timed(fn):
+    """``(seconds, fn())``."""
+    began = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - began, result
 
 
 def _warn(text: str) -> None:

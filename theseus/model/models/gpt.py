@@ -9,14 +9,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.base.axis import BATCH, DATA, EMBED, FSDP, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, TENSOR, VOCAB, ShardingPlan
+from theseus.base.axis import BATCH, DATA, EMBED, FSDP, HEADS, KV_HEADS, LAYERS, MLP_HIDDEN, SEQ, TENSOR, VOCAB, ShardingPlan
 from theseus.config import ConfigError, configure, field, register
 from theseus.model.layers import (
     NORMS,
@@ -30,6 +30,12 @@ from theseus.model.layers import (
 )
 from theseus.model.module import Module
 
+# What each block keeps for the backward pass (architecture.remat); "none" keeps everything.
+REMAT_POLICIES: dict[str, Callable] = {
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # matmul outputs; recompute the rest
+    "full": jax.checkpoint_policies.nothing_saveable,  # only the block's input; recompute all
+}
+
 
 @register("model", "gpt")
 class GPT(Module):
@@ -38,6 +44,11 @@ class GPT(Module):
     Token (+ learned position) embedding, dropout, ``n_layers`` pre-norm Blocks, a final norm
     and the output head (the token embedding itself when tied). A subclass swaps a child by its
     class attribute (``block_cls = MyBlock``); ``components()`` follows.
+
+    ``remat`` recomputes each block's activations in the backward pass (``nn.remat`` of
+    ``block_cls``); ``scan_layers`` runs the blocks as one ``nn.scan``, their parameters stacked
+    on a leading ``layers`` axis (``params["h"]``, not ``h_0 .. h_{n-1}``: ``stack_layers`` and
+    ``unstack_layers`` convert), so that compile time does not grow with depth.
     """
 
     block_cls: ClassVar[type[Module]] = Block
@@ -70,6 +81,14 @@ class GPT(Module):
         "architecture/attention_impl", default=None, choices=(None, "xla", "cudnn"),
         help="jax.nn.dot_product_attention implementation; None: JAX chooses",
     )
+    remat: str = field(
+        "architecture/remat", default="none", choices=("none", *REMAT_POLICIES),
+        help="recompute block activations in the backward pass: none, dots (keep matmul outputs), full",
+    )
+    scan_layers: bool = field(
+        "architecture/scan_layers", default=False,
+        help="the blocks as one nn.scan, parameters stacked on a 'layers' axis (compile time flat in depth)",
+    )
     decode: bool = False  # not a config key: one chunk at a time through a KV cache (theseus.model.generate)
 
     def __post_init__(self):
@@ -96,13 +115,21 @@ class GPT(Module):
         first logical axis that claims it, so activations split batch, not embed, over fsdp."""
         return ShardingPlan({
             BATCH: (DATA, FSDP), EMBED: FSDP, VOCAB: TENSOR, HEADS: TENSOR, KV_HEADS: TENSOR, MLP_HIDDEN: TENSOR,
+            LAYERS: None,  # scanned layers: every device holds its share of each layer
         })
 
     def setup(self):
         self.wte = configure(self.embedding_cls)
         self.wpe = configure(self.position_embedding_cls) if self.positions == "learned" else None
         self.drop = nn.Dropout(self.dropout)
-        self.h = [configure(self.block_cls, decode=self.decode) for _ in range(self.n_layers)]
+        block_cls = self.block_cls
+        if self.remat != "none":  # deterministic (argument 3, self being 0) is a Python bool
+            block_cls = nn.remat(block_cls, policy=REMAT_POLICIES[self.remat], static_argnums=(3,),
+                                 prevent_cse=not self.scan_layers)  # a scan body needs no CSE guard
+        if self.scan_layers:  # one block, whose variables __call__'s scan stacks n_layers deep
+            self.h = configure(block_cls, decode=self.decode)
+        else:
+            self.h = [configure(block_cls, decode=self.decode) for _ in range(self.n_layers)]
         self.ln_f = configure(self.norms[self.norm])
         if not self.tie_embeddings:
             init = nn.initializers.normal(self.init_std)
@@ -116,11 +143,25 @@ class GPT(Module):
         if self.wpe is not None:
             x = x + self.wpe(positions)
         x = nn.with_logical_constraint(self.drop(x, deterministic=deterministic), (BATCH, SEQ, EMBED))
-        for block in self.h:
-            x = block(x, positions, deterministic)
+        if self.scan_layers:
+            x = self._scan_blocks(x, positions, deterministic)
+        else:
+            for block in self.h:
+                x = block(x, positions, deterministic)
         x = self.ln_f(x)
         logits = self.wte.attend(x) if self.tie_embeddings else x @ self.lm_head.astype(x.dtype)
         return nn.with_logical_constraint(logits, (BATCH, SEQ, VOCAB))
+
+    def _scan_blocks(self, x: jax.Array, positions: jax.Array, deterministic: bool) -> jax.Array:
+        """``x: [batch, seq, d_model]`` through ``self.h`` n_layers times, a layer's parameters
+        (and KV cache) per iteration; ``deterministic`` stays a Python bool (closed over)."""
+
+        def body(block: Module, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, None]:
+            return block(x, positions, deterministic), None
+
+        scan = nn.scan(body, variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True, "dropout": True},
+                       in_axes=nn.broadcast, length=self.n_layers, metadata_params={nn.PARTITION_NAME: LAYERS})
+        return scan(self.h, x, positions)[0]
 
     def _positions(self, seq: int) -> jax.Array:
         """``int32[seq]``: 0 .. seq-1, or when decoding the next ``seq`` after those cached."""
@@ -140,4 +181,31 @@ class GPT(Module):
         for causality). Lookups, norms and elementwise ops are not counted. It is the blocks'
         count plus the output head's matmul (d_model x vocab_size).
         """
-        return sum(block.flops(seq) for block in self.h) + 6 * self.d_model * self.vocab_size * seq
+        blocks = self.h if isinstance(self.h, Sequence) else [self.h] * self.n_layers  # scanned: one, n times
+        return sum(block.flops(seq) for block in blocks) + 6 * self.d_model * self.vocab_size * seq
+
+
+def stack_layers(params: Mapping[str, Any]) -> dict[str, Any]:
+    """An unrolled GPT's params (``h_0 .. h_{n-1}``) as a scanned one's (``h``: every leaf
+    stacked on a new leading ``[n_layers]`` axis); the other entries are kept."""
+    n = len([key for key in params if _layer_index(key) is not None])
+    rest = {key: value for key, value in params.items() if _layer_index(key) is None}
+    if n == 0:
+        raise ValueError("stack_layers: no h_0 .. h_{n-1} entries (already stacked?)")
+    return {**rest, "h": jax.tree.map(lambda *layers: jnp.stack(layers), *(params[f"h_{i}"] for i in range(n)))}
+
+
+def unstack_layers(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of ``stack_layers``: ``h`` (leaves ``[n_layers, ...]``) split into ``h_0 ..``."""
+    if "h" not in params:
+        raise ValueError("unstack_layers: no stacked 'h' entry (already unrolled?)")
+    stacked = params["h"]
+    n = jax.tree.leaves(stacked)[0].shape[0]
+    rest = {key: value for key, value in params.items() if key != "h"}
+    return {**rest, **{f"h_{i}": jax.tree.map(lambda leaf, i=i: leaf[i], stacked) for i in range(n)}}
+
+
+def _layer_index(key: str) -> int | None:
+    """``i`` for an unrolled block's entry ``h_i``, else None."""
+    prefix, _, index = key.partition("_")
+    return int(index) if prefix == "h" and index.isdigit() else None

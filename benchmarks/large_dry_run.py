@@ -1,0 +1,75 @@
+"""A 1.3B-parameter dry run (24 layers, d_model 2048, seq 2048, scanned layers) on 8 simulated
+CPU devices with ``mesh.fsdp=8``: parameter and optimizer bytes per device against total / 8,
+and XLA's memory per device and compile time for each ``architecture.remat`` policy.
+Compiles only, allocates nothing.
+
+    python benchmarks/large_dry_run.py [--layers 24 --d-model 2048 --seq 2048 --devices 8]
+
+The simulated devices are set before JAX starts (``XLA_FLAGS``), unless XLA_FLAGS is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ARGS.add_argument("--layers", type=int, default=24)
+ARGS.add_argument("--d-model", type=int, default=2048)
+ARGS.add_argument("--heads", type=int, default=16)
+ARGS.add_argument("--seq", type=int, default=2048)
+ARGS.add_argument("--vocab", type=int, default=50304)
+ARGS.add_argument("--devices", type=int, default=8)
+ARGS.add_argument("--policies", nargs="+", default=["none", "dots", "full"])
+
+if __name__ == "__main__":
+    _devices = ARGS.parse_args(sys.argv[1:]).devices
+    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_devices}")
+
+import jax  # noqa: E402  (after XLA_FLAGS)
+from common import make_trainer, save, show, stopwatch  # noqa: E402
+
+from theseus.training.metrics import format_bytes  # noqa: E402
+from theseus.training.state import bytes_per_device, n_params  # noqa: E402
+
+
+def dry_run(args: argparse.Namespace, policy: str) -> dict:
+    """Build one policy's trainer; its bytes per device, XLA memory and compile seconds."""
+    n = jax.device_count()
+    overrides = ["+experiment=gpt_tiny", "data.tokenizer=byte", f"architecture.n_layers={args.layers}",
+                 f"architecture.d_model={args.d_model}", f"architecture.n_heads={args.heads}",
+                 f"architecture.seq_len={args.seq}", f"architecture.vocab_size={args.vocab}",
+                 "architecture.scan_layers=true", f"architecture.remat={policy}", "mesh.data=1", f"mesh.fsdp={n}",
+                 f"trainer.batch_size={n}", "trainer.grad_accum=1"]
+    trainer = make_trainer(overrides)
+    seconds, compiled = stopwatch(trainer.build)
+    params, opt = compiled.target.params, compiled.target.opt_state
+    fit = trainer.fit(compiled.memory, compile_candidates=False)
+    total = {"params": 4 * n_params(params), "opt_state": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(opt))}
+    per_device = {"params": bytes_per_device(params), "opt_state": bytes_per_device(opt)}
+    return {"n_params": n_params(params), "devices": n, "compile_s": seconds, "memory": compiled.memory,
+            "total_bytes": total, "bytes_per_device": per_device,
+            "per_device_over_share": {k: per_device[k] / (total[k] / n) for k in total},
+            "fits": fit.fits, "advice": fit.advice}
+
+
+def main() -> None:
+    args = ARGS.parse_args()
+    results = {"args": vars(args), "policies": {}}
+    for policy in args.policies:
+        results["policies"][policy] = dry_run(args, policy)
+        save("large_dry_run", results)
+    first = next(iter(results["policies"].values()))
+    show(f"dry run: {first['n_params'] / 1e9:.2f}B parameters, {args.layers} layers, d_model {args.d_model}, "
+         f"seq {args.seq}, mesh fsdp={first['devices']}", ["remat", "params / device", "optimizer / device",
+                                                           "vs total / devices", "XLA temp", "XLA total", "compile s"],
+         [(policy, format_bytes(r["bytes_per_device"]["params"]), format_bytes(r["bytes_per_device"]["opt_state"]),
+           " ".join(f"{v:.4f}" for v in r["per_device_over_share"].values()), format_bytes(r["memory"]["temp"]),
+           format_bytes(r["memory"]["total"]), r["compile_s"]) for policy, r in results["policies"].items()],
+         note="target: bytes per device within 2% of total / devices; compile < 120 s")
+    save("large_dry_run", results)
+
+
+if __name__ == "__main__":
+    main()

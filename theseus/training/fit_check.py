@@ -1,0 +1,95 @@
+"""Will it fit? The compiled step's memory per device against the device's, and when it does
+not fit, the smallest ``trainer.grad_accum`` or ``architecture.remat`` that would.
+
+The step's footprint is XLA's memory analysis (``metrics.memory_report``): arguments and
+outputs (params, optimizer state, batch; outputs that reuse donated arguments counted once)
+plus temporaries, which are mostly activations. ``grad_accum`` splits the batch into more
+micro-batches that run one after another, so the temporaries are *estimated* to scale with the
+micro-batch (``temp x grad_accum / candidate``); the remat policies are *compiled* (their
+memory is measured) when a callable is given for that.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import jax
+
+from theseus.training.metrics import format_bytes
+
+REMAT_ORDER = ("none", "dots", "full")  # least memory last
+
+
+def device_memory(device: jax.Device) -> tuple[int, str]:
+    """``(bytes, source)``: the device's memory limit, or the host's RAM for a CPU device."""
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), f"{device.device_kind} memory_stats"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host RAM"
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The verdict: ``needed`` bytes per device against ``limit``, and what would make it fit."""
+
+    needed: int
+    limit: int
+    source: str
+    advice: str  # empty when it fits
+
+    @property
+    def fits(self) -> bool:
+        return self.needed <= self.limit
+
+    def rows(self) -> list[tuple[str, str]]:
+        return [("device memory / device", f"{format_bytes(self.limit)} ({self.source})"),
+                ("fits", f"{'yes' if self.fits else 'NO'}: the step needs {format_bytes(self.needed)}")]
+
+    def message(self) -> str:
+        """One line for a step that does not fit: how much, and what would make it fit."""
+        return (f"theseus: warning: the step needs {format_bytes(self.needed)} per device, more than the "
+                f"{format_bytes(self.limit)} of the device ({self.source}): {self.advice}")
+
+
+def check_fit(memory: Mapping[str, int], limit: int, source: str, *, batch_size: int, grad_accum: int,
+              parallel: int, remat: str | None = None,
+              remat_memory: Callable[[str], Mapping[str, int]] | None = None) -> Fit:
+    """Whether a step with XLA memory ``memory`` (bytes per device) fits in ``limit``.
+
+    ``batch_size``: global sequences per step, split over ``parallel`` = data x fsdp devices and
+    ``grad_accum`` micro-batches. ``remat``: the model's current policy (None: a model without
+    the key); ``remat_memory(policy)`` compiles the step under another policy and returns its
+    memory. The advice names the smallest grad_accum estimated to fit, else the first remat
+    policy measured to fit, else says what came closest.
+    """
+    needed = memory["total"]
+    if needed <= limit:
+        return Fit(needed, limit, source, "")
+    fixed, temp = needed - memory["temp"], memory["temp"]
+    options = []
+    if fixed < limit:
+        accums = [g for g in range(grad_accum + 1, batch_size // parallel + 1) if batch_size % (g * parallel) == 0]
+        fitting = [g for g in accums if fixed + temp * grad_accum / g <= limit]
+        if fitting:
+            g = fitting[0]
+            options.append(f"trainer.grad_accum={g} (estimated {format_bytes(fixed + temp * grad_accum / g)}: "
+                           f"activations scale with the micro-batch)")
+    if remat is not None and remat_memory is not None:
+        for policy in REMAT_ORDER[REMAT_ORDER.index(remat) + 1:]:
+            total = remat_memory(policy)["total"]
+            if total <= limit:
+                options.append(f"architecture.remat={policy} (compiled: {format_bytes(total)})")
+                break
+    untried = ("; architecture.remat=full may also help (not compiled: the step compiles slowly)"
+               if remat is not None and remat != "full" and remat_memory is None else "")
+    if options:
+        return Fit(needed, limit, source, "set " + ", or ".join(options) + untried)
+    if fixed >= limit:
+        advice = (f"parameters, optimizer state and batch alone take {format_bytes(fixed)}: shard them "
+                  f"(mesh.fsdp) or use more devices")
+    else:
+        advice = ("no trainer.grad_accum dividing the batch fits, nor a remat policy: lower trainer.batch_size "
+                  "or architecture.seq_len, or shard over more devices")
+    return Fit(needed, limit, source, advice + untried)
