@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from theseus.config import Configurable, field, register
+from theseus.config import ConfigError, Configurable, field, register
 from theseus.training.progress import Progress
 
 
@@ -41,6 +41,13 @@ class LoggerConfig(Configurable):
     project: str = field("logger/project", default="theseus", help="W&B project")
     name: str | None = field("logger/name", default=None, help="run name; unset: W&B picks one")
     tags: list[str] = field("logger/tags", default=[], help="W&B tags")
+
+    def __post_init__(self):
+        if not self.project.strip() or any(c in self.project for c in "/\\#?%:"):
+            raise ConfigError(f"logger.project={self.project!r} is not a W&B project name: give a non-empty name "
+                              f"without / \\ # ? % :, e.g. logger.project=theseus")
+        if self.name is not None and not self.name.strip():
+            raise ConfigError("logger.name is empty: give the run a name, or logger.name=null to let W&B pick one")
 
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
