@@ -6,6 +6,8 @@
     theseus config [OVERRIDES]              python -m theseus.config ...
     theseus prepare [data.* OVERRIDES]      python -m theseus.data.prepare ...
     theseus launch --processes 2 -- ARGS    python -m theseus.launch ...
+    theseus export RUN_DIR OUT_DIR          python -m theseus.export ...
+    theseus evaluate RUN_DIR                python -m theseus.evaluate ...
 
 Hydra's shell completion works for ``theseus run``: ``eval "$(theseus -sc install=bash)"``.
 """
@@ -23,6 +25,8 @@ COMMANDS = {
     "config": "theseus.config.__main__",
     "prepare": "theseus.data.prepare",
     "launch": "theseus.launch",
+    "export": "theseus.export",
+    "evaluate": "theseus.evaluate",
 }
 
 

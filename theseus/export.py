@@ -24,14 +24,17 @@ from theseus.config import ConfigError
 from theseus.data.tokenizer import HFTokenizer
 from theseus.interop.hf_config import CONFIG_FILE, arch_of, hf_config, model_type, read_config
 from theseus.interop.hf_weights import WEIGHTS_FILE, save, to_hf
-from theseus.sample import load
+from theseus.model.models.gpt import unstack_layers
+from theseus.sample import restore
 
 
 def export(run_dir: Path, out_dir: Path, step: int | None = None) -> None:
     """Write the Hugging Face folder ``out_dir`` of ``run_dir``'s checkpoint (the newest, or ``step``)."""
     if (out_dir / WEIGHTS_FILE).exists():
         raise ConfigError(f"{out_dir} already holds {WEIGHTS_FILE}: choose a new folder or remove it")
-    model, params, tokenizer = load(run_dir, step)
+    run = restore(run_dir, step)
+    model, tokenizer = run.model, run.data.tokenizer
+    params = unstack_layers(run.params) if model.scan_layers else run.params  # Hugging Face's layers are one by one
     arch = arch_of(model)
     kind = model_type(arch)  # refuses an architecture transformers has no class for, before writing
     imported = OmegaConf.select(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), "trainer.init_from")

@@ -106,7 +106,7 @@ def test_pmm_regression_experiment_reports_test_mse():
 def test_without_scikit_learn_the_experiment_names_the_extra(monkeypatch):
     import sys
 
-    from theseus.model.fit import diabetes
+    from theseus.tasks.regression import diabetes
 
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # as if scikit-learn were not installed
     with pytest.raises(ConfigError, match=r"needs scikit-learn: pip install 'theseus\[pmm\]'"):
