@@ -1,6 +1,6 @@
 """Composing the Hydra config outside a run, and turning composition errors into one line.
 
-Keys are checked in one place, ``unknown_keys``, against every declared key, before Hydra
+Keys are checked in one place, ``undeclared``, against every declared key, before Hydra
 composes: the command line's, and those that the chosen experiment and sweep files set
 (a sweep file's ``hydra.sweeper.params`` included). After composition, ``validate`` checks
 the composed config against the schema of the options it chose.
