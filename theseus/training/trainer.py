@@ -127,9 +127,10 @@ class Trainer:
     def tokens_per_step(self) -> int:
         return self.settings.batch_size * self.seq_len
 
-    @property
+    @functools.cached_property
     def flops_per_step(self) -> int:
-        """Model FLOPs of one optimizer step: ``model.flops(seq)`` per sequence."""
+        """Model FLOPs of one optimizer step: ``model.flops(seq)`` per sequence (counted once: on
+        an unbound model that traces an abstract init)."""
         return self.model.flops(self.seq_len) * self.settings.batch_size
 
     def check_run_dir(self, run_dir: Path) -> None:
