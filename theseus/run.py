@@ -111,8 +111,9 @@ def preflight(argv: list[str]) -> list | None:
     if INFO_FLAGS & set(argv):
         return []
     initialize(_job(base)[0])  # join the job (several hosts) before anything touches a device
-    if is_multirun(argv) and visible_gpus():  # parallel jobs on this host: one GPU share each, or refused now
-        check_enough(parallel_jobs(base.hydra.launcher), visible_gpus())
+    gpus = visible_gpus()
+    if is_multirun(argv) and gpus:  # parallel jobs on this host: one GPU share each, or refused now
+        check_enough(parallel_jobs(base.hydra.launcher), gpus)
     remote = any(arg.startswith("hydra/launcher=submitit") for arg in argv)  # other machines, other devices
     trainers = []
     for overrides in job_overrides(argv, sweep_params(base) if is_multirun(argv) else ()):
