@@ -7,15 +7,24 @@ library upgrade that changes one fails loudly in this file rather than quietly i
   into jobs, to check every job before any runs.
 - ``JobReturn._return_value`` (theseus/sweep.py): a failed job's exception; the public
   ``return_value`` re-raises it and writes to stderr.
+- ``hydra._internal.callbacks.Callbacks`` (theseus/run.py: ``run_composed``): the callbacks
+  ``hydra.core.utils.run_job`` wants, to run a single job already composed.
+- ``DictConfig._set_flag`` / ``_get_flag`` (theseus/config/context.py): the mark ``compose()``
+  leaves on a config it has checked; copies keep it.
 """
 
 from __future__ import annotations
 
+import copy
+
+from hydra._internal.callbacks import Callbacks
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf, open_dict
 
 from theseus.base.distributed import CLUSTERS, detected_processes
+from theseus.config.context import is_checked, mark_checked
 
 SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_NTASKS": "4", "SLURM_PROCID": "1",
          "SLURM_LOCALID": "0"}
@@ -44,3 +53,19 @@ def test_a_failed_job_return_holds_its_exception():
     error = FloatingPointError("loss is nan")
     job = JobReturn(status=JobStatus.FAILED, _return_value=error)
     assert job._return_value is error
+
+
+def test_hydra_callbacks_are_built_from_a_config_with_none_declared():
+    callbacks = Callbacks(OmegaConf.create({"hydra": {"callbacks": {}}}))
+    assert callable(callbacks.on_run_start) and callable(callbacks.on_job_start) and callable(callbacks.on_job_end)
+
+
+def test_the_checked_mark_is_an_omegaconf_flag_that_copies_keep():
+    cfg = OmegaConf.create({"architecture": {"n_layers": 2}, "hydra": {}})
+    assert not is_checked(cfg)
+    mark_checked(cfg)
+    copied = cfg.copy()
+    with open_dict(copied):
+        del copied["hydra"]
+    assert is_checked(copied) and is_checked(copy.deepcopy(cfg)) and is_checked(OmegaConf.merge(cfg, {}))
+    assert not is_checked(OmegaConf.create(OmegaConf.to_container(cfg)))  # the values alone are not marked

@@ -3,7 +3,9 @@
 Every job's config is composed and resolved before Hydra creates a run directory: a
 misspelt key (on the command line, in an experiment or a sweep file), a wrong type, an
 impossible shape, mesh or batch fails in one line with nothing written.
-``trainer.dry_run=true`` compiles and reports, then exits, also writing nothing.
+``trainer.dry_run=true`` compiles and reports, then exits, also writing nothing. A single
+run is composed once: Hydra runs that composition (``run_composed``); a sweep's jobs are
+composed again by Hydra's sweeper, each checked again by its task function.
 
 From Python, ``train(overrides_or_cfg, run_dir)`` runs one job with the same checks.
 """
@@ -19,12 +21,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from theseus.base.devices import check_enough, claim_devices, parallel_jobs, visible_gpus
 from theseus.base.distributed import initialize
 from theseus.config import ConfigError, configuration, configure
-from theseus.config.compose import compose, conf_dir
+from theseus.config.compose import compose, conf_dir, validate
+from theseus.config.context import is_checked
 from theseus.config.registry import load
 
 # Hydra's flags that print instead of running; the value after each of VALUED is not an override
@@ -98,18 +101,19 @@ def sweep_params(cfg: DictConfig) -> list[str]:
     return [f"{key}={value}" for key, value in params.items()]
 
 
-def preflight(argv: list[str]) -> list | None:
+def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     """Compose and resolve every job ``argv`` describes; ConfigError on the first mistake.
 
-    Returns the jobs' Trainers (one each; none for a task of its own, or one checked where it
-    runs), or None when there is nothing left for Hydra to do (a dry run has been done).
+    Returns the first job's composed config (its ``hydra`` node kept) and the jobs' Trainers
+    (one each; none for a task of its own, or one checked where it runs), or None when there
+    is nothing left for Hydra to do (a dry run has been done).
     """
     from theseus.tasks.task import JobTask, task_class
     from theseus.training.trainer import Trainer
 
     base = compose(job_overrides(argv)[0], hydra=True)  # the first job of the command line: its sweep file
     if INFO_FLAGS & set(argv):
-        return []
+        return base, []
     initialize(_job(base)[0])  # join the job (several hosts) before anything touches a device
     gpus = visible_gpus()
     if is_multirun(argv) and gpus:  # parallel jobs on this host: one GPU share each, or refused now
@@ -128,13 +132,16 @@ def preflight(argv: list[str]) -> list | None:
         for trainer in trainers:
             trainer.dry_run()
         return None
-    return trainers
+    return base, trainers
 
 
 def _job(composed: DictConfig) -> tuple[DictConfig, Path]:
-    """A composed config (with its ``hydra`` node) as the job's config and run directory."""
+    """A composed config (with its ``hydra`` node) as the job's config and run directory;
+    the directory is fixed in ``composed`` (its ``${now:...}`` resolved once)."""
+    run_dir = Path(composed.hydra.run.dir)
+    with read_write(composed.hydra):
+        composed.hydra.run.dir = str(run_dir)
     cfg = composed.copy()
-    run_dir = Path(cfg.hydra.run.dir)
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg, run_dir
@@ -171,6 +178,8 @@ def hydra_task(trainer=None):
         try:
             claim_devices(hydra_config)  # parallel jobs on one host: each its own GPUs, before JAX starts
             load()  # a fresh worker process (joblib, submitit) registers the user's modules here
+            if not is_checked(cfg):  # a sweeper's composition (the preflight checked its own)
+                validate(cfg, choices=OmegaConf.to_container(hydra_config.runtime.choices))
             initialize(cfg)  # a no-op when main() has joined already; launchers such as submitit call here first
             return execute(cfg, Path(hydra_config.runtime.output_dir), trainer)
         except (ConfigError, TrainingError) as exc:
@@ -182,6 +191,24 @@ def hydra_task(trainer=None):
             sys.exit(1)
 
     return task
+
+
+def run_composed(composed: DictConfig, task) -> None:
+    """Run ``task`` on the single job ``composed`` (a composition with its ``hydra`` node) as
+    ``hydra.main`` runs one: its output directory, ``.hydra/`` files, logging and callbacks,
+    without composing it again. Hydra's ``Callbacks`` is private (tests/test_private_apis.py)."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext
+
+    with read_write(composed.hydra):
+        composed.hydra.mode = RunMode.RUN
+    callbacks = Callbacks(composed)
+    callbacks.on_run_start(config=composed, config_name="config")
+    ret = run_job(task_function=task, config=composed, job_dir_key="hydra.run.dir", job_subdir_key=None,
+                  hydra_context=HydraContext(config_loader=None, callbacks=callbacks))
+    callbacks.on_run_end(config=composed, config_name="config", job_return=ret)
+    _ = ret.return_value  # re-raises the job's exception
 
 
 def train(config: Sequence[str] | DictConfig, run_dir: str | Path) -> float:
@@ -227,19 +254,23 @@ def main(argv: list[str] | None = None) -> None:
             from theseus.config import registry
 
             registry.store()
-            trainers = []
+            checked = None, []
         else:
             use_compilation_cache()
-            trainers = preflight(argv)
+            checked = preflight(argv)
     except ConfigError as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"theseus: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    if trainers is not None:
-        single = trainers[0] if len(trainers) == 1 and not is_multirun(argv) else None
-        sys.argv = [sys.argv[0], *argv]  # what Hydra parses
-        hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)(hydra_task(single))()
+    if checked is None:  # a dry run, done
+        return
+    base, trainers = checked
+    if base is not None and not any(arg.startswith("-") for arg in argv):  # one job, no Hydra flag
+        run_composed(base, hydra_task(trainers[0] if trainers else None))
+        return
+    sys.argv = [sys.argv[0], *argv]  # what Hydra parses
+    hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)(hydra_task())()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from theseus.config import ConfigError, field, register
@@ -53,3 +55,27 @@ def test_suggest_prefers_siblings():
     known = ["architecture.n_layers", "architecture.n_heads", "optimizer.lr"]
     assert suggest("architecture.n_layer", known)[0] == "architecture.n_layers"
     assert suggest("optimizer.lrr", known) == ["optimizer.lr"]
+
+
+def test_a_composed_config_is_checked_once_and_configure_takes_its_values(monkeypatch):
+    """compose() checks each value (OmegaConf's typed nodes, then validate) and marks the config;
+    building a model from it, children included, converts nothing again. A plain dict is
+    checked where configure() reads it."""
+    from theseus.config import configuration, configure, context
+    from theseus.model.models.gpt import GPT
+
+    calls = []
+    converted = context._converted
+    monkeypatch.setattr(context, "_converted", lambda spec, value: calls.append(spec.key) or converted(spec, value))
+    cfg = compose(["+experiment=gpt_tiny", "optimizer.lr=1"])
+    assert cfg.optimizer.lr == 1.0 and isinstance(cfg.optimizer.lr, float)  # typed by the schema node
+    composing = len(calls)  # the types OmegaConf cannot express, checked by validate
+    with configuration(cfg):
+        model = configure(GPT, vocab_size=64)
+    model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))  # setup() of every child runs
+    assert len(calls) == composing
+    with configuration({"architecture.n_layers": 2, "architecture.dropout": 0}):
+        model = configure(GPT, vocab_size=64)
+    assert model.dropout == 0.0 and isinstance(model.dropout, float) and len(calls) > composing
+    with configuration({"architecture.n_layers": "two"}), pytest.raises(ConfigError, match="architecture.n_layers must be int"):
+        configure(GPT, vocab_size=64)

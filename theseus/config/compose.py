@@ -24,11 +24,11 @@ from omegaconf.errors import (
 )
 
 from theseus.config import registry
-from theseus.config.context import check
+from theseus.config.context import check, mark_checked
 from theseus.config.discovery import HOW_TO_DECLARE
 from theseus.config.errors import ConfigError, suggest
 from theseus.config.fields import MISSING
-from theseus.config.schema import schema_of
+from theseus.config.schema import schema_of, typed
 
 
 def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig:
@@ -43,7 +43,7 @@ def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig
     for key, where in undeclared(overrides):
         raise unknown_key(key, where)
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=JOB_NAME):
             cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
     except HydraException as exc:
         raise explain(exc, overrides) from exc
@@ -57,26 +57,37 @@ def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig
     return cfg
 
 
+JOB_NAME = "run"  # hydra.job.name, as Hydra names a job of theseus/run.py (its log: run.log)
+
+
 def conf_dir() -> Path:
     """The primary config's folder (``conf/``, shipped with theseus)."""
     return registry.shipped("conf")
 
 
-def validate(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
-    """Check that every key of ``cfg`` is declared by the options it chose, and every declared
-    key's value against its field (type and choices).
+def validate(cfg: DictConfig, overrides: Sequence[str] = (), choices: Mapping | None = None) -> None:
+    """Check that every key of ``cfg`` is declared by the options it chose (``choices``, by
+    default its ``hydra.runtime.choices``) and each value against its field, then mark ``cfg``
+    checked (``configure()`` takes its values as they are).
 
-    A key of another option (``optimizer.momentum`` with ``optimizer=adamw``), added with ``+``
-    or written in an experiment file, is refused here.
+    OmegaConf's schema nodes have typed most values during composition; here the choices are
+    checked, and the types OmegaConf cannot express. A key of another option
+    (``optimizer.momentum`` with ``optimizer=adamw``), added with ``+`` or written in an
+    experiment file, is refused here.
     """
-    choices = OmegaConf.to_container(cfg.hydra.runtime.choices) if "hydra" in cfg else None
+    if choices is None and "hydra" in cfg:
+        choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
     schema = registry.schema(choices)
     for key in _leaves(cfg, schema):
         raise unknown_key(key, origin(key, overrides))
     for key, spec in schema.items():
         value = OmegaConf.select(cfg, key, default=MISSING, throw_on_missing=False)
         if value is not MISSING and value != "???" and not OmegaConf.is_missing(cfg, key):
-            check(spec, OmegaConf.to_object(value) if OmegaConf.is_config(value) else value)
+            try:
+                check(spec, OmegaConf.to_object(value) if OmegaConf.is_config(value) else value, typed=typed(spec))
+            except ConfigError as exc:
+                raise ConfigError(f"{origin(key, overrides)}{exc}") from exc
+    mark_checked(cfg)
 
 
 NOT_KEYS = ("hydra", "model", "task")  # top-level entries of a composed config that no field declares

@@ -2,6 +2,11 @@
 
 Values are resolved when an object is built, never when it is called: a model configured
 inside ``configuration()`` inits and applies outside it, under ``jax.jit`` or after a reload.
+
+A value is checked against its field once, where it enters: a composed config by
+``compose()`` (OmegaConf's schema nodes type it, ``validate`` checks the rest and marks it
+checked); a dict configuration or keyword arguments by ``configure()``. A module's children
+are built from its own, already checked, field values (``Module.own_configuration``).
 """
 
 from __future__ import annotations
@@ -28,9 +33,12 @@ class Snapshot:
     carry it in a dataclass field and re-activate it when its lazy ``setup()`` runs.
     """
 
-    __slots__ = ("_tree",)
+    __slots__ = ("_tree", "checked")
 
-    def __init__(self, cfg: Mapping | DictConfig | None):
+    def __init__(self, cfg: Mapping | DictConfig | None, *, checked: bool = False):
+        """``checked``: every value is already its field's (configure() takes them as they are);
+        a DictConfig is checked when ``compose()`` marked it so."""
+        self.checked = checked or is_checked(cfg)
         if isinstance(cfg, DictConfig):
             cfg = OmegaConf.to_container(cfg, resolve=True)
         tree: dict = {}
@@ -51,7 +59,19 @@ class Snapshot:
         return _copy(self._tree)
 
     def __repr__(self) -> str:
-        return f"Snapshot({self._tree!r})"
+        return f"Snapshot({self._tree!r}, checked={self.checked})"
+
+
+_CHECKED = "theseus_checked"  # the OmegaConf flag compose() sets on a config it has checked
+
+
+def mark_checked(cfg: DictConfig) -> None:
+    """Record on ``cfg`` that its every value has been checked against its field."""
+    cfg._set_flag(_CHECKED, True)  # OmegaConf's flags (private, kept to these two functions; tested)
+
+
+def is_checked(cfg: Any) -> bool:
+    return isinstance(cfg, DictConfig) and bool(cfg._get_flag(_CHECKED))
 
 
 _ACTIVE: contextvars.ContextVar[Snapshot | None] = contextvars.ContextVar("theseus_config", default=None)
@@ -87,12 +107,11 @@ def configure(cls: type[T], /, **kwargs: Any) -> T:
     """
     own = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(kwargs)
     tree = {name: kwargs.pop(name) for name in list(kwargs) if name not in own}
-    if tree:
-        snapshot = _ACTIVE.get()
-        overlay = {**(snapshot.to_dict() if snapshot is not None else {}), **tree_keys(cls, tree)}
-        with configuration(overlay):
-            return configure(cls, **kwargs)
     snapshot = _ACTIVE.get()
+    if tree:
+        overlay = {**(snapshot.to_dict() if snapshot is not None else {}), **tree_keys(cls, tree)}
+        with configuration(Snapshot(overlay, checked=snapshot is None or snapshot.checked)):
+            return configure(cls, **kwargs)
     values = {}
     for spec in specs(cls):
         if spec.name in kwargs:
@@ -105,7 +124,7 @@ def configure(cls: type[T], /, **kwargs: Any) -> T:
                     f"set it, e.g. {spec.key}=VALUE"
                 )
             continue
-        values[spec.name] = check(spec, value)
+        values[spec.name] = value if snapshot.checked else check(spec, value)
     return cls(**values, **kwargs)
 
 
@@ -127,20 +146,28 @@ def tree_keys(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check(spec: FieldSpec, value: Any) -> Any:
-    """``value`` converted to the field's type; a ConfigError naming the key when it cannot be."""
+def check(spec: FieldSpec, value: Any, *, typed: bool = False) -> Any:
+    """``value`` converted to the field's type and within its choices; a ConfigError naming the
+    key when it is not. ``typed``: its type is checked already (an OmegaConf schema node holds
+    it, see ``schema.typed``): only the choices are left."""
+    if value is None and (spec.default is None or _optional(spec.type)):
+        return None
+    if not typed:
+        value = _converted(spec, value)
+    if spec.choices and value not in spec.choices:
+        raise ConfigError(f"{spec.key} must be one of {', '.join(map(str, spec.choices))}, got {value!r}")
+    return value
+
+
+def _converted(spec: FieldSpec, value: Any) -> Any:
+    """``value`` as the field's type (an int for a float field is a float); else ConfigError."""
     tp = _plain_type(spec.type)
-    if value is None:
-        if spec.default is None or _optional(spec.type):
-            return None
-    elif tp is float and isinstance(value, int) and not isinstance(value, bool):
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     elif tp in (tuple, list) and isinstance(value, tuple | list):
         value = tp(value)
     if tp is not None and not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
         raise ConfigError(f"{spec.key} must be {type_name(spec.type)}, got {value!r} ({spec.describe()})")
-    if spec.choices and value not in spec.choices:
-        raise ConfigError(f"{spec.key} must be one of {', '.join(map(str, spec.choices))}, got {value!r}")
     return value
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Iterable
@@ -129,8 +130,15 @@ def _default(spec: FieldSpec) -> dataclasses.Field:
     return dataclasses.field(default=spec.default)
 
 
+def typed(spec: FieldSpec) -> bool:
+    """OmegaConf checks the values of ``spec``'s key in a composed config (its schema node has
+    the field's type); else ``validate`` does."""
+    return _omegaconf_type(spec.type) is not Any
+
+
+@functools.cache
 def _omegaconf_type(tp: Any) -> Any:
-    """``tp`` if OmegaConf can validate it, else Any (checked by configure() instead)."""
+    """``tp`` if OmegaConf can validate it, else Any (checked by ``validate`` instead)."""
     if isinstance(tp, types.UnionType):  # OmegaConf reads Optional[X], not X | None
         tp = typing.Union[tp.__args__]  # noqa: UP007
     try:

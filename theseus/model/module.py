@@ -89,7 +89,8 @@ class Module(nn.Module, Configurable):
         changed, builds children that agree with it.
         """
         base = self._config.to_dict() if self._config is not None else {}
-        return Snapshot({**base, **{spec.key: getattr(self, spec.name) for spec in specs(type(self))}})
+        own = {spec.key: getattr(self, spec.name) for spec in specs(type(self))}  # checked when configured
+        return Snapshot({**base, **own}, checked=self._config is None or self._config.checked)
 
     def detached(self, cls: type[M], /, **kwargs) -> M:
         """A child ``cls`` as ``setup()`` would configure it, but unbound (for flops and plans)."""
