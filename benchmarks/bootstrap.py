@@ -3,7 +3,7 @@ GPU: JAX, Flax, Optax, Orbax, tokenizers and transformers, but no Hydra, no thes
 index). Installs the wheels of the bundle (``gpu_bundle.py`` makes it) whose distribution this
 Python does not have, then runs the script in a process that sees them:
 
-    python benchmarks/bootstrap.py benchmarks/gpu.py --budget 300
+    python3 benchmarks/bootstrap.py benchmarks/gpu.py --budget 240
 
 Installing is unzipping each wheel into one folder (``--target``, emptied first) put on
 ``PYTHONPATH``: its dist-info comes along, so theseus's entry points are found. No pip is
