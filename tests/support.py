@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import sysconfig
-from importlib.metadata import PackageNotFoundError, distribution
+from importlib.metadata import Distribution, PackageNotFoundError, distribution
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -44,7 +44,7 @@ def bare_env(**extra: str) -> dict[str, str]:
     return {**env, "JAX_PLATFORMS": "cpu", **extra}
 
 
-def requirement_closure(names: list[str]) -> list:
+def requirement_closure(names: list[str]) -> list[Distribution]:
     """The installed distributions ``names`` and, transitively, every installed one they require
     (markers evaluated, extras followed), each once."""
     found, queue = {}, [Requirement(name) for name in names]
