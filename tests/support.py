@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
+from importlib.metadata import Distribution, PackageNotFoundError, distribution
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -19,3 +23,55 @@ def run_python(*args: str, devices: int | None = None, env: dict | None = None, 
         full_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env,
                           timeout=timeout, cwd=cwd or ROOT)
+
+
+def fresh_python(env_dir: Path, site: Path) -> Path:
+    """A new virtual environment at ``env_dir`` (no pip, nothing installed) that imports from
+    folder ``site``, added as a plain path: the ``.pth`` files inside ``site`` are not processed
+    (an editable checkout among them stays out). Returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    python = env_dir / "bin" / "python"
+    purelib = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                      text=True).strip()
+    (Path(purelib) / "dependencies.pth").write_text(f"{site}\n")
+    return python
+
+
+def bare_env(**extra: str) -> dict[str, str]:
+    """This process's environment without what points Python at this checkout or environment
+    (``PYTHONPATH``, ``VIRTUAL_ENV``), on the CPU, plus ``extra``."""
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return {**env, "JAX_PLATFORMS": "cpu", **extra}
+
+
+def requirement_closure(names: list[str]) -> list[Distribution]:
+    """The installed distributions ``names`` and, transitively, every installed one they require
+    (markers evaluated, extras followed), each once."""
+    found, queue = {}, [Requirement(name) for name in names]
+    while queue:
+        req = queue.pop()
+        try:
+            dist = distribution(req.name)
+        except PackageNotFoundError:  # an optional requirement this environment does without
+            continue
+        key = (dist.metadata["Name"].lower(), frozenset(req.extras))
+        if key in found:
+            continue
+        found[key] = dist
+        for line in dist.requires or []:
+            sub = Requirement(line)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in {"", *req.extras}):
+                queue.append(sub)
+    return list({dist.metadata["Name"].lower(): dist for dist in found.values()}.values())
+
+
+def site_of(names: list[str], folder: Path) -> Path:
+    """``folder`` holding symlinks to this environment's site-packages entries (packages, modules,
+    dist-info) of ``requirement_closure(names)`` and nothing else: a machine with only those."""
+    folder.mkdir(parents=True)
+    site = Path(sysconfig.get_path("purelib"))
+    for dist in requirement_closure(names):
+        for top in {path.parts[0] for path in dist.files or [] if path.parts[0] != ".."}:
+            if not (folder / top).exists():
+                (folder / top).symlink_to(site / top)
+    return folder

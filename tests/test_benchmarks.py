@@ -1,12 +1,19 @@
 """The benchmark scripts run, small, on the CPU: the GPU script must not first fail on a lent
-GPU, and the FLOPs script's counts are checked against XLA's compiled program."""
+GPU (rehearsed from its bundle in an environment like that machine's), and the FLOPs script's
+counts are checked against XLA's compiled program."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
-from support import ROOT, run_python
+from support import ROOT, bare_env, fresh_python, run_python, site_of
+
+# what a lent GPU machine's Python has (and what these require): no Hydra, no W&B, no theseus
+ON_DEVICE = ["jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "tokenizers", "transformers"]
+ABSENT = ("import importlib.util as u; "
+          "print(*(m for m in ('hydra', 'omegaconf', 'wandb', 'theseus', 'sqlalchemy', 'yaml') if not u.find_spec(m)))")
 
 
 def bench(tmp_path: Path, script: str, *args: str) -> dict:
@@ -23,13 +30,54 @@ def test_model_flops_equal_the_matrix_products_xla_compiles(tmp_path):
     assert abs(tiny["formula_over_model"] - 1) < 0.02
 
 
-def test_gpu_script_measures_what_builds_and_records_what_does_not(tmp_path):
-    configs = bench(tmp_path, "gpu", "--experiment", "gpt_tiny", "--batches", "2", "--impls", "xla", "cudnn",
-                    "--rounds", "1", "--variants", "scan remat=full")["configs"]
+def test_gpu_script_runs_from_its_bundle_where_hydra_and_theseus_are_not_installed(tmp_path):
+    """The lent GPU's case, rehearsed on the CPU: a Python with only what that machine has (JAX,
+    Flax, Optax, Orbax, tokenizers, transformers and their requirements), the bundle made here,
+    the bootstrap installing what is missing and running gpu.py small."""
+    wheels, results = tmp_path / "wheels", tmp_path / "results"
+    bundle = run_python(str(ROOT / "benchmarks" / "gpu_bundle.py"), "--out", str(wheels))
+    assert bundle.returncode == 0, bundle.stderr[-3000:]
+    python = fresh_python(tmp_path / "bare", site_of(ON_DEVICE, tmp_path / "site"))
+    absent = subprocess.run([python, "-c", ABSENT], capture_output=True, text=True, cwd=tmp_path, env=bare_env())
+    assert absent.stdout.split() == ["hydra", "omegaconf", "wandb", "theseus", "sqlalchemy"], absent.stderr
+    target = tmp_path / "installed"
+    proc = subprocess.run([python, ROOT / "benchmarks" / "bootstrap.py", "--wheels", wheels, "--target", target,
+                           ROOT / "benchmarks" / "gpu.py", "--experiment", "gpt_tiny", "--batches", "2",
+                           "--impls", "xla", "cudnn", "--rounds", "1", "--variants", "scan remat=full"],
+                          capture_output=True, text=True, cwd=ROOT, env=bare_env(BENCHMARK_RESULTS=str(results)),
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    installed = {path.name.split("-")[0] for path in target.glob("*.dist-info")}
+    assert installed == {"theseus", "hydra_core", "omegaconf", "antlr4_python3_runtime"}  # PyYAML: transformers'
+    configs = json.loads((results / "gpu.json").read_text())["results"]["configs"]
     assert 0 < configs["xla batch 2"]["mfu"] < 1 and configs["xla batch 2"]["tokens_per_s"] > 0
     scanned = configs["xla batch 2 scan remat=full"]  # the scale knobs, at the first batch and implementation
     assert 0 < scanned["mfu"] < 1 and scanned["build_s"] > 0 and scanned["xla_memory"]["temp"] > 0
     assert configs["cudnn batch 2"]["error"].startswith("ConfigError: architecture.attention_impl=cudnn needs an NVIDIA GPU")
+
+
+def test_bootstrap_unpacks_nothing_where_everything_is_installed_and_refuses_a_bad_bundle(tmp_path):
+    wheels, target = tmp_path / "wheels", tmp_path / "installed"
+    wheels.mkdir()
+    (wheels / "omegaconf-2.3.1-py3-none-any.whl").write_bytes(b"")  # installed here: never opened
+    script = tmp_path / "where.py"
+    script.write_text("import sys, theseus; print(theseus.__file__, sys.argv[1:])\n")
+    bootstrap = str(ROOT / "benchmarks" / "bootstrap.py")
+    run = run_python(bootstrap, "--wheels", str(wheels), "--target", str(target), str(script), "--flag", "x",
+                     cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == f"{ROOT / 'theseus' / '__init__.py'} ['--flag', 'x']"
+    assert not target.exists()
+    empty = run_python(bootstrap, "--wheels", str(tmp_path / "none"), str(script), cwd=tmp_path)
+    assert empty.returncode != 0 and not empty.stdout
+    assert empty.stderr.startswith(f"theseus: error: no wheels in {tmp_path / 'none'}: make them with"), empty.stderr
+    assert len(empty.stderr.splitlines()) == 1
+    (wheels / "notinstalled-1.0-cp27-cp27mu-linux_x86_64.whl").write_bytes(b"")  # a binary wheel of another Python
+    foreign = run_python(bootstrap, "--wheels", str(wheels), "--target", str(target), str(script), cwd=tmp_path)
+    assert foreign.returncode != 0 and not foreign.stdout and len(foreign.stderr.splitlines()) == 1
+    assert foreign.stderr.startswith("theseus: error: notinstalled-1.0-cp27-cp27mu-linux_x86_64.whl does not fit "
+                                     "this Python"), foreign.stderr
+    assert not target.exists()
 
 
 def test_large_dry_run_shards_scanned_params_and_moments_evenly_over_fsdp(tmp_path):

@@ -4,13 +4,12 @@ an unrelated folder: conf/, experiments/ and sweeps/ ship inside the package."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
-from support import ROOT
+from support import ROOT, bare_env, fresh_python
 
 
 def test_wheel_installs_and_runs_gpt_tiny_from_another_folder(tmp_path):
@@ -20,13 +19,9 @@ def test_wheel_installs_and_runs_gpt_tiny_from_another_folder(tmp_path):
     assert build.returncode == 0, build.stderr[-3000:]
     wheel = next(dist.glob("theseus-*.whl"))
     env_dir = tmp_path / "fresh"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
-    python = env_dir / "bin" / "python"
-    fresh_site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                              text=True).strip())
-    # theseus's dependencies come from this environment's site-packages, added as a plain path:
-    # the .pth files there (this checkout's editable install among them) are not processed
-    (fresh_site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # theseus's dependencies come from this environment's site-packages (this checkout's editable
+    # install among them stays out)
+    python = fresh_python(env_dir, Path(sysconfig.get_path("purelib")))
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
                               str(wheel)], capture_output=True, text=True)
     assert install.returncode == 0, install.stderr[-3000:]
@@ -34,12 +29,11 @@ def test_wheel_installs_and_runs_gpt_tiny_from_another_folder(tmp_path):
     work = tmp_path / "elsewhere"
     work.mkdir()
     (work / "corpus.txt").write_text((ROOT / "README.md").read_text() * 8)
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = bare_env()
     where = subprocess.run([python, "-c", "import theseus.config.registry as r; print(r.shipped('experiments'))"],
                            capture_output=True, text=True, cwd=work, env=env)
     assert where.returncode == 0, where.stderr
-    assert Path(where.stdout.strip()).is_relative_to(fresh_site), where.stdout
+    assert Path(where.stdout.strip()).is_relative_to(env_dir), where.stdout
     run = subprocess.run([python, "-m", "theseus.run", "+experiment=gpt_tiny", "trainer.max_steps=2",
                           "trainer.eval_every=2", "data.source=text", "data.path=corpus.txt", "logger.mode=disabled",
                           f"data.cache_dir={tmp_path / 'cache'}", "hydra.run.dir=run"],
