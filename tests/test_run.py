@@ -144,3 +144,28 @@ def test_skip_nonfinite_skips_and_counts_the_updates_and_finishes(corpus, tmp_pa
     skipped = [line["nonfinite_skipped"] for line in lines if "nonfinite_skipped" in line]
     assert skipped[0] == 0 and skipped[-1] > 0 and skipped == sorted(skipped)
     assert (tmp_path / "checkpoints" / "8").is_dir()
+
+
+COUNT_COMPOSITIONS = """
+import atexit, sys
+from hydra._internal.hydra import Hydra
+from theseus.run import main
+composed = []
+original = Hydra.compose_config
+Hydra.compose_config = lambda self, *a, **k: composed.append(1) or original(self, *a, **k)
+atexit.register(lambda: print(f"compositions: {len(composed)}"))
+main(sys.argv[1:])
+"""
+
+
+def test_a_single_run_is_composed_once_and_writes_what_hydra_writes(corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_python("-c", COUNT_COMPOSITIONS, "+experiment=gpt_tiny", *small_data(corpus), "trainer.max_steps=2",
+                      "trainer.batch_size=2", "logger.mode=disabled", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "compositions: 1" in proc.stdout
+    hydra = run_dir / ".hydra"
+    assert sorted(p.name for p in hydra.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert "max_steps=2" in (hydra / "overrides.yaml").read_text() and "max_steps: 2" in (hydra / "config.yaml").read_text()
+    assert "mode: RUN" in (hydra / "hydra.yaml").read_text() and (run_dir / "run.log").is_file()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 2
