@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import os
 
 import pytest
 from omegaconf import OmegaConf
 from support import run_python
 
-from theseus.base import devices
-from theseus.base.devices import claim_devices, claim_slot, parallel_jobs, share, visible_gpus
+from theseus.base.devices import SLOT, claim_devices, claim_slot, parallel_jobs, share, visible_gpus
 from theseus.config import ConfigError
 
 JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
@@ -45,18 +45,20 @@ def test_each_worker_takes_a_free_slot(tmp_path):
     assert (first, second) == (0, 1)
     with pytest.raises(RuntimeError, match="all 2 device slots"):
         claim_slot(tmp_path, 2)
-    lock0.close()  # a worker that exits frees its slot
-    assert claim_slot(tmp_path, 2)[0] == 0
-    lock1.close()
+    os.close(lock0)  # a worker that exits frees its slot
+    slot, lock = claim_slot(tmp_path, 2)
+    assert slot == 0
+    os.close(lock), os.close(lock1)
 
 
-def test_claim_devices_restricts_the_process_once(tmp_path, monkeypatch):
-    monkeypatch.setattr(devices, "_held", {})
+def test_claim_devices_restricts_the_process_once(tmp_path):
     hydra = OmegaConf.create({"launcher": {"_target_": JOBLIB, "n_jobs": 2}, "sweep": {"dir": str(tmp_path)}})
     taken, _ = claim_slot(tmp_path, 2)  # another worker holds slot 0
     environ = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     assert claim_devices(hydra, environ) == ["2", "3"] and environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert environ[SLOT] == "1"
     assert claim_devices(hydra, environ) == ["2", "3"]  # the next job in this worker: the same GPUs
+    assert claim_devices(hydra, {SLOT: "0", "CUDA_VISIBLE_DEVICES": "0,1"}) == ["0", "1"]  # claimed before: kept
     one_job = OmegaConf.create({"launcher": {"_target_": JOBLIB, "n_jobs": 1}, "sweep": {"dir": str(tmp_path)}})
     assert claim_devices(one_job, {"CUDA_VISIBLE_DEVICES": "0,1"}) is None
 

@@ -4,8 +4,8 @@
 worker process that would otherwise see, and preallocate most of the memory of, every GPU.
 ``claim_devices`` (called by a job before JAX starts its backend) gives the worker one of N
 slots, held by a file lock for the worker's life, and restricts it to that slot's share of
-the GPUs through ``CUDA_VISIBLE_DEVICES``; more parallel jobs than GPUs is refused in one
-line. Other launchers, one job at a time, and hosts without GPUs (CPUs share their cores)
+the GPUs through ``CUDA_VISIBLE_DEVICES``; the claim is recorded beside it, in the process's
+environment (``THESEUS_DEVICE_SLOT``). More parallel jobs than GPUs is refused in one line. Other launchers, one job at a time, and hosts without GPUs (CPUs share their cores)
 are left alone.
 """
 
@@ -15,14 +15,13 @@ import fcntl
 import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from theseus.config import ConfigError
 
 NVIDIA = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees
 LOCKS = ".devices"  # under the sweep folder: slot-K.lock, held by the worker that has slot K
-
-_held: dict[str, Any] = {}  # this process's claim: {"slot": K, "lock": the open lock file}
+SLOT = "THESEUS_DEVICE_SLOT"  # the environment variable of a process that holds a slot: K
 
 
 def parallel_jobs(launcher: Mapping[str, Any], cpus: int | None = None) -> int:
@@ -60,16 +59,17 @@ def share(slot: int, n_jobs: int, gpus: list[str]) -> list[str]:
     return gpus[slot * per:(slot + 1) * per]
 
 
-def claim_slot(folder: Path, n_jobs: int) -> tuple[int, IO]:
-    """A free slot in ``0..n_jobs-1`` and its lock file (the slot is this process's while the file
-    stays open). Several workers start at once: each takes the first lock no other holds."""
+def claim_slot(folder: Path, n_jobs: int) -> tuple[int, int]:
+    """A free slot in ``0..n_jobs-1`` and the descriptor of its locked file: the slot is this
+    process's until the descriptor is closed, which a claim never does (the process's exit
+    does). Several workers start at once: each takes the first lock no other holds."""
     (folder / LOCKS).mkdir(parents=True, exist_ok=True)
     for slot in range(n_jobs):
-        lock = open(folder / LOCKS / f"slot-{slot}.lock", "w")  # noqa: SIM115 (held open: the claim)
+        lock = os.open(folder / LOCKS / f"slot-{slot}.lock", os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            lock.close()
+            os.close(lock)
             continue
         return slot, lock
     raise RuntimeError(f"all {n_jobs} device slots under {folder / LOCKS} are held: more workers than n_jobs")
@@ -82,14 +82,13 @@ def claim_devices(hydra_config: Any, environ: MutableMapping[str, str] = os.envi
     n_jobs = parallel_jobs(hydra_config.launcher)
     if n_jobs == 1:
         return None
-    if "slot" in _held:
+    if SLOT in environ:
         return environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
     gpus = visible_gpus(environ)
     if not gpus:
         return None
     check_enough(n_jobs, gpus)  # before taking a slot
-    slot, lock = claim_slot(Path(hydra_config.sweep.dir), n_jobs)
-    _held.update(slot=slot, lock=lock)
+    slot, _ = claim_slot(Path(hydra_config.sweep.dir), n_jobs)  # locked until this process exits
     mine = share(slot, n_jobs, gpus)
-    environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+    environ.update({SLOT: str(slot), "CUDA_VISIBLE_DEVICES": ",".join(mine)})
     return mine
