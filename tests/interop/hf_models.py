@@ -55,11 +55,12 @@ def save_hf(model, folder: Path, tokenizer: bool = True, max_shard_size: str | N
     return folder
 
 
-def theseus_model(folder: Path) -> GPT:
+def theseus_model(folder: Path, scan_layers: bool = False) -> GPT:
     """The GPT that folder's config.json describes, computing in float32."""
     arch = architecture(read_config(folder))
     overrides = {f"architecture.{key}": value for key, value in arch.items()}
-    with configuration({**overrides, "architecture.dtype.activation": "float32"}):
+    with configuration({**overrides, "architecture.dtype.activation": "float32",
+                        "architecture.scan_layers": scan_layers}):
         return configure(GPT)
 
 

@@ -17,8 +17,9 @@ from theseus.interop.loading import load_params
 from theseus.model.generate import generate
 
 
-def test_logits_equal_transformers(hf_folder):
-    model = theseus_model(hf_folder)
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_logits_equal_transformers(hf_folder, scan_layers):
+    model = theseus_model(hf_folder, scan_layers=scan_layers)  # scanned: the layers stacked as they load
     params = load_params(hf_folder, arch_of(model), target_of(model))
     tokens = np.random.default_rng(0).integers(0, model.vocab_size, size=(3, 40))
     reference = hf_logits(hf_folder, tokens)

@@ -35,9 +35,6 @@ def apply_init_from(cfg: DictConfig) -> DictConfig:
     arch = architecture(read_config(folder), where=str(folder / "config.json"))
     if not issubclass(model_class(cfg), GPT):
         raise ConfigError(f"{KEY} loads a GPT, but model={cfg.get('model')}: leave the model at gpt")
-    if OmegaConf.select(cfg, "architecture.scan_layers"):
-        raise ConfigError(f"{KEY} loads a checkpoint's layers one by one, unrolled: set architecture.scan_layers=false "
-                          f"(scanned layers are not loaded from Hugging Face folders yet)")
     defaults = every_key()
     cfg = cfg.copy()
     for name, value in arch.items():
