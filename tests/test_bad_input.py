@@ -72,6 +72,7 @@ CASES = [
     _case("negative_rope_theta", ["architecture.positions=rope", "architecture.rope_theta=-1"],
           "architecture.rope_theta must be positive, got -1.0"),
     _case("negative_init_std", ["architecture.init_std=-0.02"], "architecture.init_std must be positive"),
+    _case("zero_norm_eps", ["architecture.norm_eps=0"], "architecture.norm_eps must be positive, got 0.0"),
     _case("empty_logger_project", ["logger.project="], "logger.project='' is not a W&B project name",
           "e.g. logger.project=theseus"),
     _case("b1_above_one", ["optimizer.b1=1.5"], "optimizer.b1 must be in [0, 1)", "optimizer.b1=0.9"),

@@ -1,11 +1,11 @@
-"""Fixtures: tiny Hugging Face folders (GPT-2 and Llama), saved once per session."""
+"""Fixtures: tiny Hugging Face folders (GPT-2, Llama and Qwen2), saved once per session."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from interop.hf_models import gpt2_config, llama_config, save_hf, transformers
+from interop.hf_models import gpt2_config, llama_config, qwen2_config, save_hf, transformers
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +24,11 @@ def llama_sharded_folder(tmp_path_factory) -> Path:
                    tokenizer=False, max_shard_size="40KB")
 
 
-@pytest.fixture(params=["gpt2", "llama"])
+@pytest.fixture(scope="session")
+def qwen2_folder(tmp_path_factory) -> Path:
+    return save_hf(transformers.Qwen2ForCausalLM(qwen2_config()), tmp_path_factory.mktemp("qwen2"))
+
+
+@pytest.fixture(params=["gpt2", "llama", "qwen2"])
 def hf_folder(request) -> Path:
     return request.getfixturevalue(f"{request.param}_folder")

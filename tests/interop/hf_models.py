@@ -40,6 +40,16 @@ def llama_config():
                                     bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
+def qwen2_config():
+    """Qwen2: Llama's layout with biases on q, k and v alone, an rms epsilon of 1e-6 (Qwen2's
+    own), grouped-query attention, tied embeddings and a vocabulary of 317."""
+    return transformers.Qwen2Config(vocab_size=317, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                    rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                    use_sliding_window=False, bos_token_id=None, eos_token_id=None,
+                                    pad_token_id=None)
+
+
 def save_hf(model, folder: Path, tokenizer: bool = True, max_shard_size: str | None = None) -> Path:
     """``model`` with every weight redrawn from N(0, 0.2) (biases and norm scales too, so that
     a mapping that drops or swaps one shows), saved as safetensors (in files of at most

@@ -3,6 +3,9 @@ import then export gives back every tensor bit for bit."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +14,7 @@ from flax import traverse_util
 from interop.hf_models import hf_logits, target_of, theseus_model, transformers, torch
 from safetensors.numpy import load_file
 
-from theseus.interop.hf_config import arch_of, model_type
+from theseus.interop.hf_config import SPECIAL_TOKENS, arch_of, hf_config, model_type
 from theseus.interop.hf_weights import WEIGHTS_FILE, to_hf
 from theseus.interop.loading import load_params
 from theseus.model.generate import generate
@@ -39,6 +42,20 @@ def test_import_then_export_is_bitwise_identity(hf_folder):
     assert sorted(exported) == sorted(original)
     for name, tensor in original.items():
         assert exported[name].dtype == tensor.dtype and exported[name].tobytes() == tensor.tobytes(), name
+
+
+def test_the_exported_config_is_the_checkpoints_own(hf_folder, tmp_path):
+    """config.json written from the architecture loads in transformers as the original: the
+    exported folder computes the same logits."""
+    model = theseus_model(hf_folder)
+    arch = arch_of(model)
+    original = json.loads((hf_folder / "config.json").read_text())
+    config = hf_config(arch, model.vocab_size, {key: original.get(key) for key in SPECIAL_TOKENS})
+    assert config["model_type"] == original["model_type"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shutil.copy(hf_folder / WEIGHTS_FILE, tmp_path)
+    tokens = np.random.default_rng(3).integers(0, model.vocab_size, size=(2, 16))
+    np.testing.assert_array_equal(hf_logits(tmp_path, tokens), hf_logits(hf_folder, tokens))
 
 
 def test_greedy_generation_equals_transformers(hf_folder):

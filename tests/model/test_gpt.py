@@ -55,9 +55,9 @@ def test_import_registers_gpt_with_the_architecture_keys():
     assert registry.options("model")["gpt"] is GPT
     keys = {key.removeprefix("architecture.") for key in schema_of(GPT)}
     assert keys == {
-        "vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "dropout", "bias", "norm",
-        "activation", "positions", "rope_theta", "tie_embeddings", "init_std", "attention_impl", "remat", "scan_layers",
-        "dtype.param", "dtype.activation",
+        "vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "dropout", "bias",
+        "qkv_bias", "norm", "norm_eps", "activation", "positions", "rope_theta", "tie_embeddings", "init_std",
+        "attention_impl", "remat", "scan_layers", "dtype.param", "dtype.activation",
     }
     defaults = {name: getattr(GPT(vocab_size=1), name) for name in ("n_layers", "d_model", "n_heads", "seq_len")}
     assert defaults == {"n_layers": 12, "d_model": 768, "n_heads": 12, "seq_len": 1024}

@@ -127,7 +127,7 @@ def to_theseus(model_type: str, arch: Mapping[str, Any], read: Read) -> dict[str
         if not arch["tie_embeddings"]:
             out["lm_head"] = _linear(read, "lm_head.weight", None)
         return out
-    if model_type == "llama":
+    if model_type in ("llama", "qwen2"):
         out["wte/embedding"] = lambda: read("model.embed_tokens.weight")
         for i in range(arch["n_layers"]):
             p, t = f"model.layers.{i}", f"h_{i}"
@@ -141,11 +141,14 @@ def to_theseus(model_type: str, arch: Mapping[str, Any], read: Read) -> dict[str
                 f"{t}/mlp/w_in": _gate_up(read, f"{p}.mlp"),
                 f"{t}/mlp/w_out": _linear(read, f"{p}.mlp.down_proj.weight", None),
             })
+            if arch["qkv_bias"]:
+                for w, n in (("q", heads), ("k", kv), ("v", kv)):
+                    out[f"{t}/attn/b{w}"] = _reshaped(read, f"{p}.self_attn.{w}_proj.bias", (n, hd))
         out["ln_f/scale"] = _reshaped(read, "model.norm.weight", None)
         if not arch["tie_embeddings"]:
             out["lm_head"] = _linear(read, "lm_head.weight", None)
         return out
-    raise ConfigError(f"model_type {model_type!r} has no weight mapping (gpt2, llama)")
+    raise ConfigError(f"model_type {model_type!r} has no weight mapping (gpt2, llama, qwen2)")
 
 
 def to_hf(model_type: str, arch: Mapping[str, Any], params: Params, vocab_size: int) -> dict[str, np.ndarray]:
@@ -172,7 +175,7 @@ def to_hf(model_type: str, arch: Mapping[str, Any], params: Params, vocab_size: 
                                                                       params[f"{t}/{norm}/bias"])
         out["ln_f.weight"], out["ln_f.bias"] = params["ln_f/scale"], params["ln_f/bias"]
         out = {GPT2_PREFIX + key: value for key, value in out.items()}
-    elif model_type == "llama":
+    elif model_type in ("llama", "qwen2"):
         out["model.embed_tokens.weight"] = wte
         for i in range(arch["n_layers"]):
             p, t = f"model.layers.{i}", f"h_{i}"
@@ -187,9 +190,11 @@ def to_hf(model_type: str, arch: Mapping[str, Any], params: Params, vocab_size: 
                 f"{p}.mlp.gate_proj.weight": w_in[0].T, f"{p}.mlp.up_proj.weight": w_in[1].T,
                 f"{p}.mlp.down_proj.weight": params[f"{t}/mlp/w_out"].T,
             })
+            if arch["qkv_bias"]:
+                out.update({f"{p}.self_attn.{w}_proj.bias": params[f"{t}/attn/b{w}"].reshape(-1) for w in "qkv"})
         out["model.norm.weight"] = params["ln_f/scale"]
     else:
-        raise ConfigError(f"model_type {model_type!r} has no weight mapping (gpt2, llama)")
+        raise ConfigError(f"model_type {model_type!r} has no weight mapping (gpt2, llama, qwen2)")
     if not arch["tie_embeddings"]:
         out["lm_head.weight"] = params["lm_head"][:, :vocab_size].T
     return {key: np.ascontiguousarray(value) for key, value in out.items()}

@@ -127,7 +127,7 @@ class LayerNorm(Module):
 
     d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
     bias: bool = field("architecture/bias", default=True, help="add biases to linear layers and norms")
-    eps: float = 1e-5
+    norm_eps: float = field("architecture/norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
 
     def setup(self):
         self.scale = param(self, "scale", nn.initializers.ones, (EMBED,), (self.d_model,))
@@ -136,7 +136,7 @@ class LayerNorm(Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.astype(jnp.float32)
         x = x - x.mean(-1, keepdims=True)
-        y = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + self.eps) * self.scale.astype(jnp.float32)
+        y = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + self.norm_eps) * self.scale.astype(jnp.float32)
         if self.offset is not None:
             y = y + self.offset.astype(jnp.float32)
         return y.astype(self._activation_dtype)
@@ -146,14 +146,14 @@ class RMSNorm(Module):
     """``x / sqrt(mean(x^2) + eps) * scale`` over d_model, in float32."""
 
     d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
-    eps: float = 1e-5
+    norm_eps: float = field("architecture/norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
 
     def setup(self):
         self.scale = param(self, "scale", nn.initializers.ones, (EMBED,), (self.d_model,))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.astype(jnp.float32)
-        y = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + self.eps) * self.scale.astype(jnp.float32)
+        y = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + self.norm_eps) * self.scale.astype(jnp.float32)
         return y.astype(self._activation_dtype)
 
 
@@ -241,6 +241,8 @@ class Attention(Module):
     n_heads: int = field("architecture/n_heads", default=12, help="attention (query) heads")
     n_kv_heads: int | None = field("architecture/n_kv_heads", default=None, help="key/value heads; None: n_heads")
     bias: bool = field("architecture/bias", default=True, help="add biases to linear layers and norms")
+    qkv_bias: bool = field("architecture/qkv_bias", default=False,
+                           help="biases on the query, key and value projections even with bias=false (Qwen2)")
     dropout: float = field("architecture/dropout", default=0.0, help="dropout rate (training only)")
     init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
     positions: str = field(
@@ -276,9 +278,10 @@ class Attention(Module):
         self.wk = param(self, "wk", init, (EMBED, KV_HEADS, HEAD_DIM), (d, kv, hd))
         self.wv = param(self, "wv", init, (EMBED, KV_HEADS, HEAD_DIM), (d, kv, hd))
         self.wo = param(self, "wo", init, (HEADS, HEAD_DIM, EMBED), (h, hd, d))
-        self.bq = param(self, "bq", zeros, (HEADS, HEAD_DIM), (h, hd)) if self.bias else None
-        self.bk = param(self, "bk", zeros, (KV_HEADS, HEAD_DIM), (kv, hd)) if self.bias else None
-        self.bv = param(self, "bv", zeros, (KV_HEADS, HEAD_DIM), (kv, hd)) if self.bias else None
+        qkv_bias = self.bias or self.qkv_bias
+        self.bq = param(self, "bq", zeros, (HEADS, HEAD_DIM), (h, hd)) if qkv_bias else None
+        self.bk = param(self, "bk", zeros, (KV_HEADS, HEAD_DIM), (kv, hd)) if qkv_bias else None
+        self.bv = param(self, "bv", zeros, (KV_HEADS, HEAD_DIM), (kv, hd)) if qkv_bias else None
         self.bo = param(self, "bo", zeros, (EMBED,), (d,)) if self.bias else None
         self.rope = configure(RoPE) if self.positions == "rope" else None
         self.cache = configure(KVCache) if self.decode else None

@@ -67,6 +67,8 @@ class GPT(Module):
     d_ff: int | None = field("architecture/d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
     dropout: float = field("architecture/dropout", default=0.0, help="dropout rate (training only)")
     bias: bool = field("architecture/bias", default=True, help="add biases to linear layers and norms")
+    qkv_bias: bool = field("architecture/qkv_bias", default=False,
+                           help="biases on the query, key and value projections even with bias=false (Qwen2)")
     norm: str = field("architecture/norm", default="layernorm", help="normalisation layer: layernorm or rmsnorm")
     activation: str = field(
         "architecture/activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
@@ -75,6 +77,7 @@ class GPT(Module):
         "architecture/positions", default="learned", choices=("learned", "rope"), help="position encoding"
     )
     rope_theta: float = field("architecture/rope_theta", default=10000.0, help="RoPE base wavelength")
+    norm_eps: float = field("architecture/norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
     tie_embeddings: bool = field("architecture/tie_embeddings", default=True, help="output head = token embedding")
     init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
     attention_impl: str | None = field(
@@ -94,7 +97,7 @@ class GPT(Module):
     def __post_init__(self):
         check_vocab_size(self.vocab_size)
         for key in ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "rope_theta",
-                    "init_std"):
+                    "init_std", "norm_eps"):
             value = getattr(self, key)
             if value is not None and value <= 0:
                 raise ConfigError(f"architecture.{key} must be positive, got {value}")
