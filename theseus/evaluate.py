@@ -2,8 +2,8 @@
 
 Runs the evaluations a training run logs (``val_loss``, per mixture source, each task of
 ``evaluation.multiple_choice``) on a run directory's newest readable checkpoint (or
-``--step``), on one device, prints them as a table and writes them as JSON to
-``RUN_DIR/eval-STEP.json`` (or ``--out``). Overrides may add or change evaluation keys::
+``--step``) as the trainer runs them (the run's mesh over every device), prints them as a
+table and writes them as JSON to ``RUN_DIR/eval-STEP.json`` (or ``--out``). Overrides may add or change evaluation keys::
 
     python -m theseus.evaluate outputs/run evaluation.multiple_choice.toy=toy.jsonl trainer.eval_batches=20
 """
@@ -11,25 +11,17 @@ Runs the evaluations a training run logs (``val_loss``, per mixture source, each
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from pathlib import Path
 
-import jax
-from jax.sharding import NamedSharding, PartitionSpec
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from theseus.config import ConfigError, configuration, configure
-from theseus.data.config import DataConfig
-from theseus.sample import restore
-from theseus.tasks.evaluation import evaluate, load_evaluations
-from theseus.tasks.task import task_class
-from theseus.training.config import TrainerConfig
-from theseus.training.step import eval_step
-from theseus.training.trainer import BATCH_MESH_AXES
+from theseus.config import ConfigError
+from theseus.sample import checkpoint, saved_config
+from theseus.training.trainer import Trainer
 
 KEYS = ("evaluation.", "trainer.eval_batches")  # what an override may set: what is evaluated, not the model
 
@@ -46,17 +38,15 @@ def overrides(args: list[str]) -> DictConfig:
     return OmegaConf.from_dotlist(items)
 
 
-def run_evaluations(run_dir: Path, step: int | None, args: list[str]) -> tuple[int, dict[str, float]]:
-    """``(step, metrics)`` of the run's checkpoint, evaluated as the trainer evaluates."""
-    run = restore(run_dir, step, overrides(args))
-    with configuration(run.cfg):
-        settings, data, task = configure(TrainerConfig), configure(DataConfig), configure(task_class(run.cfg))
-    evaluations = load_evaluations(run.cfg, run.data, run.model, data.seed, prefetch=0)
-    loss = jax.jit(functools.partial(eval_step, model=run.model, task=task))
-    metrics = evaluate(run.params, evaluations, loss=loss, val_metrics=task.val_metrics,
-                       sharding=NamedSharding(run.mesh, PartitionSpec(BATCH_MESH_AXES, None)), rules=(), share=(0, 1),
-                       batch_size=settings.batch_size // settings.grad_accum, batches=settings.eval_batches)
-    return run.step, metrics
+def run_evaluations(run_dir: Path, step: int | None, args: list[str]) -> dict:
+    """The record of an evaluation of the run's checkpoint (``step``, ``mesh``, ``metrics``), by
+    the run's own Trainer: its mesh over every device, its parameter layout and compiled eval
+    step, the batches its loop evaluates on."""
+    trainer = Trainer(saved_config(run_dir, overrides(args)))
+    compiled = trainer.build()
+    state, at = checkpoint(run_dir, step, compiled.target)
+    return {"run_dir": str(run_dir), "step": at, "mesh": dict(compiled.mesh.shape),
+            "metrics": trainer.evaluation_metrics(compiled, state.params)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,18 +57,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N")
     args = parser.parse_intermixed_args(argv)
     try:
-        step, metrics = run_evaluations(args.run_dir, args.step, args.overrides)
+        record = run_evaluations(args.run_dir, args.step, args.overrides)
     except ConfigError as exc:
         print(f"theseus: error: {exc}", file=sys.stderr)
         return 2
-    table = Table(title=f"{args.run_dir} at step {step}")
+    mesh = " x ".join(f"{axis} {size}" for axis, size in record["mesh"].items())
+    table = Table(title=f"{args.run_dir} at step {record['step']} (mesh {mesh})")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key, value in metrics.items():
+    for key, value in record["metrics"].items():
         table.add_row(key, f"{value:.4f}")
     Console().print(table)
-    out = args.out or args.run_dir / f"eval-{step}.json"
-    out.write_text(json.dumps({"run_dir": str(args.run_dir), "step": step, "metrics": metrics}, indent=2) + "\n")
+    out = args.out or args.run_dir / f"eval-{record['step']}.json"
+    out.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 

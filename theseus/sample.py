@@ -44,15 +44,35 @@ class Restored:
     step: int
 
 
-def restore(run_dir: Path, step: int | None = None, overrides: DictConfig | None = None) -> Restored:
-    """The model, parameters and data of a run directory's checkpoint (the newest readable one,
-    or ``step``), its saved config merged with ``overrides``; ConfigError when there is none."""
+def saved_config(run_dir: Path, overrides: DictConfig | None = None) -> DictConfig:
+    """The config a run directory's job ran (``.hydra/config.yaml``) merged with ``overrides``;
+    ConfigError when ``run_dir`` is not a run directory. Registers the modules it may name."""
     config_file = run_dir / ".hydra" / "config.yaml"
     if not config_file.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml): give the folder a run wrote")
     registry.load()
+    return OmegaConf.merge(OmegaConf.load(config_file), overrides or {})
+
+
+def checkpoint(run_dir: Path, step: int | None, target: Any) -> tuple[Any, int]:
+    """``(state, step)``: a run directory's checkpoint (the newest readable one, or ``step``)
+    restored onto ``target`` (the state's layout); ConfigError when there is none."""
+    checkpoints = Checkpointer(run_dir / "checkpoints", requested_step=step)
+    if step is not None and step not in checkpoints.steps():
+        raise ConfigError(f"{run_dir / 'checkpoints'} has no checkpoint of step {step}: saved steps are "
+                          f"{', '.join(map(str, checkpoints.steps())) or 'none'}")
+    restored = checkpoints.restore(target, step=step, report=lambda line: print(line, file=sys.stderr))
+    if restored is None:
+        raise ConfigError(f"{run_dir / 'checkpoints'} holds no readable checkpoint: train first")
+    return restored[0], restored[3]
+
+
+def restore(run_dir: Path, step: int | None = None, overrides: DictConfig | None = None) -> Restored:
+    """The model, parameters and data of a run directory's checkpoint (the newest readable one,
+    or ``step``), its saved config merged with ``overrides``, on one device; ConfigError when
+    there is none."""
     # a run from a Hugging Face folder (trainer.init_from) takes that folder's architecture
-    cfg = apply_init_from(OmegaConf.merge(OmegaConf.load(config_file), overrides or {}))
+    cfg = apply_init_from(saved_config(run_dir, overrides))
     with configuration(cfg):
         dataset = open_dataset(configure(DataConfig))
     cfg = with_vocab(cfg, dataset.vocab_size)
@@ -61,14 +81,8 @@ def restore(run_dir: Path, step: int | None = None, overrides: DictConfig | None
         tx, _ = make_optimizer(configure(optimizer_class(cfg)), 1)
     mesh = make_mesh(MeshConfig(data=1), jax.devices()[:1])
     _, target, _ = sharded_init(model, tx, model.seq_len, 0, ShardingPlan(), mesh)
-    checkpoints = Checkpointer(run_dir / "checkpoints", requested_step=step)
-    if step is not None and step not in checkpoints.steps():
-        raise ConfigError(f"{run_dir / 'checkpoints'} has no checkpoint of step {step}: saved steps are "
-                          f"{', '.join(map(str, checkpoints.steps())) or 'none'}")
-    restored = checkpoints.restore(target, step=step, report=lambda line: print(line, file=sys.stderr))
-    if restored is None:
-        raise ConfigError(f"{run_dir / 'checkpoints'} holds no readable checkpoint: train first")
-    return Restored(cfg, dataset, model, restored[0].params, mesh, restored[3])
+    state, at = checkpoint(run_dir, step, target)
+    return Restored(cfg, dataset, model, state.params, mesh, at)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -128,11 +128,13 @@ def test_each_source_s_loss_equals_that_source_evaluated_alone(files, straight):
 
 
 def test_evaluate_a_checkpoint_reproduces_the_logged_evaluation(files, straight, tmp_path):
-    proc = run_python("-m", "theseus.evaluate", str(straight), cwd=tmp_path)
+    """On 8 devices (the run's mesh over all of them) as the run logged on one; then on one."""
+    proc = run_python("-m", "theseus.evaluate", str(straight), cwd=tmp_path, devices=8)
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = json.loads((straight / f"eval-{STEPS}.json").read_text())
     logged = [r for r in rows(straight) if "val_loss" in r][-1]
     assert written["step"] == STEPS and set(written["metrics"]) == set(logged) - {"step"}
+    assert written["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
     for key, value in written["metrics"].items():
         assert value == pytest.approx(logged[key], rel=1e-5, abs=1e-9), key
         assert key in proc.stdout

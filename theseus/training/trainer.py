@@ -231,7 +231,7 @@ class Trainer:
         with loop.logger, Preemption() as loop.preemption:
             if loop.step >= loop.last_step:
                 loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
-                loop.val_loss = self._evaluate(loop.compiled, loop.state.params)["val_loss"]
+                loop.val_loss = self.evaluation_metrics(loop.compiled, loop.state.params)["val_loss"]
             while loop.step < loop.last_step and not loop.stop:
                 self.train_step(loop)
                 with loop.window.pause():  # the hooks' time is not step time
@@ -304,7 +304,7 @@ class Trainer:
         """Every ``trainer.eval_every`` steps: the validation loss, logged with the task's metrics."""
         loop.evaluated = loop.due(self.settings.eval_every)
         if loop.evaluated:
-            metrics = self._evaluate(loop.compiled, loop.state.params)
+            metrics = self.evaluation_metrics(loop.compiled, loop.state.params)
             loop.val_loss = metrics["val_loss"]
             loop.logger.log(loop.step, metrics)
 
@@ -378,9 +378,10 @@ class Trainer:
         shape = (s.grad_accum, s.batch_size // s.grad_accum, host.shape[-1])
         return on_devices(local, self.batch_sharding(mesh, accumulated=True), shape)
 
-    def _evaluate(self, compiled: Compiled, params: Any) -> dict[str, float]:
+    def evaluation_metrics(self, compiled: Compiled, params: Any) -> dict[str, float]:
         """Every evaluation's metrics (``val_loss``, per source, multiple-choice tasks) on
-        ``trainer.eval_batches`` batches of each validation split (the same each time)."""
+        ``trainer.eval_batches`` batches of each validation split (the same each time): the
+        loop's, and ``python -m theseus.evaluate``'s of a checkpoint."""
         s = self.settings
         return evaluate(params, self.evaluations, loss=compiled.evaluate, val_metrics=self.task.val_metrics,
                         sharding=self.batch_sharding(compiled.mesh), rules=self.plan.rules(),
