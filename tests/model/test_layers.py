@@ -105,6 +105,34 @@ def test_attention_matches_naive_causal_attention(n_kv_heads):
     np.testing.assert_allclose(attn.apply(params, x, positions), naive_attention(x, p, 4, n_kv_heads), atol=1e-4)
 
 
+def reference_attention(p, x, n_heads, n_kv_heads):
+    """Causal attention in jax, one einsum per projection (what Attention.project fuses)."""
+    q, k, v = (jnp.einsum("bsd,dnh->bnsh", x, p[w]) + (p[b][None, :, None] if b in p else 0.0)
+               for w, b in (("wq", "bq"), ("wk", "bk"), ("wv", "bv")))
+    k, v = jnp.repeat(k, n_heads // n_kv_heads, axis=1), jnp.repeat(v, n_heads // n_kv_heads, axis=1)
+    seq = x.shape[1]
+    scores = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1]), -jnp.inf)
+    return jnp.einsum("bnsh,nhd->bsd", jax.nn.softmax(scores, axis=-1) @ v, p["wo"]) + p.get("bo", 0.0)
+
+
+@pytest.mark.parametrize("n_kv_heads, bias", [(4, True), (2, True), (4, False)])
+def test_attention_gradients_match_separate_projections(n_kv_heads, bias):
+    """The fused q/k/v matmul (stacked_dense) has the gradients of three separate ones."""
+    attn = build(Attention, **{"architecture.n_kv_heads": n_kv_heads, "architecture.bias": bias})
+    x = normal(2, 6, D, seed=1)
+    positions = jnp.arange(6)
+    p = random_params(attn, x, positions, seed=3)["params"]
+
+    def loss(fn):
+        return jax.grad(lambda p, x: jnp.sum(jnp.sin(fn(p, x))), argnums=(0, 1))(p, x)
+
+    got = loss(lambda p, x: attn.apply({"params": p}, x, positions))
+    want = loss(lambda p, x: reference_attention(p, x, 4, n_kv_heads))
+    assert set(got[0]) == set(want[0]) == ({"wq", "wk", "wv", "wo"} | ({"bq", "bk", "bv", "bo"} if bias else set()))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
 def test_grouped_query_attention_equals_mha_with_repeated_kv_heads():
     gqa, mha = build(Attention, **{"architecture.n_kv_heads": 2}), build(Attention)
     x = normal(2, 6, D, seed=1)
