@@ -43,6 +43,26 @@ def test_layernorm_matches_formula_in_float32_for_bfloat16_activations():
     np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_layernorm_gradients_equal_autodiff_of_the_formula(bias):
+    """``normalize``'s closed-form backward against jax's autodiff of the two-pass formula."""
+    norm = build(LayerNorm, **{"architecture.bias": bias})
+    x = 3.0 + 2.0 * normal(2, 5, D, seed=1)
+    p = random_params(norm, x, seed=2)["params"]
+
+    def formula(p, x):
+        centred = x - x.mean(-1, keepdims=True)
+        return centred / jnp.sqrt((centred**2).mean(-1, keepdims=True) + 1e-5) * p["scale"] + p.get("bias", 0.0)
+
+    def grads(fn):  # a loss that weighs every output differently, so each partial matters
+        return jax.grad(lambda p, x: jnp.sum(jnp.sin(fn(p, x)) * normal(2, 5, D, seed=3)), argnums=(0, 1))(p, x)
+
+    got, want = grads(lambda p, x: norm.apply({"params": p}, x)), grads(formula)
+    assert set(got[0]) == set(want[0]) == ({"scale", "bias"} if bias else {"scale"})
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
 def test_layernorm_without_bias_has_no_bias_param():
     norm = build(LayerNorm, **{"architecture.bias": False})
     assert set(random_params(norm, jnp.ones((1, D)))["params"]) == {"scale"}
