@@ -126,7 +126,7 @@ def test_attention_matches_naive_causal_attention(n_kv_heads):
 
 
 def reference_attention(p, x, n_heads, n_kv_heads):
-    """Causal attention in jax, one einsum per projection (what Attention.project fuses)."""
+    """Causal attention in jax: one einsum per projection, softmax over masked scores."""
     q, k, v = (jnp.einsum("bsd,dnh->bnsh", x, p[w]) + (p[b][None, :, None] if b in p else 0.0)
                for w, b in (("wq", "bq"), ("wk", "bk"), ("wv", "bv")))
     k, v = jnp.repeat(k, n_heads // n_kv_heads, axis=1), jnp.repeat(v, n_heads // n_kv_heads, axis=1)
@@ -136,8 +136,9 @@ def reference_attention(p, x, n_heads, n_kv_heads):
 
 
 @pytest.mark.parametrize("n_kv_heads, bias", [(4, True), (2, True), (4, False)])
-def test_attention_gradients_match_separate_projections(n_kv_heads, bias):
-    """The fused q/k/v matmul (stacked_dense) has the gradients of three separate ones."""
+def test_attention_gradients_match_a_reference(n_kv_heads, bias):
+    """Gradients through jax.nn.dot_product_attention's causal path, GQA's shared heads and
+    the optional biases equal those of the plain formula."""
     attn = build(Attention, **{"architecture.n_kv_heads": n_kv_heads, "architecture.bias": bias})
     x = normal(2, 6, D, seed=1)
     positions = jnp.arange(6)
@@ -150,7 +151,7 @@ def test_attention_gradients_match_separate_projections(n_kv_heads, bias):
     want = loss(lambda p, x: reference_attention(p, x, 4, n_kv_heads))
     assert set(got[0]) == set(want[0]) == ({"wq", "wk", "wv", "wo"} | ({"bq", "bk", "bv", "bo"} if bias else set()))
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3)  # float32, standard-normal weights: sharp softmaxes
 
 
 def test_grouped_query_attention_equals_mha_with_repeated_kv_heads():

@@ -11,7 +11,7 @@ Shapes: ``x: [batch, seq, d_model]``; ``positions: int32[seq]``, the index of ea
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import ClassVar
 
 import flax.linen as nn
@@ -64,19 +64,6 @@ def dense(equation: str, x: jax.Array, w: jax.Array, b: jax.Array | None, dtype:
     """``einsum(equation, x, w) + b`` computed in ``dtype`` (no bias when ``b`` is None)."""
     y = jnp.einsum(equation, x.astype(dtype), w.astype(dtype))
     return y if b is None else y + b.astype(dtype)
-
-
-def stacked_dense(x: jax.Array, weights: Sequence[jax.Array], biases: Sequence[jax.Array | None],
-                  dtype: jnp.dtype) -> list[jax.Array]:
-    """``dense("bsd,dnh->bsnh", x, w, b)`` for each of several weights of one shape ``[d, n, h]``,
-    as ONE matmul against them stacked on a new axis ``[d, len, n, h]``; returns each
-    ``[batch, seq, n, h]``. One [tokens, d] x [d, len * n * h] product (and one per gradient)
-    keeps a small model's matrix units busier than ``len`` thin ones; the stacked axis sits
-    after ``d``, so the heads axis keeps its sharding and no weight is resharded."""
-    y = jnp.einsum("bsd,dcnh->bscnh", x.astype(dtype), jnp.stack([w.astype(dtype) for w in weights], axis=1))
-    if biases[0] is not None:
-        y = y + jnp.stack([b.astype(dtype) for b in biases])
-    return [y[:, :, i] for i in range(len(weights))]
 
 
 class Embedding(Module):
@@ -327,7 +314,9 @@ class Attention(Module):
 
     def __call__(self, x: jax.Array, positions: jax.Array, deterministic: bool = True) -> jax.Array:
         dtype = self._activation_dtype
-        q, k, v = self.project(x)
+        q = dense("bsd,dnh->bsnh", x, self.wq, self.bq, dtype)  # [batch, seq, heads, head_dim]
+        k = dense("bsd,dnh->bsnh", x, self.wk, self.bk, dtype)  # [batch, seq, kv_heads, head_dim]
+        v = dense("bsd,dnh->bsnh", x, self.wv, self.bv, dtype)
         q = nn.with_logical_constraint(q, (BATCH, SEQ, HEADS, HEAD_DIM))
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
@@ -338,16 +327,6 @@ class Attention(Module):
             out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
         y = dense("bsnh,nhd->bsd", out, self.wo, self.bo, dtype)
         return self.drop(y, deterministic=deterministic)
-
-    def project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """``x: [batch, seq, d_model]`` -> ``q: [batch, seq, heads, head_dim]``, ``k, v: [batch,
-        seq, kv_heads, head_dim]``. Projections of one shape are one matmul (``stacked_dense``):
-        q, k and v together, or with grouped-query heads q alone and k, v together."""
-        dtype = self._activation_dtype
-        if self.kv_heads == self.n_heads:
-            return tuple(stacked_dense(x, (self.wq, self.wk, self.wv), (self.bq, self.bk, self.bv), dtype))
-        q = dense("bsd,dnh->bsnh", x, self.wq, self.bq, dtype)
-        return (q, *stacked_dense(x, (self.wk, self.wv), (self.bk, self.bv), dtype))
 
     def flops(self, seq: int) -> int:
         """Projections (q, o: d_model x d_model; k, v: d_model x kv width), then scores and
