@@ -43,6 +43,26 @@ def test_layernorm_matches_formula_in_float32_for_bfloat16_activations():
     np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_layernorm_gradients_equal_autodiff_of_the_formula(bias):
+    """``normalize``'s closed-form backward against jax's autodiff of the two-pass formula."""
+    norm = build(LayerNorm, **{"architecture.bias": bias})
+    x = 3.0 + 2.0 * normal(2, 5, D, seed=1)
+    p = random_params(norm, x, seed=2)["params"]
+
+    def formula(p, x):
+        centred = x - x.mean(-1, keepdims=True)
+        return centred / jnp.sqrt((centred**2).mean(-1, keepdims=True) + 1e-5) * p["scale"] + p.get("bias", 0.0)
+
+    def grads(fn):  # a loss that weighs every output differently, so each partial matters
+        return jax.grad(lambda p, x: jnp.sum(jnp.sin(fn(p, x)) * normal(2, 5, D, seed=3)), argnums=(0, 1))(p, x)
+
+    got, want = grads(lambda p, x: norm.apply({"params": p}, x)), grads(formula)
+    assert set(got[0]) == set(want[0]) == ({"scale", "bias"} if bias else {"scale"})
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
 def test_layernorm_without_bias_has_no_bias_param():
     norm = build(LayerNorm, **{"architecture.bias": False})
     assert set(random_params(norm, jnp.ones((1, D)))["params"]) == {"scale"}
@@ -103,6 +123,35 @@ def test_attention_matches_naive_causal_attention(n_kv_heads):
     params = random_params(attn, x, positions, seed=n_kv_heads)
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params["params"])
     np.testing.assert_allclose(attn.apply(params, x, positions), naive_attention(x, p, 4, n_kv_heads), atol=1e-4)
+
+
+def reference_attention(p, x, n_heads, n_kv_heads):
+    """Causal attention in jax: one einsum per projection, softmax over masked scores."""
+    q, k, v = (jnp.einsum("bsd,dnh->bnsh", x, p[w]) + (p[b][None, :, None] if b in p else 0.0)
+               for w, b in (("wq", "bq"), ("wk", "bk"), ("wv", "bv")))
+    k, v = jnp.repeat(k, n_heads // n_kv_heads, axis=1), jnp.repeat(v, n_heads // n_kv_heads, axis=1)
+    seq = x.shape[1]
+    scores = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1]), -jnp.inf)
+    return jnp.einsum("bnsh,nhd->bsd", jax.nn.softmax(scores, axis=-1) @ v, p["wo"]) + p.get("bo", 0.0)
+
+
+@pytest.mark.parametrize("n_kv_heads, bias", [(4, True), (2, True), (4, False)])
+def test_attention_gradients_match_a_reference(n_kv_heads, bias):
+    """Gradients through jax.nn.dot_product_attention's causal path, GQA's shared heads and
+    the optional biases equal those of the plain formula."""
+    attn = build(Attention, **{"architecture.n_kv_heads": n_kv_heads, "architecture.bias": bias})
+    x = normal(2, 6, D, seed=1)
+    positions = jnp.arange(6)
+    p = random_params(attn, x, positions, seed=3)["params"]
+
+    def loss(fn):
+        return jax.grad(lambda p, x: jnp.sum(jnp.sin(fn(p, x))), argnums=(0, 1))(p, x)
+
+    got = loss(lambda p, x: attn.apply({"params": p}, x, positions))
+    want = loss(lambda p, x: reference_attention(p, x, 4, n_kv_heads))
+    assert set(got[0]) == set(want[0]) == ({"wq", "wk", "wv", "wo"} | ({"bq", "bk", "bv", "bo"} if bias else set()))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3)  # float32, standard-normal weights: sharp softmaxes
 
 
 def test_grouped_query_attention_equals_mha_with_repeated_kv_heads():
