@@ -38,6 +38,7 @@ from common import child, experiment, interleaved, make_trainer, program_cost, s
 from theseus.data.loader import Windows
 from theseus.training.logger import RunLogger
 from theseus.training.loop import Loop
+from theseus.training.optimizer import decay_mask
 
 # Settings the bare loop implements too: no dropout, a cosine schedule, no accumulation.
 FAIR = ["architecture.dropout=0.0", "optimizer.schedule=cosine", "trainer.grad_accum=1"]
@@ -89,9 +90,8 @@ class BareLoop:
         self.params = jax.jit(lambda: nn.unbox(model.init(jax.random.key(s.seed), tokens)["params"]))()
         schedule = optax.warmup_cosine_decay_schedule(0.0, o.lr, o.warmup_steps, s.max_steps,
                                                       end_value=o.lr * o.min_lr_ratio)
-        mask = functools.partial(jax.tree_util.tree_map_with_path, _decays)
-        self.tx = optax.chain(optax.clip_by_global_norm(o.clip_norm),
-                              optax.adamw(schedule, o.b1, o.b2, o.eps, weight_decay=o.weight_decay, mask=mask))
+        self.tx = optax.chain(optax.clip_by_global_norm(o.clip_norm),  # theseus's rule of what decays
+                              optax.adamw(schedule, o.b1, o.b2, o.eps, weight_decay=o.weight_decay, mask=decay_mask))
         self.opt_state = self.tx.init(self.params)
         self.step = jax.jit(functools.partial(_bare_step, model, self.tx), donate_argnums=(0, 1))
         self.windows = Windows(trainer.dataset.tokens["train"], trainer.seq_len, s.batch_size, trainer.data_config.seed)
@@ -107,11 +107,6 @@ class BareLoop:
             losses.append(loss)
         loss = float(np.mean(np.asarray(jax.device_get(losses), np.float64)))
         return (time.perf_counter() - clock) / self.every, loss
-
-
-def _decays(path, param) -> bool:
-    """Weight decay on matrices, not on embeddings, norms or biases (theseus's rule)."""
-    return param.ndim >= 2 and "embed" not in jax.tree_util.keystr(path)
 
 
 def _bare_step(model, tx, params, opt_state, batch):
