@@ -77,5 +77,6 @@ def test_a_composed_config_is_checked_once_and_configure_takes_its_values(monkey
     with configuration({"architecture.n_layers": 2, "architecture.dropout": 0}):
         model = configure(GPT, vocab_size=64)
     assert model.dropout == 0.0 and isinstance(model.dropout, float) and len(calls) > composing
-    with configuration({"architecture.n_layers": "two"}), pytest.raises(ConfigError, match="architecture.n_layers must be int"):
-        configure(GPT, vocab_size=64)
+    with configuration({"architecture.n_layers": "two"}):
+        with pytest.raises(ConfigError, match="architecture.n_layers must be int"):
+            configure(GPT, vocab_size=64)

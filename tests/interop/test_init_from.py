@@ -64,7 +64,8 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_one_line(gpt2_folder, tmp_pat
 @pytest.mark.parametrize(("changes", "message"), [
     ({"model_type": "mistral"}, "model_type 'mistral' is not supported; theseus imports gpt2, llama, qwen2"),
     ({"attention_bias": True}, "attention_bias=True is not supported for model_type llama"),
-    ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window=True is not supported for model_type qwen2"),
+    ({"model_type": "qwen2", "use_sliding_window": True},
+     "use_sliding_window=True is not supported for model_type qwen2"),
     ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "RoPE scaling 'llama3' is not supported"),
 ])
 def test_what_theseus_does_not_compute_is_refused(llama_folder, tmp_path, changes, message):

@@ -131,13 +131,13 @@ def hf_config(arch: Mapping[str, Any], vocab_size: int, special: Mapping[str, in
     d_ff = arch["d_ff"] or 4 * arch["d_model"]
     common = {"vocab_size": vocab_size, "tie_word_embeddings": arch["tie_embeddings"],
               **{key: special.get(key) for key in SPECIAL_TOKENS}, "dtype": dtype}
-    if model_type(arch) == "gpt2":
+    kind = model_type(arch)
+    if kind == "gpt2":
         return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], **common,
                 "n_positions": arch["seq_len"], "n_embd": arch["d_model"], "n_layer": arch["n_layers"],
                 "n_head": arch["n_heads"], "n_inner": d_ff, "activation_function": "gelu_new",
-                "layer_norm_epsilon": arch["norm_eps"], "resid_pdrop": arch["dropout"], "embd_pdrop": arch["dropout"],
-                "attn_pdrop": 0.0}
-    kind = model_type(arch)
+                "layer_norm_epsilon": arch["norm_eps"], "resid_pdrop": arch["dropout"],
+                "embd_pdrop": arch["dropout"], "attn_pdrop": 0.0}
     own = ({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False} if kind == "qwen2"
            else {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "mlp_bias": False})
     return {"model_type": kind, **own, **common,
