@@ -8,7 +8,8 @@ The PyTorch model is the same GPT (learned positions, pre-norm blocks, LayerNorm
 biases, tanh GELU, tied head, the same padded vocabulary), with AdamW, clipping at 1.0 and
 ``F.scaled_dot_product_attention``, on the same batches, run at PyTorch's default threads and
 at one thread (on a loaded machine its spinning OpenMP threads can cost it more than they
-give; the ratio is against the faster). Data: Shakespeare
+give; the ratio is against the faster). theseus uses the cores as a user would on a CPU:
+``mesh.cpu_devices``, one device per core (``--cpu-devices 0``: JAX's single device). Data: Shakespeare
 (``/work/shared/data/tinyshakespeare.txt`` or ``--data``) when present, else the stdlib corpus.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from pathlib import Path
 
@@ -116,10 +118,13 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=SHAKESPEARE)
     parser.add_argument("--rounds", type=int, default=6, help="timed windows per side")
     parser.add_argument("--steps", type=int, default=20, help="steps per window")
+    parser.add_argument("--cpu-devices", type=int, default=len(os.sched_getaffinity(0)),
+                        help="mesh.cpu_devices (default: this process's cores; 0: JAX's one device)")
     parser.add_argument("--extra", nargs="*", default=[], help="more theseus overrides (e.g. XLA-side knobs)")
     args = parser.parse_args()
     data = ["data.source=text", f"data.path={args.data}", "data.tokenizer=char"] if args.data.is_file() else []
-    trainer = make_trainer(["+experiment=gpt_tiny", *data, *CONFIG, *args.extra])
+    devices = [f"mesh.cpu_devices={args.cpu_devices}"] if args.cpu_devices else []
+    trainer = make_trainer(["+experiment=gpt_tiny", *data, *CONFIG, *devices, *args.extra])
     loader = trainer.dataset.loader("train", trainer.seq_len, trainer.settings.batch_size, seed=0)
     batches = [next(loader) for _ in range(8)]  # [1, batch, seq + 1] each
     loader.close()
@@ -134,7 +139,7 @@ def main() -> None:
     tokens = trainer.tokens_per_step
     rate = {name: tokens / spread(values)["median"] for name, values in samples.items()}
     best_torch = max(v for name, v in rate.items() if name.startswith("torch"))
-    results = {"data": str(args.data) if data else "stdlib", "overrides": [*CONFIG, *args.extra],
+    results = {"data": str(args.data) if data else "stdlib", "overrides": [*CONFIG, *devices, *args.extra],
                "torch_threads": threads, "steps_per_window": args.steps, "samples_s_per_step": samples,
                "tokens_per_s": rate, "ratio": rate["theseus"] / best_torch,  # against PyTorch's faster setting
                "last_loss": {name: side.loss for name, side in sides.items()}}

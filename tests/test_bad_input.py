@@ -106,6 +106,13 @@ CASES = [
     _case("mesh_needs_more_devices", ["mesh.data=3"], "needs 3 devices but 2 are present",
           "set mesh.data/fsdp/tensor so their product is 2"),
     _case("mesh_size_zero", ["mesh.data=0"], "mesh.data=0", "must be positive"),
+    _case("profile_steps_one_number", ["trainer.profile_steps=[3]"], "trainer.profile_steps must be [START, END]"),
+    _case("profile_steps_from_zero", ["trainer.profile_steps=[0,2]"], "with 1 <= START <= END"),
+    _case("profile_steps_reversed", ["trainer.profile_steps=[4,2]"], "with 1 <= START <= END"),
+    # the driver's earlier cases have started JAX's CPU backend, with two devices
+    _case("mesh_cpu_devices_zero", ["mesh.cpu_devices=0"], "mesh.cpu_devices=0", "give a positive number"),
+    _case("mesh_cpu_devices_after_start", ["mesh.cpu_devices=3"], "mesh.cpu_devices=3",
+          "JAX's CPU backend has started with 2 devices", "set JAX_NUM_CPU_DEVICES=3"),
     _case("mesh_two_free_axes", ["mesh.fsdp=-1"], "mesh.data=-1 and mesh.fsdp=-1", "give the other mesh axes a size"),
     _case("mesh_rule_not_an_axis", ["+mesh.rules.vocab=bogus"], "mesh.rules.vocab='bogus' is not a mesh axis",
           "use one of data, fsdp, tensor"),

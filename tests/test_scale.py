@@ -51,12 +51,3 @@ def test_scanned_remat_run_trains_resumes_samples_and_profiles_only_the_chosen_s
                       "--temperature", "0", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("def ") and len(proc.stdout) > len("def ")
-
-
-@pytest.mark.parametrize("steps", ["[3]", "[0,2]", "[4,2]"])
-def test_bad_profile_steps_are_one_line(corpus, tmp_path, steps):
-    proc = run_python("-m", "theseus.run", *TINY, *corpus, f"trainer.profile_steps={steps}",
-                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert "trainer.profile_steps must be [START, END] with 1 <= START <= END" in proc.stderr
-    assert not (tmp_path / "run").exists()

@@ -43,7 +43,7 @@ def run_evaluations(run_dir: Path, step: int | None, args: list[str]) -> dict:
     the run's own Trainer: its mesh over every device, its parameter layout and compiled eval
     step, the batches its loop evaluates on."""
     trainer = Trainer(saved_config(run_dir, overrides(args)))
-    compiled = trainer.build()
+    compiled = trainer.build(train=False)
     state, at = checkpoint(run_dir, step, compiled.target)
     return {"run_dir": str(run_dir), "step": at, "mesh": dict(compiled.mesh.shape),
             "metrics": trainer.evaluation_metrics(compiled, state.params)}

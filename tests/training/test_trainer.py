@@ -17,7 +17,9 @@ from pathlib import Path
 import jax
 from theseus.config.compose import compose
 from theseus.training.trainer import Trainer
-from theseus.training.state import bytes_per_device, n_params
+from theseus.base.mesh import make_mesh
+from theseus.training.optimizer import make_optimizer
+from theseus.training.state import bytes_per_device, n_params, sharded_init
 
 corpus, meshes = sys.argv[1], json.loads(sys.argv[2])
 base = ["+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}", f"data.cache_dir={tempfile.mkdtemp()}",
@@ -30,14 +32,17 @@ for name, overrides in meshes.items():
     trainer.run(run_dir)
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     out[name] = [l["loss"] for l in lines if "loss" in l]
-    if name == "fsdp8":  # a wider model, so that small replicated vectors (biases) weigh little
-        params = Trainer(compose(base + overrides + ["architecture.d_model=256"])).build().target.params
-        out["bytes"] = [bytes_per_device(params), 4 * n_params(params)]
+    out.setdefault("devices", jax.device_count())
+    if name == "fsdp8":  # a wider model, so that small replicated vectors (biases) weigh little; its layout only
+        wide = Trainer(compose(base + overrides + ["architecture.d_model=256"]))
+        tx, _ = make_optimizer(wide.optimizer, 10)
+        _, target, _ = sharded_init(wide.model, tx, wide.seq_len, 0, wide.plan, make_mesh(wide.mesh_config))
+        out["bytes"] = [bytes_per_device(target.params), 4 * n_params(target.params)]
 print("RESULT" + json.dumps(out))
 """
 
 
-def losses(corpus, meshes: dict[str, list[str]], devices: int) -> dict[str, list[float]]:
+def losses(corpus, meshes: dict[str, list[str]], devices: int | None = None) -> dict[str, list[float]]:
     proc = run_python("-c", SCRIPT, str(corpus), json.dumps(meshes), devices=devices)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
@@ -52,10 +57,14 @@ def corpus(tmp_path_factory):
 
 
 def test_meshes_reproduce_single_device_losses(corpus):
-    single = losses(corpus, {"one": ["mesh.data=1"]}, devices=1)["one"]
-    meshes = {"data8": ["mesh.data=8"], "fsdp8": ["mesh.data=1", "mesh.fsdp=8"],
+    """The 8 devices are made by mesh.cpu_devices (no XLA flag), each compiled single-threaded."""
+    single = losses(corpus, {"one": ["mesh.data=1"]})
+    assert single.pop("devices") == 1
+    single = single["one"]
+    meshes = {"fsdp8": ["mesh.data=1", "mesh.fsdp=8"],  # data parallelism: tensor2_data4 and test_multihost
               "tensor2_data4": ["mesh.data=4", "mesh.tensor=2"], "fsdp4_tensor2": ["mesh.data=1", "mesh.fsdp=4", "mesh.tensor=2"]}
-    multi = losses(corpus, meshes, devices=8)
+    multi = losses(corpus, {name: [*mesh, "mesh.cpu_devices=8"] for name, mesh in meshes.items()})
+    assert multi.pop("devices") == 8
     per_device, total = multi.pop("bytes")
     assert len(single) == 10 and single[-1] < single[0]
     for name, values in multi.items():

@@ -23,9 +23,17 @@ class MeshConfig(Configurable):
     fsdp: int = field("mesh/fsdp", default=1, help="fully-sharded data-parallel size; -1: the remaining devices")
     tensor: int = field("mesh/tensor", default=1, help="tensor-parallel size; -1: the remaining devices")
     rules: dict = field("mesh/rules", default={}, help="logical axis -> mesh axes, overriding the model's plan")
+    cpu_devices: int | None = field(
+        "mesh/cpu_devices", default=None,
+        help="on a CPU: this many devices of the host's cores, one thread each (set it to the cores); None: JAX's",
+    )
 
     def __post_init__(self):
-        """Each rule maps a logical axis to mesh axes (a name, a list of names, or null)."""
+        """``cpu_devices`` is positive (or None); each rule maps a logical axis to mesh axes (a
+        name, a list of names, or null)."""
+        if self.cpu_devices is not None and self.cpu_devices < 1:
+            raise ConfigError(f"mesh.cpu_devices={self.cpu_devices}: give a positive number of CPU devices "
+                              f"(the host's cores), or null for JAX's default")
         for logical, axes in self.rules.items():
             names = [] if axes is None else [axes] if isinstance(axes, str) else axes
             if not isinstance(names, list | tuple) or any(axis not in MESH_AXES for axis in names):
@@ -55,6 +63,34 @@ class MeshConfig(Configurable):
                 f"set mesh.data/fsdp/tensor so their product is {n_devices} (-1 takes the rest)"
             )
         return sizes
+
+
+def use_cpu_devices(n: int | None) -> None:
+    """Make JAX's CPU backend ``n`` devices (``jax_num_cpu_devices``); None leaves JAX's default.
+
+    One CPU device runs its many small ops one after another on one core; a device per core,
+    with the batch split over them, keeps every core busy (their steps compiled with
+    ``compiler_options``). The backend starts once per process: after that, ``n`` must be
+    the devices it has.
+    """
+    if n is None:
+        return
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:  # started already (by XLA_FLAGS' count, or another mesh.cpu_devices)
+        have = len(jax.devices("cpu"))
+        if have == n:
+            return
+        raise ConfigError(f"mesh.cpu_devices={n}, but JAX's CPU backend has started with {have} devices, and it "
+                          f"starts once per process: use the same mesh.cpu_devices for every job of the process "
+                          f"and run no JAX work before the trainer (or set JAX_NUM_CPU_DEVICES={n})") from None
+
+
+def compiler_options(config: MeshConfig) -> dict[str, bool]:
+    """XLA options for the steps: with ``cpu_devices``, each device's matrix products on one
+    thread (the other cores are the other devices'; sharing them costs more than it gives)."""
+    on_cpu = config.cpu_devices is not None and jax.default_backend() == "cpu"
+    return {"xla_cpu_multi_thread_eigen": False} if on_cpu else {}
 
 
 def make_mesh(config: MeshConfig, devices: list | None = None) -> Mesh:

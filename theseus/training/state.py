@@ -16,6 +16,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from theseus.base.axis import ShardingPlan
 
 
+# The init runs once, and is mostly the random draws' hashing: LLVM's -O1 compiles it ~3x faster
+# than the default -O2 (gpt_tiny on a CPU: 3.7 s -> 1.3 s), to the same values.
+INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+
+
 class TrainState(struct.PyTreeNode):
     """Everything a step updates: float32 master params, optimizer state, the step count, and
     the record of updates refused for a non-finite loss or gradient."""
@@ -56,7 +61,7 @@ def sharded_init(model: nn.Module, tx: optax.GradientTransformation, seq_len: in
 
     def init() -> TrainState:
         with jax.set_mesh(mesh), nn.logical_axis_rules(plan.rules()):
-            return jitted()
+            return jitted.lower().compile(INIT_COMPILER_OPTIONS)()
 
     return init, target, shardings
 

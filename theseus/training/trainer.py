@@ -24,7 +24,7 @@ from rich.table import Table
 
 from theseus.base.axis import DATA, FSDP, ShardingPlan
 from theseus.base.hardware import peak_flops
-from theseus.base.mesh import MeshConfig, make_mesh, on_devices
+from theseus.base.mesh import MeshConfig, compiler_options, make_mesh, on_devices, use_cpu_devices
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
@@ -63,10 +63,10 @@ class Compiled:
     mesh: Mesh
     init: Any  # () -> TrainState, created sharded
     target: TrainState  # ShapeDtypeStructs with shardings: what a checkpoint restores onto
-    step: Any  # (state, batch [accum, micro, *example], key) -> (state, metrics); donates state
+    step: Any  # (state, batch [accum, micro, *example], key) -> (state, metrics); donates state. None: eval only
     evaluate: Any  # (params, batch [micro, *example]) -> loss (the task's example: lm, int32 [seq + 1])
     xla_flops: float | None  # XLA's count for one step, all devices
-    memory: dict[str, int]  # XLA's memory analysis of the step, bytes per device
+    memory: dict[str, int]  # XLA's memory analysis of the step, bytes per device ({}: eval only)
     batch_share: tuple[int, int]  # (index, count): the share of every batch this process reads
 
 
@@ -87,6 +87,7 @@ class Trainer:
             raise ConfigError(f"task={cfg.get('task')} runs its job itself, not in the trainer: "
                               f"run it with python -m theseus.run")
         s = self.settings  # each settings class has checked its own ranges
+        use_cpu_devices(self.mesh_config.cpu_devices)  # before anything counts the devices
         self.mesh_shape = self.mesh_config.shape(jax.device_count())
         parallel = self.mesh_shape[DATA] * self.mesh_shape[FSDP]
         if s.batch_size % (s.grad_accum * parallel):
@@ -153,8 +154,9 @@ class Trainer:
 
     # -- building -------------------------------------------------------------------------
 
-    def build(self) -> Compiled:
-        """Mesh, sharded state layout, and the train and eval steps compiled ahead of time."""
+    def build(self, train: bool = True) -> Compiled:
+        """Mesh, sharded state layout, and the eval step compiled ahead of time; with ``train``
+        (not needed to evaluate a checkpoint) the train step too, with XLA's FLOPs and memory."""
         s = self.settings
         mesh = make_mesh(self.mesh_config)
         batch_share = self.batch_share(mesh)
@@ -175,12 +177,14 @@ class Trainer:
         evaluate = jax.jit(functools.partial(eval_step, model=self.model, task=self.task),
                            out_shardings=replicated)
         with jax.set_mesh(mesh), nn.logical_axis_rules(self.plan.rules()):
-            step = step.lower(target, tokens, key).compile()
-            evaluate = evaluate.lower(target.params, eval_tokens).compile()
-        measured = xla_flops(step)
+            options = compiler_options(self.mesh_config)
+            step = step.lower(target, tokens, key).compile(options) if train else None
+            evaluate = evaluate.lower(target.params, eval_tokens).compile(options)
+        measured = xla_flops(step) if train else None
         if measured is not None:  # XLA counts one device's share, and a scan's body once
             measured *= jax.device_count() * s.grad_accum
-        return Compiled(mesh, init, target, step, evaluate, measured, memory_report(step), batch_share)
+        memory = memory_report(step) if train else {}
+        return Compiled(mesh, init, target, step, evaluate, measured, memory, batch_share)
 
     def batch_sharding(self, mesh: Mesh, accumulated: bool = False) -> NamedSharding:
         """Sequences split over (data, fsdp); ``accumulated`` batches lead with grad_accum."""
