@@ -5,7 +5,7 @@ Compiles only, allocates nothing.
 
     python benchmarks/large_dry_run.py [--layers 24 --d-model 2048 --seq 2048 --devices 8]
 
-The simulated devices are set before JAX starts (``XLA_FLAGS``), unless XLA_FLAGS is set.
+The simulated devices are set before JAX starts (``XLA_FLAGS``), unless XLA_FLAGS sets a count.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ ARGS.add_argument("--policies", nargs="+", default=["none", "dots", "full"])
 
 if __name__ == "__main__":
     _devices = ARGS.parse_args(sys.argv[1:]).devices
-    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_devices}")
+    if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={_devices}"
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 from common import make_trainer, save, show, stopwatch  # noqa: E402

@@ -20,7 +20,7 @@ def run_python(*args: str, devices: int | None = None, env: dict | None = None, 
     """Run ``python ARGS`` in a fresh process (optionally with N simulated CPU devices)."""
     full_env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
     if devices:
-        full_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        full_env["XLA_FLAGS"] = f"{full_env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env,
                           timeout=timeout, cwd=cwd or ROOT)
 

@@ -18,10 +18,6 @@ from pathlib import Path
 import pytest
 from support import run_python
 
-# One worker runs this module, so that its module-scoped fixtures (real runs) are made once,
-# not once per pytest-xdist worker (pyproject.toml: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_bad_input")
-
 EXPERIMENT = "+experiment=gpt_tiny"
 
 

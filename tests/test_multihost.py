@@ -19,10 +19,6 @@ from theseus.base.distributed import DistributedConfig, join_arguments
 from theseus.config import ConfigError
 from theseus.launch import free_port, pin_output_dirs
 
-# One worker runs this module, so that its module-scoped fixtures (real runs) are made once,
-# not once per pytest-xdist worker (pyproject.toml: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_multihost")
-
 STEPS = 10
 RESUME_AT = 5
 

@@ -13,10 +13,6 @@ import pytest
 
 from support import ROOT, run_python
 
-# One worker runs this module, so that its module-scoped fixtures (real runs) are made once,
-# not once per pytest-xdist worker (pyproject.toml: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_run")
-
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
 METRICS = ("loss", "lr", "grad_norm", "step_time", "tokens_per_s", "flops_per_s", "mfu", "data_wait")
 

@@ -22,10 +22,6 @@ import numpy as np
 import pytest
 from support import ROOT, run_python
 
-# One worker runs this module, so that its module-scoped fixtures (real runs) are made once,
-# not once per pytest-xdist worker (pyproject.toml: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_safety")
-
 PACKAGE = ROOT / "theseus"
 
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "cloudpickle", "dill", "shelve", "marshal", "jsonpickle"}

@@ -8,10 +8,6 @@ import pytest
 
 from support import ROOT, run_python
 
-# One worker runs this module, so that its module-scoped fixtures (real runs) are made once,
-# not once per pytest-xdist worker (pyproject.toml: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_sample")
-
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:

@@ -12,10 +12,6 @@ import pytest
 
 from support import ROOT, run_python
 
-# One worker runs this module, so that its module-scoped fixtures (real runs) are made once,
-# not once per pytest-xdist worker (pyproject.toml: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_user_project")
-
 MODELS = Path(__file__).parent / "examples" / "mymodels.py"  # the README's example
 
 

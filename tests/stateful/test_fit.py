@@ -69,10 +69,12 @@ def test_settings_come_from_the_active_config():
 
 
 def test_custom_loss_and_optimizer():
-    x = RNG.normal(size=(64, 1)).astype(np.float32)
+    """An L1 loss under a constant SGD step falls to a floor the step sets (2-7% of the first
+    epoch's over seeds 0-5); its own data, so the order tests run in cannot move it."""
+    x = np.random.default_rng(0).normal(size=(64, 1)).astype(np.float32)
     model = Model([Linear(width=1)])
     history = model.fit(x, 2 * x, loss=lambda p, t: jnp.abs(p - t).mean(), optimizer=optax.sgd(0.1), epochs=30)
-    assert history.loss[-1] < 0.1 * history.loss[0]
+    assert history.loss[-1] < 0.2 * history.loss[0]
 
 
 def test_fit_errors():

@@ -23,10 +23,6 @@ from theseus.sample import restore
 from theseus.tasks.evaluation import evaluate, load_evaluations
 from theseus.training.trainer import Trainer
 
-# One worker runs this module, so that its module-scoped fixtures (real runs) are made once,
-# not once per pytest-xdist worker (pyproject.toml: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_evaluation")
-
 STEPS = 12
 LETTERS = string.ascii_lowercase
 

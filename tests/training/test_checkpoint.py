@@ -14,10 +14,6 @@ import pytest
 
 from support import ROOT, run_python
 
-# One worker runs this module, so that its module-scoped fixtures (real runs) are made once,
-# not once per pytest-xdist worker (pyproject.toml: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_checkpoint")
-
 STEPS = 12
 
 
