@@ -5,14 +5,18 @@ Compiles only, allocates nothing.
 
     python benchmarks/large_dry_run.py [--layers 24 --d-model 2048 --seq 2048 --devices 8]
 
-The simulated devices are set before JAX starts (``XLA_FLAGS``), unless XLA_FLAGS sets a count.
+The simulated devices are the trainer's own: ``mesh.cpu_devices``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
+
+import jax
+from common import make_trainer, save, show, stopwatch
+
+from theseus.training.metrics import format_bytes
+from theseus.training.state import bytes_per_device, n_params
 
 ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ARGS.add_argument("--layers", type=int, default=24)
@@ -23,34 +27,23 @@ ARGS.add_argument("--vocab", type=int, default=50304)
 ARGS.add_argument("--devices", type=int, default=8)
 ARGS.add_argument("--policies", nargs="+", default=["none", "dots", "full"])
 
-if __name__ == "__main__":
-    _devices = ARGS.parse_args(sys.argv[1:]).devices
-    if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={_devices}"
-
-import jax  # noqa: E402  (after XLA_FLAGS)
-from common import make_trainer, save, show, stopwatch  # noqa: E402
-
-from theseus.training.metrics import format_bytes  # noqa: E402
-from theseus.training.state import bytes_per_device, n_params  # noqa: E402
-
 
 def dry_run(args: argparse.Namespace, policy: str) -> dict:
     """Build one policy's trainer; its bytes per device, XLA memory and compile seconds."""
-    n = jax.device_count()
+    n = args.devices
     overrides = ["+experiment=gpt_tiny", "data.tokenizer=byte", f"architecture.n_layers={args.layers}",
                  f"architecture.d_model={args.d_model}", f"architecture.n_heads={args.heads}",
                  f"architecture.seq_len={args.seq}", f"architecture.vocab_size={args.vocab}",
-                 "architecture.scan_layers=true", f"architecture.remat={policy}", "mesh.data=1", f"mesh.fsdp={n}",
-                 f"trainer.batch_size={n}", "trainer.grad_accum=1"]
+                 "architecture.scan_layers=true", f"architecture.remat={policy}", f"mesh.cpu_devices={n}",
+                 "mesh.data=1", f"mesh.fsdp={n}", f"trainer.batch_size={n}", "trainer.grad_accum=1"]
     trainer = make_trainer(overrides)
     seconds, compiled = stopwatch(trainer.build)
     params, opt = compiled.target.params, compiled.target.opt_state
     fit = trainer.fit(compiled.memory, compile_candidates=False)
     total = {"params": 4 * n_params(params), "opt_state": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(opt))}
     per_device = {"params": bytes_per_device(params), "opt_state": bytes_per_device(opt)}
-    return {"n_params": n_params(params), "devices": n, "compile_s": seconds, "memory": compiled.memory,
-            "total_bytes": total, "bytes_per_device": per_device,
+    return {"n_params": n_params(params), "devices": jax.device_count(), "compile_s": seconds,
+            "memory": compiled.memory, "total_bytes": total, "bytes_per_device": per_device,
             "per_device_over_share": {k: per_device[k] / (total[k] / n) for k in total},
             "fits": fit.fits, "advice": fit.advice}
 
