@@ -31,6 +31,7 @@ HEADS = "heads"  # query heads
 KV_HEADS = "kv_heads"  # key/value heads (grouped-query attention)
 HEAD_DIM = "head_dim"  # features per head
 LAYERS = "layers"  # the stacked blocks of architecture.scan_layers (one nn.scan)
+LOGICAL_AXES = (BATCH, SEQ, VOCAB, EMBED, MLP_HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS)  # theseus's own
 
 MeshAxes = str | tuple[str, ...] | None
 

@@ -197,7 +197,9 @@ def explain(exc: BaseException, overrides: Sequence[str] = ()) -> ConfigError:
                            "key, e.g. ${architecture.d_model}")
     if isinstance(cause, ConfigKeyError | AttributeError) and key:
         return unknown_key(key, where)
-    if isinstance(cause, ValidationError) and key:
+    if isinstance(cause, ConfigTypeError) and not key:  # a value of another shape ({a: 1} for a list)
+        key = next((o.lstrip("+~").partition("=")[0] for o in overrides if f"override {o}" in str(exc)), None)
+    if isinstance(cause, ValidationError | ConfigTypeError) and key:
         spec = registry.every_key().get(key)
         detail = f" ({spec.describe()})" if spec else ""
         if spec and not spec.required and spec.default is not None:

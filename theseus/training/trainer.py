@@ -112,7 +112,7 @@ class Trainer:
                     f"architecture.seq_len+1={self.seq_len + 1}: lower architecture.seq_len, use more data or "
                     f"raise data.val_fraction"
                 )
-        self.plan = self.model.plan().merge(ShardingPlan(batch=BATCH_MESH_AXES)).override(self.mesh_config.rules)
+        self.plan = self.mesh_config.apply(self.model.plan().merge(ShardingPlan(batch=BATCH_MESH_AXES)))
         self.evaluations = load_evaluations(self.cfg, self.dataset, self.model, self.data_config.seed, self.prefetch)
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
 
