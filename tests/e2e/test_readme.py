@@ -2,7 +2,7 @@
 
 Each ``##`` section of README.md runs as one bash script, in a fresh folder outside the
 checkout, with the files its text names (``corpus.txt``, the JSONL tasks, ``my_notes.txt``, a
-small local Hugging Face model at ``~/models/my-llama``). A ``python`` block whose first line
+small local Hugging Face model at ``$HOME/models/my-llama``). A ``python`` block whose first line
 names a file (``# myproj/mymodels.py``) is written there; any other ``python`` block runs as a
 script where the shell stands. Long jobs are shortened only by overrides appended to their
 command (``SHORTEN``); commands that need another machine are replaced, by name, with the reason
@@ -43,7 +43,7 @@ SHORTEN = {
     "+experiment=gpt_small": "trainer.max_steps=2 trainer.eval_batches=1",
     "+sweep=lr_optuna": "hydra.sweeper.n_trials=2 trainer.max_steps=10",
     "+sweep=lr": "trainer.max_steps=10",
-    "trainer.init_from=~/models/my-llama": "trainer.max_steps=3 trainer.batch_size=4 trainer.eval_batches=1",
+    "trainer.init_from=$HOME/models/my-llama": "trainer.max_steps=3 trainer.batch_size=4 trainer.eval_batches=1",
 }
 
 
@@ -160,7 +160,7 @@ def test_the_readme_has_the_commands_a_user_needs():
 @pytest.mark.parametrize("title", list(SECTIONS))
 def test_readme_section_runs_as_written(title, tmp_path):
     body = script(SECTIONS[title], set())
-    env = project(tmp_path, "~/models/" in body)
+    env = project(tmp_path, "$HOME/models/" in body)
     proc = subprocess.run(["bash", "-c", body], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=1200)
     output = proc.stdout + proc.stderr

@@ -181,7 +181,10 @@ def explain(exc: BaseException, overrides: Sequence[str] = ()) -> ConfigError:
         return ConfigError(f"unknown {group} {name!r}; available: {', '.join(sorted(exc.options))} "
                            f"(set {group}=NAME){hint}")
     if isinstance(exc, OverrideParseException):
-        key = exc.override.lstrip("+~").partition("=")[0]
+        key, _, value = exc.override.lstrip("+~").partition("=")
+        if value.startswith("~"):  # the shell expands ~ only at the start of a word, not after KEY=
+            return ConfigError(f"override {exc.override!r}: write $HOME instead of ~ ({key}=$HOME{value[1:]}); "
+                               "the shell does not expand ~ after KEY=")
         return ConfigError(f"override {exc.override!r} of {key} does not parse: write KEY=VALUE, quoting a value "
                            f"with special characters, e.g. {key}='...', and give comma-separated values only with "
                            f"--multirun (see {GRAMMAR})")
