@@ -141,7 +141,8 @@ def project(tmp_path_factory) -> Path:
 
 def train(project: Path, ff_scale: str) -> Path:
     run = project / f"run{ff_scale}"
-    proc = run_python("-m", "theseus.run", "+experiment=gpt_tiny", "model=scaled_gpt", f"architecture.ff_scale={ff_scale}",
+    proc = run_python("-m", "theseus.run", "+experiment=gpt_tiny", "model=scaled_gpt",
+                      f"architecture.ff_scale={ff_scale}",
                       "data.source=text", "data.path=corpus.txt", "data.tokenizer=byte",
                       f"data.cache_dir={project / 'cache'}", "trainer.max_steps=2", "trainer.eval_every=0",
                       "logger.mode=disabled", f"hydra.run.dir={run}", cwd=project)

@@ -46,7 +46,7 @@ def test_sampling_a_folder_greedily_equals_transformers(hf_folder, tmp_path, dev
 def test_evaluating_a_folder_gives_transformers_loss_on_the_same_batches(llama_folder, tmp_path):
     corpus = tmp_path / "notes.txt"
     corpus.write_text(CORPUS.read_text() * 2)
-    overrides = [f"data.source=text", f"data.path={corpus}", f"data.cache_dir={tmp_path / 'cache'}",
+    overrides = ["data.source=text", f"data.path={corpus}", f"data.cache_dir={tmp_path / 'cache'}",
                  "trainer.batch_size=2", "trainer.eval_batches=2"]
     out = tmp_path / "eval.json"
     proc = run_python("-m", "theseus.evaluate", str(llama_folder), *overrides, "--out", str(out), cwd=tmp_path)

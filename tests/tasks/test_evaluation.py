@@ -117,7 +117,7 @@ def test_each_source_s_loss_equals_that_source_evaluated_alone(files, straight):
         return evaluate(run.params, evaluations, loss=jax.jit(loss), val_metrics=LanguageModeling().val_metrics,
                         sharding=sharding, rules=(), share=(0, 1), batch_size=16, batches=2)
 
-    mixed = metrics(run.data)
+    mixed = metrics(open_dataset(data))
     for name, (source, _) in data.sources().items():
         alone = metrics(open_dataset(source))
         assert set(alone) == {"val_loss", "val_bpb"}
