@@ -65,12 +65,13 @@ def source_config(path: Path, overrides: Sequence[str] = ()) -> DictConfig:
     """The config of a run directory (the one its job ran) or of a Hugging Face folder (the
     default config, ``trainer.init_from`` set to the folder), with ``KEY=VALUE`` overrides;
     ConfigError when ``path`` is neither. Registers the modules the config may name."""
+    path = path.expanduser()
     if is_run_dir(path):
         registry.load()
         return OmegaConf.merge(OmegaConf.load(path / SAVED_CONFIG), OmegaConf.from_dotlist(list(overrides)))
     if (path / CONFIG_FILE).is_file():
         cfg = compose(overrides)  # checked: unknown keys and wrong types are refused
-        OmegaConf.update(cfg, INIT_FROM, str(path.expanduser().resolve()))
+        OmegaConf.update(cfg, INIT_FROM, str(path.resolve()))
         return cfg
     raise ConfigError(f"{path} is neither a run directory ({SAVED_CONFIG}) nor a Hugging Face folder "
                       f"({CONFIG_FILE}): give the folder a run wrote or one save_pretrained wrote")
@@ -92,19 +93,21 @@ def checkpoint(run_dir: Path, step: int | None, target: TrainState) -> tuple[Tra
 def trained_params(path: Path, step: int | None, model: nn.Module, target: TrainState) -> tuple[Any, int | None]:
     """``(params, step)`` laid out as ``target.params``: a run directory's checkpoint (the newest
     readable one, or ``step``), or a Hugging Face folder's weights (step None)."""
+    path = path.expanduser()
     if is_run_dir(path):
         state, at = checkpoint(path, step, target)
         return state.params, at
     if step is not None:
         raise ConfigError(f"--step {step}: {path} is a Hugging Face folder, which holds one set of weights "
                           f"(checkpoint steps are a run directory's)")
-    return load_params(path.expanduser().resolve(), arch_of(model), target.params), None
+    return load_params(path.resolve(), arch_of(model), target.params), None
 
 
 def load_trained(path: Path, step: int | None = None) -> Trained:
     """The model, parameters and tokenizer of a run directory's checkpoint (the newest readable
     one, or ``step``) or of a Hugging Face folder, sharded over the config's mesh; ConfigError
     when there is none, or the folder lacks its tokenizer.json."""
+    path = path.expanduser()
     cfg = apply_init_from(source_config(path))
     with configuration(cfg):
         data, mesh_config, settings = configure(DataConfig), configure(MeshConfig), configure(TrainerConfig)
