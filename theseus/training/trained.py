@@ -58,7 +58,7 @@ class Trained:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / SAVED_CONFIG).is_file()
+    return (path.expanduser() / SAVED_CONFIG).is_file()
 
 
 def source_config(path: Path, overrides: Sequence[str] = ()) -> DictConfig:
