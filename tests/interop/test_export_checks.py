@@ -180,3 +180,11 @@ def test_scaled_gpt_at_ff_scale_1_exports_what_it_computes(project):
     ours = np.load(project / "ours.npy")
     assert np.abs(ours).max() > 0.1
     np.testing.assert_allclose(ours, hf_logits(out, tokens), atol=1e-4, rtol=0)
+
+
+def test_a_parameter_the_weight_mapping_leaves_unused_is_refused():
+    model, params = built(GPT)
+    flat = {**traverse_util.flatten_dict(params, sep="/"), "h_0/mlp/gate": np.ones(32, np.float32)}
+    with pytest.raises(ConfigError, match=r"^parameter h_0/mlp/gate \(and 0 more\) has no place in a Hugging Face "
+                                          r"gpt2 checkpoint$"):
+        to_hf("gpt2", arch_of(model), flat, 50)
