@@ -160,7 +160,7 @@ def test_the_readme_has_the_commands_a_user_needs():
 @pytest.mark.parametrize("title", list(SECTIONS))
 def test_readme_section_runs_as_written(title, tmp_path):
     body = script(SECTIONS[title], set())
-    env = project(tmp_path, "$HOME/models/" in body)
+    env = project(tmp_path, "/models/my-llama" in body)
     proc = subprocess.run(["bash", "-c", body], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=1200)
     output = proc.stdout + proc.stderr
