@@ -1,4 +1,6 @@
-"""The summary of a multirun sweep: swept values -> final val_loss, tokens/s, MFU, status.
+"""The summary of a multirun sweep: swept values -> final val_loss, tokens/s, MFU, status;
+with ``trainer.seed`` (or ``data.seed``) swept beside other keys, the seed groups too: each
+setting's mean val_loss, its 95% interval, and Welch's p-value that the best group is lower.
 
 ``SweepSummary`` is a Hydra callback (wired in ``conf/config.yaml``). Each job records its
 status in ``result.json`` in its run directory and rewrites ``summary.csv`` and
@@ -28,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from theseus.training.runs import RESULT, SUMMARY_METRICS, Job, collect, fmt, rows, swept
+from theseus.training.seeds import LEVEL, Group, seed_groups, seed_keys
 
 
 def write(sweep_dir: Path, jobs: Sequence[Job]) -> None:
@@ -37,7 +40,8 @@ def write(sweep_dir: Path, jobs: Sequence[Job]) -> None:
     writer = csv.DictWriter(text, fieldnames=list(table[0]) if table else ["job"], lineterminator="\n")
     writer.writeheader()
     writer.writerows(table)
-    document = {"swept": swept(jobs), "jobs": [dataclasses.asdict(job) for job in jobs]}
+    document = {"swept": swept(jobs), "jobs": [dataclasses.asdict(job) for job in jobs],
+                "seed_groups": [{**dataclasses.asdict(group), "n": group.n} for group in groups(jobs)]}
     _replace(sweep_dir / "summary.csv", text.getvalue())
     _replace(sweep_dir / "summary.json", json.dumps(document, indent=2) + "\n")
 
@@ -56,6 +60,32 @@ def table(jobs: Sequence[Job]) -> Table:
     return out
 
 
+def groups(jobs: Sequence[Job]) -> list[Group]:
+    """The seed groups of the jobs that finished with a val_loss (by their swept values)."""
+    keys = swept(jobs)
+    done = [job for job in jobs if job.status == "ok" and job.val_loss is not None]
+    return seed_groups([({key: job.params.get(key) for key in keys}, job.val_loss) for job in done])
+
+
+def group_table(jobs: Sequence[Job]) -> Table | str | None:
+    """The seed groups as a table; with no seed swept, the line saying it is a single seed."""
+    found = groups(jobs)
+    if len(found) < 2:
+        return None
+    if not seed_keys([job.params for job in jobs]):
+        return ("single seed: each setting ran once, so these differences are not tested against seed noise "
+                "(sweep trainer.seed=0,1,2 beside the other keys for intervals and p-values)")
+    out = Table(title=f"seed groups: val_loss mean +- {LEVEL:.0%} interval; p: Welch's t-test that the best is lower",
+                title_justify="left")
+    for column in ("group", "seeds", "val_loss", "p"):
+        out.add_column(column, justify="left" if column == "group" else "right")
+    for i, group in enumerate(found):
+        label = ", ".join(f"{key}={fmt(key, value)}" for key, value in group.params.items()) or "all"
+        p = "best" if i == 0 else "n/a" if group.p is None else f"{group.p:.2g}"
+        out.add_row(label, str(group.n), group.describe(), p, style="green" if i == 0 else None)
+    return out
+
+
 def print_summary(sweep_dir: Path | str) -> list[Job]:
     """Write the sweep folder's summary files and print its table; returns its jobs."""
     sweep_dir = Path(sweep_dir)
@@ -65,6 +95,9 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
     write(sweep_dir, jobs)
     console = Console()
     console.print(table(jobs))
+    seeds = group_table(jobs)
+    if seeds is not None:
+        console.print(seeds, markup=False, highlight=False)
     for job in jobs:
         if job.error:
             console.print(f"job {job.name} failed: {job.error}", style="red", markup=False, highlight=False)
