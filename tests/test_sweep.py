@@ -58,6 +58,38 @@ def test_optuna_minimises_the_returned_val_loss(tmp_path):
     assert best.best_value == min(job["val_loss"] for job in summary["jobs"])
 
 
+def test_seed_groups_give_mean_interval_and_welch_p(tmp_path):
+    """Sweeping +trainer.seed beside optimizer.lr: one group per lr, checked against scipy."""
+    import numpy as np
+    from scipy import stats
+
+    from sweep_app import val_loss
+
+    result, rows, summary = sweep(tmp_path, "optimizer.lr=0.001,0.003", "+trainer.seed=0,1,2")
+    assert result.returncode == 0, result.stderr
+    assert len(rows) == 6
+    finals = {lr: [val_loss(lr, seed) for seed in (0, 1, 2)] for lr in (0.001, 0.003)}
+    best, other = summary["seed_groups"]
+    assert best["params"] == {"optimizer.lr": 0.003} and other["params"] == {"optimizer.lr": 0.001}
+    for group, lr in ((best, 0.003), (other, 0.001)):
+        low, high = stats.t.interval(0.95, 2, loc=np.mean(finals[lr]), scale=stats.sem(finals[lr]))
+        assert group["n"] == 3 and group["mean"] == pytest.approx(np.mean(finals[lr]), rel=1e-12)
+        assert group["ci"] == pytest.approx((high - low) / 2, rel=1e-9)
+    test = stats.ttest_ind(finals[0.003], finals[0.001], equal_var=False, alternative="less")
+    assert other["p"] == pytest.approx(test.pvalue, rel=1e-9) and best["p"] is None
+    assert "seed groups: val_loss mean +- 95% interval" in result.stdout
+    for group in (best, other):
+        assert f"{group['mean']:.4f} +- {group['ci']:.4f} (n=3)" in result.stdout
+    assert f"{test.pvalue:.2g}" in result.stdout
+
+
+def test_a_single_seed_sweep_says_so(tmp_path):
+    result, _, summary = sweep(tmp_path, "optimizer.lr=0.001,0.003")
+    assert result.returncode == 0, result.stderr
+    assert "single seed: each setting ran once" in result.stdout
+    assert [group["ci"] for group in summary["seed_groups"]] == [None, None]
+
+
 def test_sweep_files_and_launchers_compose():
     grid = compose(["+sweep=lr"], hydra=True).hydra
     assert grid.sweeper.params["optimizer.lr"] == "1e-4,3e-4,1e-3,3e-3"
