@@ -168,3 +168,21 @@ def test_a_run_stopped_long_ago_is_interrupted_not_running(tmp_path):
     run = write_run(tmp_path / "run", upto=100, status=None)
     assert load(run)[0].status() == "running"
     assert load(run)[0].status(now=time.time() + 3600) == "interrupted"
+
+
+@pytest.mark.parametrize("exc, status", [(FloatingPointError("loss is nan at step 1\n(lr=10)"), "failed"),
+                                         (KeyboardInterrupt(), "running")])
+def test_a_run_that_raises_is_failed_until_it_runs_again(tmp_path, exc, status):
+    """The logger records an error (not Ctrl-C: that run resumes) for the report; a new attempt clears it."""
+    from theseus.training.logger import LoggerConfig, RunLogger
+
+    write_run(tmp_path, steps=10, upto=0, status=None)
+    config = LoggerConfig(mode="disabled")
+    with pytest.raises(type(exc)), RunLogger(config, tmp_path, resolved_config={}, total_steps=10) as logger:
+        logger.log(1, {"loss": 2.0})
+        raise exc
+    row = document([tmp_path])["runs"][0]
+    assert row["status"] == status and row["step"] == 1
+    assert row["error"] == ("FloatingPointError: loss is nan at step 1" if status == "failed" else "")
+    RunLogger(config, tmp_path, resolved_config={}, total_steps=10, start_step=1).close()
+    assert document([tmp_path])["runs"][0]["status"] == "running"

@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from theseus.training.runs import RESULT, SUMMARY_METRICS, Job, collect, fmt, rows, swept
+from theseus.training.runs import RESULT, SUMMARY_METRICS, Job, collect, error_line, fmt, rows, swept
 from theseus.training.seeds import LEVEL, Group, seed_groups, seed_keys
 
 
@@ -103,14 +102,6 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
             console.print(f"job {job.name} failed: {job.error}", style="red", markup=False, highlight=False)
     console.print(f"summary: {sweep_dir / 'summary.csv'}, {sweep_dir / 'summary.json'}", markup=False, highlight=False)
     return jobs
-
-
-def error_line(exc: BaseException) -> str:
-    """``ValueError: first line of the message``; a Hydra compact error's message is that line."""
-    message = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    if isinstance(exc, CompactHydraException):
-        return message
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 class SweepSummary(Callback):

@@ -31,6 +31,7 @@ import numpy as np
 
 from theseus.config import ConfigError, Configurable, field, register
 from theseus.training.progress import Progress
+from theseus.training.runs import RESULT, record_failure
 from theseus.training.tensorboard import TensorBoard, job_hparams
 
 
@@ -114,6 +115,8 @@ class RunLogger:
         self._run = None
         if config.mode != "disabled":
             self._run = _start_wandb(config.mode, run_dir, {**naming, **identity(run_dir, _sweep_dir())}, wandb_config)
+        self._run_dir = run_dir
+        (run_dir / RESULT).unlink(missing_ok=True)  # a new attempt: not failed (yet)
         self._tensorboard = TensorBoard(run_dir, job_hparams()) if config.tensorboard else None
         path = run_dir / "metrics.jsonl"
         if path.exists():
@@ -169,6 +172,8 @@ class RunLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if self._open and isinstance(exc, Exception):  # not Ctrl-C or a stop: those are resumable
+            record_failure(self._run_dir, exc)
         self.close(failed=exc_type is not None)
 
 

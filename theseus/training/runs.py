@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
+from hydra.errors import CompactHydraException, HydraException
 from omegaconf import OmegaConf
 
 METRICS = "metrics.jsonl"
@@ -164,6 +164,14 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def error_line(exc: BaseException) -> str:
+    """``ValueError: first line of the message``; a Hydra compact error's message is that line."""
+    message = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    if isinstance(exc, CompactHydraException):
+        return message
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
 def parse_override(override: str) -> tuple[str, Any] | None:
     """``+optimizer.lr=1e-3`` -> ``("optimizer.lr", 0.001)``, ``trainer.dry_run=true`` ->
     ``("trainer.dry_run", True)``: Hydra's own override parser. None for a deletion (``~key``);
@@ -177,6 +185,11 @@ def parse_override(override: str) -> tuple[str, Any] | None:
 
 
 _PARSER = OverridesParser.create()
+
+
+def record_failure(run_dir: Path, exc: BaseException) -> None:
+    """Write ``result.json`` saying the run failed with ``exc`` (a run without one has not failed)."""
+    (run_dir / RESULT).write_text(json.dumps({"status": "failed", "error": error_line(exc)}) + "\n")
 
 
 def is_run(path: Path) -> bool:
