@@ -150,8 +150,12 @@
     document.getElementById("title").textContent = d.title;
     document.title = "theseus: " + d.title;
     document.getElementById("paths").textContent = d.paths.join("  ");
-    document.getElementById("updated").textContent = (window.THESEUS.live ? "live, updated " : "snapshot of ") + new Date(d.updated * 1000).toLocaleString();
-    drawTables(); drawParallel(); drawCharts();
+    drawUpdated(); drawTables(); drawParallel(); drawCharts();
+  }
+
+  function drawUpdated() {
+    document.getElementById("updated").textContent =
+      (window.THESEUS.live ? "live, updated " : "snapshot of ") + new Date(state.data.updated * 1000).toLocaleString();
   }
 
   skeleton();
@@ -160,7 +164,13 @@
     setInterval(async () => {
       try {
         const response = await fetch("data.json", {cache: "no-store"});
-        if (response.ok) { state.data = await response.json(); draw(); }
+        if (!response.ok) return;
+        const next = await response.json(), updated = next.updated;
+        next.updated = state.data.updated;
+        if (JSON.stringify(next) === JSON.stringify(state.data)) {  // nothing new: only the time moves
+          state.data.updated = updated; drawUpdated(); return;
+        }
+        next.updated = updated; state.data = next; draw();
       } catch (e) { document.getElementById("updated").textContent = "server stopped: " + e; }
     }, 2000);
   }

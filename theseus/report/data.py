@@ -84,7 +84,7 @@ def parallel(runs: Runs, summary: Sequence[dict[str, Any]]) -> dict[str, Any] | 
     over the runs that logged one. Numbers spanning 10x or more go on a log10 axis;
     other values are categories in order of appearance. None without two such runs."""
     rows = [row for row in summary if row.get(FINAL) is not None]
-    keys = [key for key in runs.differing if key not in ("hydra.run.dir",)]
+    keys = runs.differing
     if len(rows) < 2 or not keys:
         return None
     dimensions = [_dimension(key, [row.get(key) for row in rows]) for key in keys]
