@@ -114,6 +114,7 @@ def test_the_page_is_self_contained(tmp_path):
     assert DATA.search(text).group(2) == "false"  # a file does not poll
 
 
+@pytest.mark.slow
 def test_cli_overlays_several_paths(tmp_path):
     write_sweep(tmp_path / "sweep")
     write_run(tmp_path / "outputs" / "2026-12-02" / "10-00-00", lr=5e-4)
@@ -125,6 +126,7 @@ def test_cli_overlays_several_paths(tmp_path):
     assert data["runs"][-1]["label"] == "optimizer.lr=0.0005, trainer.seed=0"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [lambda tmp: tmp / "missing", lambda tmp: tmp])
 def test_neither_run_nor_sweep_is_one_line_error(tmp_path, make):
     (tmp_path / "notes.txt").write_text("not a run")
@@ -139,6 +141,7 @@ def test_neither_run_nor_sweep_is_one_line_error(tmp_path, make):
     assert not (tmp_path / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_runs_as_data_in_a_notebook(tmp_path):
     """``theseus.runs.load`` as the README shows it, in a fresh process: rows and a DataFrame."""
     write_sweep(tmp_path / "sweep")
@@ -186,3 +189,12 @@ def test_a_run_that_raises_is_failed_until_it_runs_again(tmp_path, exc, status):
     assert row["error"] == ("FloatingPointError: loss is nan at step 1" if status == "failed" else "")
     RunLogger(config, tmp_path, resolved_config={}, total_steps=10, start_step=1).close()
     assert document([tmp_path])["runs"][0]["status"] == "running"
+
+
+def test_logger_settings_are_no_difference(tmp_path):
+    """Two runs that differ in optimizer.lr and in where they log: only the lr labels them."""
+    write_run(tmp_path / "a", lr=1e-3)
+    write_run(tmp_path / "b", lr=3e-3, name="b")
+    data = document([tmp_path / "a", tmp_path / "b"])
+    assert data["differing"] == ["optimizer.lr"]
+    assert [run["label"] for run in data["runs"]] == ["optimizer.lr=0.001", "b"]

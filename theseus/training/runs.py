@@ -277,8 +277,9 @@ class Runs(Sequence[Run]):
 
     @property
     def differing(self) -> list[str]:
-        """The config keys whose values differ between the runs (``logger.name`` aside)."""
-        return [key for key in differing([run.config for run in self.runs]) if key != "logger.name"]
+        """The config keys whose values differ between the runs, ``logger.*`` aside (where a
+        run logs to does not change what it trains)."""
+        return [key for key in differing([run.config for run in self.runs]) if not key.startswith("logger.")]
 
     def differences(self, run: Run) -> dict[str, Any]:
         """``run``'s values of the differing keys."""
