@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from support import ROOT, run_python
+from support import ROOT, run_python, wandb_records
 
 from theseus.config.compose import compose
 from theseus.sweep import RESULT, Job, SweepSummary, error_line, swept
@@ -65,7 +65,7 @@ def test_seed_groups_give_mean_interval_and_welch_p(tmp_path):
 
     from sweep_app import val_loss
 
-    result, rows, summary = sweep(tmp_path, "optimizer.lr=0.001,0.003", "+trainer.seed=0,1,2")
+    result, rows, summary = sweep(tmp_path, "optimizer.lr=0.001,0.003", "+trainer.seed=0,1,2", "+logger.mode=offline")
     assert result.returncode == 0, result.stderr
     assert len(rows) == 6
     finals = {lr: [val_loss(lr, seed) for seed in (0, 1, 2)] for lr in (0.001, 0.003)}
@@ -81,6 +81,17 @@ def test_seed_groups_give_mean_interval_and_welch_p(tmp_path):
     for group in (best, other):
         assert f"{group['mean']:.4f} +- {group['ci']:.4f} (n=3)" in result.stdout
     assert f"{test.pvalue:.2g}" in result.stdout
+
+    # W&B: a run in the sweep's group with the groups in its summary
+    (log,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    records = wandb_records(log)
+    run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert (run.run_group, run.job_type) == (str(tmp_path), "seed-groups")
+    summary = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for r in records
+               if r.WhichOneof("record_type") == "summary" for item in r.summary.update}
+    assert summary["seed_groups/optimizer.lr=0.001/mean"] == pytest.approx(np.mean(finals[0.001]))
+    assert summary["seed_groups/optimizer.lr=0.001/p"] == pytest.approx(test.pvalue)
+    assert summary["seed_groups/optimizer.lr=0.003/n"] == 3
 
 
 def test_a_single_seed_sweep_says_so(tmp_path):

@@ -104,13 +104,39 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
     return jobs
 
 
+def log_groups(config: DictConfig, sweep_dir: Path, jobs: Sequence[Job]) -> None:
+    """With seeds swept and W&B on (``logger.mode``), a W&B run ``seed groups`` in the sweep's
+    group (its jobs' group): a table of each group's mean, interval and p-value, and the same
+    in its summary (``seed_groups/GROUP/mean``, ``.../ci95``, ``.../p``)."""
+    logger = config.get("logger") or {}
+    found = groups(jobs)
+    if logger.get("mode", "disabled") == "disabled" or len(found) < 2 or not seed_keys([job.params for job in jobs]):
+        return
+    import wandb  # here: only a seeded sweep with W&B on pays for the import
+
+    labels = [", ".join(f"{key}={fmt(key, value)}" for key, value in group.params.items()) or "all" for group in found]
+    settings = wandb.Settings(console="off", save_code=False, disable_git=True, silent=True, x_disable_stats=True,
+                              x_disable_machine_info=True, x_save_requirements=False)
+    run = wandb.init(mode=logger.mode, dir=str(sweep_dir), project=logger.get("project", "theseus"),
+                     group=str(sweep_dir)[-128:], job_type="seed-groups", name=f"seed groups {sweep_dir.name}",
+                     settings=settings)
+    columns = ["group", "seeds", "mean", "ci95", "p_best_lower"]
+    run.log({"seed_groups": wandb.Table(columns=columns, data=[[label, g.n, g.mean, g.ci, g.p]
+                                                               for label, g in zip(labels, found)])})
+    run.summary.update({f"seed_groups/{label}/{name}": value for label, g in zip(labels, found)
+                        for name, value in (("mean", g.mean), ("ci95", g.ci), ("p", g.p), ("n", g.n))
+                        if value is not None})
+    run.finish()
+    wandb.teardown()
+
+
 class SweepSummary(Callback):
     """Records every job of a multirun and prints the summary table at the end."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Hydra's BasicSweeper re-raises a failed job's error once the batch has run, and then
         # skips on_multirun_end: the table is printed as the process exits instead.
-        atexit.register(print_summary, Path(config.hydra.sweep.dir))
+        atexit.register(self._finish, config)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if config.hydra.mode != RunMode.MULTIRUN:
@@ -124,8 +150,13 @@ class SweepSummary(Callback):
         write(sweep_dir, collect(sweep_dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        atexit.unregister(print_summary)
-        print_summary(config.hydra.sweep.dir)
+        atexit.unregister(self._finish)
+        self._finish(config)
+
+    @staticmethod
+    def _finish(config: DictConfig) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        log_groups(config, sweep_dir, print_summary(sweep_dir))
 
 
 def _replace(path: Path, text: str) -> None:
