@@ -10,6 +10,7 @@ summary is rewritten inside every job.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import time
@@ -275,7 +276,7 @@ class Runs(Sequence[Run]):
     def __iter__(self) -> Iterator[Run]:
         return iter(self.runs)
 
-    @property
+    @functools.cached_property
     def differing(self) -> list[str]:
         """The config keys whose values differ between the runs, ``logger.*`` aside (where a
         run logs to does not change what it trains)."""
