@@ -5,6 +5,7 @@ the served page follows metrics as they are appended and jobs as they appear."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -91,6 +92,27 @@ def test_sweep_page_draws_every_run_and_no_legend_covers_a_chart(tmp_path, brows
     assert browser.find_elements("css selector", "#parallel .parcoords")  # the swept keys' parallel coordinates
     seeds = browser.find_element("id", "seeds").text
     assert "optimizer.lr=0.003 (best)" in seeds and "single seed" in seeds  # lr=0.01 has one finished seed
+
+    # Hovering a point names its run, step and value.
+    hover = browser.execute_script("""const el = document.querySelector('.chart[data-key=loss]');
+      Plotly.Fx.hover(el, [{curveNumber: 2, pointNumber: 3}]);
+      return el.querySelector('.hoverlayer .hovertext').textContent;""")
+    first = json.loads((sweep / "2" / "metrics.jsonl").read_text().splitlines()[3])  # job 2 at step 40
+    assert first["step"] == 40 and hover == f"{labels[2]}step 40loss {first['loss']:.4g}"
+
+    # Smoothing: TensorBoard's debiased exponential moving average, the raw line kept faint beneath.
+    browser.execute_script("const s = document.getElementById('smoothing'); s.value = '0.6'; s.dispatchEvent(new Event('input'));")
+    traces = browser.execute_script("return document.querySelector('.chart[data-key=loss]').data"
+                                    ".map((t) => [t.name, t.meta, t.y]);")
+    raw = [json.loads(line)["loss"] for line in (sweep / "2" / "metrics.jsonl").read_text().splitlines()
+           if "loss" in json.loads(line)]
+    ema, expected = 0.0, []
+    for i, value in enumerate(raw, 1):
+        ema = 0.6 * ema + 0.4 * value
+        expected.append(ema / (1 - 0.6 ** i))
+    smoothed = next(y for name, meta, y in traces if name == labels[2])
+    assert smoothed == pytest.approx(expected, rel=1e-12) and [y for _, meta, y in traces if meta == "raw"][2] == raw
+    browser.execute_script("const s = document.getElementById('smoothing'); s.value = '0'; s.dispatchEvent(new Event('input'));")
 
     # Toggling a run takes its line off every chart; the log axis and the x axis switch.
     browser.find_element("css selector", "#runs tr.run[data-path$='/0']").click()

@@ -135,12 +135,12 @@
                                                     opacity: 0.25, hoverinfo: "skip", showlegend: false, meta: "raw"});
         traces.push({x, y: smooth(y, lone ? 0 : state.smoothing), customdata: steps, name: run.label, type: "scatter",
                      mode: lone ? "markers" : "lines", line: {color: color(i), width: 2}, marker: {color: color(i), size: 7},
-                     meta: run.path, hovertemplate: `%{fullData.name}<br>step %{customdata}<br>${esc(chart.key)} %{y:.4g}<extra></extra>`});
+                     meta: run.path, hovertemplate: `%{fullData.name}<br>step %{customdata}<br>${esc(chart.key)} %{y:${chart.format}}<extra></extra>`});
       });
       Plotly.react(el, traces, {
         title: {text: chart.title, x: 0, xanchor: "left", font: {size: 14}}, showlegend: false, height: 320,
         margin: {l: 60, r: 20, t: 40, b: 45}, hovermode: "closest", uirevision: `${chart.key}-${state.x}-${state.logy}`,
-        xaxis: {title: {text: label}, zeroline: false}, yaxis: {type: state.logy ? "log" : "linear", zeroline: false},
+        xaxis: {title: {text: label}, zeroline: false}, yaxis: {type: state.logy ? "log" : "linear", zeroline: false, tickformat: chart.format === ".4g" ? "" : chart.format},
       }, {displaylogo: false, responsive: true});
     });
   }

@@ -18,6 +18,7 @@ from theseus.training.seeds import LEVEL, seed_groups, seed_keys
 CHARTS = {"loss": "train loss", "val_loss": "val loss", "tokens_per_s": "throughput (tokens/s)",
           "mfu": "model FLOPs utilisation", "lr": "learning rate", "grad_norm": "gradient norm"}
 HIDDEN = {"step", "step_time", "data_wait", "flops_per_s"}
+FORMATS = {"mfu": ".1%", "tokens_per_s": ".3s", "lr": ".2e"}  # d3 formats of the y axis and hover values
 FINAL = "val_loss"  # the metric a sweep compares
 
 
@@ -48,11 +49,11 @@ def title(paths: Sequence[Path | str], runs: Runs) -> str:
 
 
 def charts(runs: Runs) -> list[dict[str, str]]:
-    """One chart per logged metric: key and title."""
+    """One chart per logged metric: key, title and number format."""
     keys = {key for run in runs for row in run.metrics for key, value in row.items()
             if key not in HIDDEN and isinstance(value, int | float)}
     ordered = [key for key in CHARTS if key in keys] + sorted(keys - set(CHARTS))
-    return [{"key": key, "title": CHARTS.get(key, key)} for key in ordered]
+    return [{"key": key, "title": CHARTS.get(key, key), "format": FORMATS.get(key, ".4g")} for key in ordered]
 
 
 def run_entry(run: Run, row: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
