@@ -127,18 +127,42 @@ def test_cli_overlays_several_paths(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make", [lambda tmp: tmp / "missing", lambda tmp: tmp])
-def test_neither_run_nor_sweep_is_one_line_error(tmp_path, make):
+@pytest.mark.parametrize("name, serve", [("missing", True), ("notes.txt", True), (".", False)])
+def test_neither_run_nor_sweep_is_one_line_error(tmp_path, name, serve):
+    """A missing path, a file, a folder without runs: one line, exit 2, nothing written (served,
+    a folder without runs yet is no error: a sweep just launched fills it)."""
     (tmp_path / "notes.txt").write_text("not a run")
-    path = make(tmp_path)
+    path = tmp_path / name
     with pytest.raises(ReportError):
         render(path)
-    for extra in ([], ["--serve", "--port", "0"]):
+    for extra in ([], ["--serve", "--port", "0"]) if serve else ([],):
         result = run_python("-m", "theseus.report", str(path), *extra, timeout=120)
         assert result.returncode == 2
         assert result.stdout == ""
         assert result.stderr.startswith("theseus: error: ") and result.stderr.count("\n") == 1
     assert not (tmp_path / "report.html").exists()
+
+
+def test_a_served_folder_fills_as_jobs_start(tmp_path):
+    """``--serve`` on a sweep folder before its first job: its data grows as runs appear."""
+    import threading
+    import urllib.request
+
+    from theseus.report.serve import server
+
+    httpd = server([tmp_path])
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = "http://{}:{}/data.json".format(*httpd.server_address[:2])
+    try:
+        assert json.loads(urllib.request.urlopen(url).read())["runs"] == []
+        write_run(tmp_path / "0", upto=50, status=None)
+        data = json.loads(urllib.request.urlopen(url).read())
+        assert [(run["label"], run["status"], run["step"]) for run in data["runs"]] == [(f"{tmp_path.name}/0", "running", 50)]
+        page = urllib.request.urlopen(url.replace("data.json", "")).read().decode()
+        assert DATA.search(page).group(2) == "true"  # the served page polls
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 @pytest.mark.slow

@@ -22,10 +22,11 @@ FORMATS = {"mfu": ".1%", "tokens_per_s": ".3s", "lr": ".2e"}  # d3 formats of th
 FINAL = "val_loss"  # the metric a sweep compares
 
 
-def document(paths: Sequence[Path | str], now: float | None = None) -> dict[str, Any]:
-    """The report of the runs at ``paths`` (run directories, sweep folders)."""
+def document(paths: Sequence[Path | str], now: float | None = None, empty_ok: bool = False) -> dict[str, Any]:
+    """The report of the runs at ``paths`` (run directories, sweep folders; ``empty_ok``: folders
+    without a run yet are no error)."""
     now = time.time() if now is None else now
-    runs = load(*paths)
+    runs = load(*paths, empty_ok=empty_ok)
     summary = runs.summary(now)
     return {
         "title": title(paths, runs),

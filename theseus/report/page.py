@@ -19,13 +19,14 @@ class ReportError(ValueError):
     """A path is neither a run directory nor a folder of runs."""
 
 
-def collect(paths: Sequence[Path | str]) -> dict[str, Any]:
-    """The report document of ``paths``; ReportError for a path that is missing or holds no run."""
+def collect(paths: Sequence[Path | str], empty_ok: bool = False) -> dict[str, Any]:
+    """The report document of ``paths``; ReportError for a path that is missing or holds no run
+    (``empty_ok``: a folder without runs yet is fine)."""
     for path in map(Path, paths):
         if not path.exists():
             raise ReportError(f"{path} does not exist")
     try:
-        return document(paths)
+        return document(paths, empty_ok=empty_ok)
     except ValueError as exc:
         raise ReportError(str(exc)) from None
 

@@ -16,8 +16,12 @@ HOST = "127.0.0.1"
 
 def server(paths: Sequence[Path | str], port: int = 0) -> ThreadingHTTPServer:
     """A server of the report of ``paths`` (``/`` the page, ``/data.json`` its data); port 0
-    picks a free one (``server.server_address``). ReportError before serving if a path holds no run."""
-    collect(paths)  # a bad path fails here, once, not on every poll
+    picks a free one (``server.server_address``). A folder without runs yet (a sweep just
+    launched) is served as it fills; a missing path or a file is a ReportError before serving."""
+    for path in map(Path, paths):
+        if path.is_file():
+            raise ReportError(f"{path} is a file, not a run directory or a folder of runs")
+    collect(paths, empty_ok=True)  # a bad path fails here, once, not on every poll
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the http.server name)
@@ -26,7 +30,7 @@ def server(paths: Sequence[Path | str], port: int = 0) -> ThreadingHTTPServer:
                 self.send_error(404)
                 return
             try:
-                data = collect(paths)
+                data = collect(paths, empty_ok=True)
             except ReportError as exc:  # runs deleted while serving
                 self.send_error(410, str(exc))
                 return

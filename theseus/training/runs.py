@@ -316,13 +316,13 @@ class Runs(Sequence[Run]):
         return pandas.DataFrame(self.metrics() if which == "metrics" else self.summary())
 
 
-def load(*paths: Path | str) -> Runs:
+def load(*paths: Path | str, empty_ok: bool = False) -> Runs:
     """The runs at ``paths`` (run directories, sweep folders, folders of runs), in order.
-    ValueError when a path holds none."""
+    ValueError when a path holds none (unless ``empty_ok``: a sweep whose jobs have not started)."""
     found = []
     for path in map(Path, paths):
         runs = run_paths(path) if path.is_dir() else []
-        if not runs:
+        if not runs and not (empty_ok and path.is_dir()):
             raise ValueError(f"{path} is neither a run directory (with .hydra/config.yaml) nor a folder of runs "
                              "(a sweep's 0/, 1/, ... or outputs/DATE/TIME/)")
         found.extend(Run.load(run) for run in runs)
