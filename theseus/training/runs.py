@@ -4,7 +4,9 @@ A run directory holds ``.hydra/`` (config.yaml, overrides.yaml), ``metrics.jsonl
 sweep, ``result.json`` (the job's status); a sweep folder holds one run directory per job
 (``0/``, ``1/``, ...). The sweep summary (``theseus.sweep``) and the report
 (``theseus.report``) both read runs through this module, and import nothing heavier: the
-summary is rewritten inside every job.
+summary is rewritten inside every job. ``load(PATH, ...)`` (public as ``theseus.runs.load``)
+reads any mix of runs and sweeps as ``Runs``: labels, differing keys, status (running,
+interrupted, failed, finished), ETA, and the metrics as rows for a notebook.
 """
 
 from __future__ import annotations
