@@ -31,6 +31,8 @@ import numpy as np
 
 from theseus.config import ConfigError, Configurable, field, register
 from theseus.training.progress import Progress
+from theseus.training.runs import RESULT, record_failure
+from theseus.training.tensorboard import TensorBoard, job_hparams
 
 
 @register("logger", "wandb")
@@ -41,6 +43,8 @@ class LoggerConfig(Configurable):
     project: str = field("logger/project", default="theseus", help="W&B project")
     name: str | None = field("logger/name", default=None, help="run name; unset: W&B picks one")
     tags: list[str] = field("logger/tags", default=[], help="W&B tags")
+    tensorboard: bool = field("logger/tensorboard", default=False,
+                              help="also write TensorBoard event files to RUN_DIR/tensorboard (overrides as HParams)")
 
     def __post_init__(self):
         if not self.project.strip() or any(c in self.project for c in "/\\#?%:"):
@@ -111,6 +115,9 @@ class RunLogger:
         self._run = None
         if config.mode != "disabled":
             self._run = _start_wandb(config.mode, run_dir, {**naming, **identity(run_dir, _sweep_dir())}, wandb_config)
+        self._run_dir = run_dir
+        (run_dir / RESULT).unlink(missing_ok=True)  # a new attempt: not failed (yet)
+        self._tensorboard = TensorBoard(run_dir, job_hparams()) if config.tensorboard else None
         path = run_dir / "metrics.jsonl"
         if path.exists():
             _truncate(path, start_step)
@@ -127,6 +134,8 @@ class RunLogger:
         self._file.flush()
         if self._run is not None:
             self._run.log({section(key): value for key, value in values.items()}, step=int(step))
+        if self._tensorboard is not None:
+            self._tensorboard.log(int(step), {section(key): value for key, value in values.items()})
         self._progress.update(int(step), values)
 
     def summary(self, **values: Any) -> None:
@@ -155,12 +164,16 @@ class RunLogger:
             self._progress.print("summary: " + ", ".join(f"{k} {v}" for k, v in shown.items() if len(v) <= 40))
         if self._run is not None:
             _finish_wandb(self._run, exit_code=1 if failed else 0)
+        if self._tensorboard is not None:
+            self._tensorboard.close(failed=failed)
         self._file.close()
 
     def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if self._open and isinstance(exc, Exception):  # not Ctrl-C or a stop: those are resumable
+            record_failure(self._run_dir, exc)
         self.close(failed=exc_type is not None)
 
 
