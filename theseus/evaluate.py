@@ -3,7 +3,8 @@
 Runs the evaluations a training run logs (``val_loss``, per mixture source, each task of
 ``evaluation.multiple_choice``) on a run directory's newest readable checkpoint (or
 ``--step``) as the trainer runs them (the run's mesh over every device), prints them as a
-table and writes them as JSON to ``RUN_DIR/eval-STEP.json`` (or ``--out``). Overrides may add or change evaluation keys::
+table and writes them as JSON to ``RUN_DIR/eval-STEP.json`` (or ``--out``), with each task's
+per-example scores beside it in ``eval-STEP.jsonl``. Overrides may add or change evaluation keys::
 
     python -m theseus.evaluate outputs/run evaluation.multiple_choice.toy=toy.jsonl trainer.eval_batches=20
 """
@@ -45,8 +46,11 @@ def run_evaluations(run_dir: Path, step: int | None, args: list[str]) -> dict:
     trainer = Trainer(saved_config(run_dir, overrides(args)))
     compiled = trainer.build(train=False)
     state, at = checkpoint(run_dir, step, compiled.target)
-    return {"run_dir": str(run_dir), "step": at, "mesh": dict(compiled.mesh.shape),
-            "metrics": trainer.evaluation_metrics(compiled, state.params)}
+    metrics = trainer.evaluation_metrics(compiled, state.params)
+    samples = [{"task": task, "index": i, **record}
+               for task, records in trainer.evaluations.samples.items() for i, record in enumerate(records)]
+    return {"run_dir": str(run_dir), "step": at, "mesh": dict(compiled.mesh.shape), "metrics": metrics,
+            "samples": samples}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(key, f"{value:.4f}")
     Console().print(table)
     out = args.out or args.run_dir / f"eval-{record['step']}.json"
+    samples = record.pop("samples")
     out.write_text(json.dumps(record, indent=2) + "\n")
+    if samples:
+        out.with_suffix(".jsonl").write_text("".join(json.dumps(sample) + "\n" for sample in samples))
     return 0
 
 

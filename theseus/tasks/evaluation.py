@@ -5,7 +5,8 @@ multiple-choice tasks of ``evaluation.multiple_choice``.
     metrics = evaluate(params, evaluations, loss=..., sharding=..., rules=..., share=(0, 1),
                        batch_size=16, batches=10)
     # {"val_loss": ..., "val_bpb": ..., "val_loss/NAME": ..., "val_bpb/NAME": ...,
-    #  "eval/TASK/acc": ..., "eval/TASK/acc_norm": ...}
+    #  "eval/TASK/acc": ..., "eval/TASK/acc_stderr": ..., "eval/TASK/acc_norm": ..., "eval/TASK/acc_bytes": ...}
+    evaluations.samples["TASK"]  # the latest evaluation's per-example records
 
 The training loop and ``python -m theseus.evaluate`` (a saved checkpoint) call the same
 ``evaluate``. The overall ``val_loss`` of a mixture is the weighted mean of its sources' losses
@@ -30,7 +31,7 @@ from theseus.base.mesh import on_devices
 from theseus.config import ConfigError, Configurable, configuration, configure, field, register
 from theseus.data.dataset import Dataset
 from theseus.data.mixture import Mixture
-from theseus.tasks.multiple_choice import Examples, accuracy, load_examples, log_likelihoods, score
+from theseus.tasks.multiple_choice import Examples, accuracy, load_examples, log_likelihoods, per_example, score
 
 
 @register("evaluation", "default")
@@ -38,7 +39,7 @@ from theseus.tasks.multiple_choice import Examples, accuracy, load_examples, log
 class EvaluationConfig(Configurable):
     multiple_choice: dict = field("evaluation/multiple_choice", default={},
                                   help='NAME: PATH of a JSONL file of {"context", "choices", "label"}, scored at each '
-                                       "evaluation (eval/NAME/acc, eval/NAME/acc_norm)")
+                                       "evaluation (eval/NAME/acc, acc_norm, acc_bytes and their _stderr)")
 
     def __post_init__(self):
         for name, path in self.multiple_choice.items():
@@ -63,6 +64,7 @@ class Evaluations:
     prefetch: int
     bytes_per_token: float | None  # of the whole (mixed) corpus
     mixed: bool  # a mixture: each source's loss is logged too
+    samples: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # TASK -> the latest per-example records
 
 
 def load_evaluations(cfg: Any, data: Dataset | Mixture, model: nn.Module, seed: int, prefetch: int) -> Evaluations:
@@ -110,5 +112,6 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metri
     with jax.set_mesh(sharding.mesh), nn.logical_axis_rules(rules):
         for name, examples in evaluations.tasks.items():
             scores = score(params, examples, evaluations.score_fn, choices, batch_size, share)
+            evaluations.samples[name] = per_example(scores, examples)
             metrics.update({f"eval/{name}/{key}": value for key, value in accuracy(scores, examples).items()})
     return metrics
