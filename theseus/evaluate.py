@@ -7,6 +7,10 @@ table and writes them as JSON to ``RUN_DIR/eval-STEP.json`` (or ``--out``), with
 per-example scores beside it in ``eval-STEP.jsonl``. Overrides may add or change evaluation keys::
 
     python -m theseus.evaluate outputs/run evaluation.multiple_choice.toy=toy.jsonl trainer.eval_batches=20
+
+``--tasks hellaswag,arc_easy`` adds lm-evaluation-harness tasks (lm-eval's names, or those of
+the task YAMLs under ``--include PATH``; ``--num_fewshot``, ``--limit`` as lm-eval has them):
+``evaluation.lm_eval`` and its keys, which the trainer's evaluations take too. Needs ``theseus[eval]``.
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ def overrides(args: list[str]) -> DictConfig:
     return OmegaConf.from_dotlist(items)
 
 
-def run_evaluations(run_dir: Path, step: int | None, args: list[str]) -> dict:
-    """The record of an evaluation of the run's checkpoint (``step``, ``mesh``, ``metrics``), by
-    the run's own Trainer: its mesh over every device, its parameter layout and compiled eval
-    step, the batches its loop evaluates on."""
-    trainer = Trainer(saved_config(run_dir, overrides(args)))
+def run_evaluations(run_dir: Path, step: int | None, args: list[str], lm_eval: dict | None = None) -> dict:
+    """The record of an evaluation of the run's checkpoint (``step``, ``mesh``, ``metrics``,
+    ``samples``), by the run's own Trainer: its mesh over every device, its parameter layout and
+    compiled eval step, the batches its loop evaluates on. ``lm_eval``: ``evaluation.*`` keys to set."""
+    trainer = Trainer(saved_config(run_dir, OmegaConf.merge(overrides(args), {"evaluation": lm_eval or {}})))
     compiled = trainer.build(train=False)
     state, at = checkpoint(run_dir, step, compiled.target)
     metrics = trainer.evaluation_metrics(compiled, state.params)
@@ -57,11 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m theseus.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
-    parser.add_argument("--out", type=Path, default=None, help="JSON file to write (default: RUN_DIR/eval-STEP.json)")
+    parser.add_argument("--out", "--output_path", type=Path, default=None,
+                        help="JSON file to write (default: RUN_DIR/eval-STEP.json; per-example scores beside it, .jsonl)")
+    parser.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (needs theseus[eval])")
+    parser.add_argument("--include", "--include_path", default=None, help="a folder of local lm-eval task YAMLs")
+    parser.add_argument("--num_fewshot", type=int, default=None, help="few-shot examples (default: each task's own)")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many examples of each lm-eval task")
     parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N")
     args = parser.parse_intermixed_args(argv)
     try:
-        record = run_evaluations(args.run_dir, args.step, args.overrides)
+        lm_eval = {} if args.tasks is None else {
+            "lm_eval": [task for task in args.tasks.split(",") if task], "lm_eval_include": args.include,
+            "lm_eval_fewshot": args.num_fewshot, "lm_eval_limit": args.limit}
+        record = run_evaluations(args.run_dir, args.step, args.overrides, lm_eval)
     except ConfigError as exc:
         print(f"theseus: error: {exc}", file=sys.stderr)
         return 2

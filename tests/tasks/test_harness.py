@@ -23,7 +23,7 @@ lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate")  # lm-eval's hf model needs it
 from interop.hf_models import CORPUS, gpt2_config, llama_config, save_hf, target_of, theseus_model, transformers  # noqa: E402
 
-from theseus.tasks.harness import HarnessLM, run_tasks  # noqa: E402
+from theseus.tasks.harness import HarnessLM, run_tasks, task_manager  # noqa: E402
 
 TASKS = ["theseus_mc", "theseus_ppl", "theseus_gen"]
 
@@ -76,7 +76,7 @@ def test_the_adapter_and_the_multiple_choice_scorer_give_lm_evals_numbers(tmp_pa
     params = load_params(folder, arch_of(model), target_of(model))
     mesh = make_mesh(MeshConfig(data=1), jax.devices()[:1])
     metrics, samples = run_tasks(HarnessLM(model, params, tokenizer, mesh, (), batch_size=4), TASKS,
-                                 include=str(tasks))
+                                 task_manager(TASKS, str(tasks)))
     for task in TASKS:
         ours, theirs = samples[task], expected["samples"][task]
         assert [s["index"] for s in ours] == [s["doc_id"] for s in theirs]

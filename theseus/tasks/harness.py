@@ -1,7 +1,8 @@
 """lm-evaluation-harness on a theseus model: its task zoo, scored on the run's mesh.
 
     lm = HarnessLM(model, params, tokenizer, mesh, rules, batch_size=16)
-    metrics, samples = run_tasks(lm, ["hellaswag", "my_local_task"], include="tasks/")
+    manager = task_manager(["hellaswag", "my_local_task"], include="tasks/")  # checks the names
+    metrics, samples = run_tasks(lm, ["hellaswag", "my_local_task"], manager)
     # {"eval/hellaswag/acc": ..., "eval/hellaswag/acc_stderr": ..., ...}, {"hellaswag": [per-example records]}
 
 ``HarnessLM`` is an ``lm_eval.api.model.TemplateLM``: lm-eval encodes each request itself (its
@@ -9,14 +10,13 @@ whitespace and BOS conventions, through theseus's tokenizer), and theseus scores
 ``loglikelihood`` and ``loglikelihood_rolling`` as batches of rows sorted by length, each batch
 padded to a power of two (few compiled shapes) and split over the mesh's batch axes;
 ``generate_until`` by theseus's KV-cache generation, greedy or sampled, cut at the first stop
-sequence. lm-eval is an optional dependency (``theseus[eval]``): this module imports it, so
-import this module only once ``require_lm_eval()`` has passed.
+sequence. lm-eval is an optional dependency (``theseus[eval]``): importing this module without
+it raises a ConfigError saying what to install, so import it lazily, where tasks are asked for.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 from typing import Any
 
 import flax.linen as nn
@@ -32,37 +32,31 @@ from theseus.data.tokenizer import Tokenizer
 from theseus.model.generate import generate
 from theseus.tasks.multiple_choice import log_likelihoods
 
-INSTALL = "lm-evaluation-harness is not installed: pip install 'theseus[eval]' (or pip install lm-eval)"
-
-
-def require_lm_eval() -> None:
-    """ConfigError, in one line saying what to install, when lm-eval is missing."""
-    if importlib.util.find_spec("lm_eval") is None:
-        raise ConfigError(INSTALL)
-
-
-require_lm_eval()
-
-from lm_eval import simple_evaluate  # noqa: E402  (optional: only once the check above passed)
-from lm_eval.api.model import TemplateLM  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
+try:
+    from lm_eval import simple_evaluate
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ImportError as exc:
+    raise ConfigError("lm-evaluation-harness is not installed: pip install 'theseus[eval]' (or lm-eval)") from exc
 
 
 class HarnessLM(TemplateLM):
     """A theseus causal LM (``model``, its ``params`` laid out on ``mesh``) as lm-eval's model.
 
     ``rules``: the model's logical-axis rules; ``batch_size``: rows per forward (a multiple of
-    the mesh's batch axes); ``seed``: of sampled generations.
+    the mesh's batch axes); ``vocab_size``: the ids scored and generated (the vocabulary an export
+    keeps; None: the model's); ``seed``: of sampled generations.
     """
 
     def __init__(self, model: nn.Module, params: Any, tokenizer: Tokenizer, mesh: Mesh, rules: Any,
-                 batch_size: int, seed: int = 0):
+                 batch_size: int, vocab_size: int | None = None, seed: int = 0):
         super().__init__()
         self.model, self.params, self.tokenizer, self.mesh, self.rules = model, params, tokenizer, mesh, rules
         self.batch_size, self.seed = batch_size, seed
+        self.vocab_size = model.vocab_size if vocab_size is None else vocab_size
         self.sharding = NamedSharding(mesh, PartitionSpec((DATA, FSDP), None, None))
-        self._score = jax.jit(functools.partial(log_likelihoods, model=model))
+        self._score = jax.jit(functools.partial(log_likelihoods, model=model, vocab_size=self.vocab_size))
 
     @property
     def eot_token_id(self) -> int:
@@ -145,22 +139,28 @@ class HarnessLM(TemplateLM):
             with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
                 ids = generate(self.model, self.params, jnp.asarray([prompt], jnp.int32), new, temperature=temperature,
                                rng=jax.random.fold_in(jax.random.key(self.seed), index),
-                               vocab_size=self.tokenizer.vocab_size)
+                               vocab_size=self.vocab_size)
             text = self.tokenizer.decode(np.asarray(ids[0, len(prompt):]).tolist())
             out.append(min((text.split(stop)[0] for stop in until if stop), key=len, default=text))
         return out
 
 
-def run_tasks(lm: HarnessLM, tasks: list[str], include: str | None = None, num_fewshot: int | None = None,
-              limit: float | None = None) -> tuple[dict[str, float], dict[str, list[dict]]]:
-    """``(metrics, samples)`` of lm-eval's ``tasks`` (its names, or those of the task YAMLs under
-    ``include``) on ``lm``: ``eval/TASK/METRIC`` (lm-eval's ``acc,none`` is ``acc``, another filter
-    ``METRIC/FILTER``) and each task's per-example records; ConfigError for an unknown task."""
+def task_manager(tasks: list[str], include: str | None = None) -> TaskManager:
+    """lm-eval's index of its own tasks and of the task YAMLs under ``include``; ConfigError
+    naming the first of ``tasks`` that it does not hold."""
     manager = TaskManager(include_path=include)
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
-        where = f" or a task YAML under {include}" if include else "; add local task YAMLs with an include path"
-        raise ConfigError(f"unknown lm-eval task {unknown[0]!r}: give one of lm-eval's task names{where}")
+        where = f" or of a task YAML under {include}" if include else " (local task YAMLs: give an include path)"
+        raise ConfigError(f"unknown lm-eval task {unknown[0]!r}: give the name of one of lm-eval's tasks{where}")
+    return manager
+
+
+def run_tasks(lm: HarnessLM, tasks: list[str], manager: TaskManager, num_fewshot: int | None = None,
+              limit: int | None = None) -> tuple[dict[str, float], dict[str, list[dict]]]:
+    """``(metrics, samples)`` of lm-eval's ``tasks`` (names ``manager`` holds) on ``lm``:
+    ``eval/TASK/METRIC`` (lm-eval's ``acc,none`` is ``acc``, another filter ``METRIC/FILTER``) and
+    each task's per-example records."""
     results = simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, num_fewshot=num_fewshot,
                               limit=limit, log_samples=True)
     metrics = {}

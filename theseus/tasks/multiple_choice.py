@@ -132,14 +132,17 @@ def _example(record, where: str, tokenizer: Tokenizer) -> tuple[str, list, int]:
     return context, encoded, label
 
 
-def log_likelihoods(params, tokens: jax.Array, mask: jax.Array, *, model: nn.Module) -> tuple[jax.Array, jax.Array]:
+def log_likelihoods(params, tokens: jax.Array, mask: jax.Array, *, model: nn.Module,
+                    vocab_size: int | None = None) -> tuple[jax.Array, jax.Array]:
     """Summed log-likelihood of each choice's tokens, and whether each of them is the model's
     argmax: ``tokens`` int32 ``[batch, choices, seq + 1]``, ``mask`` ``[batch, choices, seq]`` ->
-    float32 and bool ``[batch, choices]`` (replicated)."""
+    float32 and bool ``[batch, choices]`` (replicated). ``vocab_size``: the softmax runs over the
+    first ``vocab_size`` ids (the model's vocabulary less the padding an export drops; None: all).
+    """
     batch, choices, width = tokens.shape
     flat, weights = tokens.reshape(batch * choices, width), mask.reshape(batch * choices, width - 1)
     logits = model.apply({"params": params}, flat[:, :-1], deterministic=True).astype(jnp.float32)
-    logp = jax.nn.log_softmax(logits, axis=-1)
+    logp = jax.nn.log_softmax(logits[..., :vocab_size], axis=-1)
     picked = jnp.take_along_axis(logp, flat[:, 1:, None], axis=-1)[..., 0]
     summed = jnp.sum(picked * weights, axis=-1).reshape(batch, choices)
     greedy = jnp.all((logp.argmax(-1) == flat[:, 1:]) | (weights == 0), axis=-1).reshape(batch, choices)
