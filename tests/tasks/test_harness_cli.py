@@ -69,11 +69,15 @@ def test_the_trainers_evaluation_equals_lm_eval_on_the_export(run, expected):
 
 @pytest.mark.slow
 def test_evaluate_with_tasks_equals_lm_eval_on_the_export(run, expected):
+    """On 4 devices: the run's mesh over all of them splits each batch of requests."""
     out = run["base"] / "lm_eval.json"
     proc = run_python("-m", "theseus.evaluate", str(run["run"]), "--tasks", "theseus_mc,theseus_ppl",
-                      "--include", str(run["tasks"]), "--output_path", str(out), cwd=run["base"], env=OFFLINE)
+                      "--include", str(run["tasks"]), "--output_path", str(out), cwd=run["base"], env=OFFLINE,
+                      devices=4)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = json.loads(out.read_text())["metrics"]
+    record = json.loads(out.read_text())
+    assert record["mesh"]["data"] == 4
+    metrics = record["metrics"]
     for name in ("acc", "acc_norm", "acc_bytes"):
         assert metrics[f"eval/theseus_mc/{name}"] == metric(expected, "theseus_mc", name)
         assert metrics[f"eval/mc/{name}"] == metric(expected, "theseus_mc", name)
