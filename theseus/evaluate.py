@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     parser.add_argument("--out", "--output_path", type=Path, default=None,
-                        help="JSON file to write (default: RUN_DIR/eval-STEP.json; per-example scores beside it, .jsonl)")
+                        help="JSON file to write (default: RUN_DIR/eval-STEP.json); per-example scores go beside it")
     parser.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (needs theseus[eval])")
     parser.add_argument("--include", "--include_path", default=None, help="a folder of local lm-eval task YAMLs")
     parser.add_argument("--num_fewshot", type=int, default=None, help="few-shot examples (default: each task's own)")

@@ -4,7 +4,6 @@ layouts, with and without a BOS), on local tasks whose contexts end in whitespac
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import jax
@@ -21,7 +20,8 @@ from theseus.tasks.multiple_choice import accuracy, load_examples, log_likelihoo
 
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate")  # lm-eval's hf model needs it
-from interop.hf_models import CORPUS, gpt2_config, llama_config, save_hf, target_of, theseus_model, transformers  # noqa: E402
+from interop.hf_models import (CORPUS, gpt2_config, llama_config, save_hf, target_of,  # noqa: E402
+                               theseus_model, transformers)
 
 from theseus.tasks.harness import HarnessLM, run_tasks, task_manager  # noqa: E402
 

@@ -100,8 +100,9 @@ def test_an_unknown_task_or_a_missing_include_is_one_line(run):
     proc = run_python("-m", "theseus.evaluate", str(run["run"]), "--tasks", "theseus_mc", "--include",
                       str(run["base"] / "nowhere"), cwd=run["base"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (f"theseus: error: evaluation.lm_eval_include={run['base']}/nowhere: "
-                                                    "no such file or folder; give a folder of lm-eval task YAMLs")
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"theseus: error: evaluation.lm_eval_include={run['base']}/nowhere: no such file or folder; give a folder "
+        "of lm-eval task YAMLs")
 
 
 WITHOUT_LM_EVAL = """
