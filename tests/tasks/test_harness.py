@@ -7,15 +7,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from tasks.harness_fixtures import MC, write_tasks
 from jax.sharding import NamedSharding, PartitionSpec
 
 from theseus.base.mesh import MeshConfig, make_mesh
-from theseus.data.tokenizer import HFTokenizer, export_tokenizer
+from theseus.config import configuration, configure
+from theseus.data.tokenizer import ByteTokenizer, HFTokenizer, export_tokenizer
 from theseus.interop.hf_config import arch_of
 from theseus.interop.loading import load_params
+from theseus.model.generate import generate
+from theseus.model.models.gpt import GPT
 from theseus.tasks.multiple_choice import accuracy, load_examples, log_likelihoods, score
 
 lm_eval = pytest.importorskip("lm_eval")
@@ -106,3 +110,38 @@ def test_the_adapter_and_the_multiple_choice_scorer_give_lm_evals_numbers(tmp_pa
         assert ours[metric] == expected["results"]["theseus_mc"][f"{metric},none"]
         assert ours[f"{metric}_stderr"] == pytest.approx(expected["results"]["theseus_mc"][f"{metric}_stderr,none"])
     assert len(MC) == len(examples)
+
+
+class Request:
+    """What lm-eval hands a model: an Instance's ``args``."""
+
+    def __init__(self, *args):
+        self.args = args
+
+
+def test_generate_until_stops_at_the_first_stop_sequence_and_samples_by_seed():
+    """Greedy: theseus's own greedy continuation, cut before the earliest stop sequence; the
+    context keeps its last tokens to leave room for max_gen_toks; sampled: seeded per request."""
+    tiny = {"architecture.vocab_size": 257, "architecture.seq_len": 24, "architecture.n_layers": 2,
+            "architecture.d_model": 32, "architecture.n_heads": 4}
+    with configuration(tiny):
+        model = configure(GPT)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, model.seq_len), jnp.int32))["params"]
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.3, s.shape), s.dtype), shapes)
+    tokenizer = ByteTokenizer()
+    lm = HarnessLM(model, params, tokenizer, make_mesh(MeshConfig(data=1), jax.devices()[:1]), (), batch_size=2,
+                   vocab_size=tokenizer.vocab_size)
+    context = "a context longer than the whole window of the model"  # 51 bytes, seq_len 24
+    new = 10
+    prompt = tokenizer.encode(context)[-(model.seq_len - new):]
+    ids = generate(model, params, jnp.asarray([prompt]), new, temperature=0.0, vocab_size=tokenizer.vocab_size)
+    full = tokenizer.decode(np.asarray(ids[0, len(prompt):]).tolist())
+    stops = sorted(set(full[1:-1]), key=full.index)[:2]  # two characters it does produce, the earlier first
+    [plain, cut] = lm.generate_until([Request(context, {"until": ["\x00never"], "max_gen_toks": new}),
+                                      Request(context, {"until": stops[::-1], "max_gen_toks": new})])
+    assert plain == full.split(tokenizer.decode([tokenizer.eot]))[0]
+    assert cut == full[:full.index(stops[0])]
+    sampled = [Request(context, {"until": [], "max_gen_toks": new, "do_sample": True, "temperature": 1.0})] * 3
+    first, again = lm.generate_until(sampled), lm.generate_until(sampled)
+    assert first == again and len(set(first)) > 1  # seeded: reproducible, and each request draws its own
