@@ -122,8 +122,12 @@ class HarnessLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Each ``(context, {"until": [...], "max_gen_toks": N, "do_sample": ..., "temperature": ...})``
-        continued greedily (or sampled when ``do_sample``) and cut before the first stop sequence;
-        the context keeps its last tokens so that it and the generation fit the window."""
+        continued greedily (or sampled when ``do_sample``) and cut before the first stop sequence.
+
+        The first ``min(N, seq_len - 1)`` tokens follow the context's last ``seq_len - N`` tokens,
+        as lm-eval's hf model generates; past the window, generation goes on in steps of
+        ``seq_len // 2`` tokens, each conditioned on the last ``seq_len / 2`` tokens so far.
+        """
         out = []
         for index, request in enumerate(requests):
             context, settings = request.args
@@ -132,15 +136,19 @@ class HarnessLM(TemplateLM):
             until = [until] if isinstance(until, str) else list(until)
             if self.tokenizer.eot is not None:
                 until.append(self.tokenizer.decode([self.tokenizer.eot]))
-            new = max(1, min(int(settings.pop("max_gen_toks", 256)), self.max_length - 1))
-            sample = settings.pop("do_sample", False)
-            temperature = float(settings.pop("temperature", 1.0 if sample else 0.0)) if sample else 0.0
-            prompt = (self.tok_encode(context) or [self.prefix_token_id])[-(self.max_length - new):]
-            with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-                ids = generate(self.model, self.params, jnp.asarray([prompt], jnp.int32), new, temperature=temperature,
-                               rng=jax.random.fold_in(jax.random.key(self.seed), index),
-                               vocab_size=self.vocab_size)
-            text = self.tokenizer.decode(np.asarray(ids[0, len(prompt):]).tolist())
+            budget = max(1, int(settings.pop("max_gen_toks", 256)))
+            temperature = float(settings.pop("temperature", 1.0)) if settings.pop("do_sample", False) else 0.0
+            rng = jax.random.fold_in(jax.random.key(self.seed), index)
+            ids, produced, text = self.tok_encode(context) or [self.prefix_token_id], [], ""
+            while len(produced) < budget and not any(stop and stop in text for stop in until):
+                step = min(budget - len(produced), self.max_length - 1 if not produced else self.max_length // 2)
+                prompt = (ids + produced)[-(self.max_length - step):]
+                with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+                    tokens = generate(self.model, self.params, jnp.asarray([prompt], jnp.int32), step,
+                                      temperature=temperature, rng=jax.random.fold_in(rng, len(produced)),
+                                      vocab_size=self.vocab_size)
+                produced += np.asarray(tokens[0, len(prompt):]).tolist()
+                text = self.tokenizer.decode(produced)
             out.append(min((text.split(stop)[0] for stop in until if stop), key=len, default=text))
         return out
 
