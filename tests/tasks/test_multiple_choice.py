@@ -156,3 +156,22 @@ def test_an_empty_or_missing_file_is_refused(tmp_path):
         load_examples(write(tmp_path / "empty.jsonl", [""]), ByteTokenizer(), SEQ)
     with pytest.raises(ConfigError, match="cannot read the multiple-choice file"):
         load_examples(tmp_path / "missing.jsonl", ByteTokenizer(), SEQ)
+
+
+def test_a_choice_longer_than_the_window_is_cut_on_the_left_not_refused(tmp_path):
+    long = "z" * 30  # SEQ is 24: the row keeps its last SEQ + 1 bytes, all of them the choice's
+    examples = load_examples(write(tmp_path / "mc.jsonl", [{"context": "q", "choices": [long, "a"], "label": 0}]),
+                             ByteTokenizer(), SEQ)
+    assert examples.tokens[0, 0].tolist() == list(long.encode())[-(SEQ + 1):]
+    assert examples.mask[0, 0].sum() == SEQ and examples.mask[0, 1].sum() == 1
+    assert (examples.n_chars[0].tolist(), examples.n_bytes[0].tolist()) == ([30, 1], [30, 1])
+
+
+def test_trailing_whitespace_is_scored_with_the_choice(tmp_path):
+    """lm-eval's convention: "on the " + "mat" is scored as "on the" + " mat" (the same bytes, one
+    more of them scored)."""
+    examples = load_examples(write(tmp_path / "mc.jsonl", [{"context": "on the \n", "choices": ["mat"], "label": 0}]),
+                             ByteTokenizer(), SEQ)
+    row = list(b"on the \nmat")
+    assert examples.tokens[0, 0, :len(row)].tolist() == row
+    assert examples.mask[0, 0].tolist().index(1) == len("on the") - 1 and examples.mask[0, 0].sum() == 5
