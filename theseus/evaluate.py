@@ -2,12 +2,17 @@
 
 Runs the evaluations a training run logs (``val_loss``, per mixture source, each task of
 ``evaluation.multiple_choice``) as the trainer runs them (the config's mesh over every device),
-prints them as a table and writes them as JSON to ``PATH/eval-STEP.json`` (or ``--out``). PATH
-is a run directory (its newest readable checkpoint, or ``--step``; overrides may add or change
-evaluation keys) or a Hugging Face folder (its weights; overrides also name the data)::
+prints them as a table and writes them as JSON to ``PATH/eval-STEP.json`` (or ``--out``), with
+each task's per-example scores beside it in ``eval-STEP.jsonl``. PATH is a run directory (its
+newest readable checkpoint, or ``--step``; overrides may add or change evaluation keys) or a
+Hugging Face folder (its weights; overrides also name the data)::
 
     python -m theseus.evaluate outputs/run evaluation.multiple_choice.toy=toy.jsonl trainer.eval_batches=20
     python -m theseus.evaluate ~/models/my-llama data.source=text data.path=notes.txt
+
+``--tasks hellaswag,arc_easy`` adds lm-evaluation-harness tasks (lm-eval's names, or those of
+the task YAMLs under ``--include PATH``; ``--num_fewshot``, ``--limit`` as lm-eval has them):
+``evaluation.lm_eval`` and its keys, which the trainer's evaluations take too. Needs ``theseus[eval]``.
 """
 
 from __future__ import annotations
@@ -48,25 +53,44 @@ def overrides(args: list[str], allowed: tuple[tuple[str, ...], str]) -> list[str
 
 def run_evaluations(path: Path, step: int | None, args: list[str]) -> dict:
     """The record of an evaluation of a run's checkpoint or a Hugging Face folder's weights
-    (``step``: None for a folder; ``mesh``, ``metrics``), by the Trainer: its mesh over every
-    device, its parameter layout and compiled eval step, the batches its loop evaluates on."""
+    (``step``: None for a folder; ``mesh``, ``metrics``, ``samples``), by the Trainer: its mesh
+    over every device, its parameter layout and compiled eval step, the batches its loop
+    evaluates on."""
     trainer = Trainer(source_config(path, overrides(args, RUN_KEYS if is_run_dir(path) else FOLDER_KEYS)))
     compiled = trainer.build(train=False)
     params, at = trained_params(path, step, trainer.model, compiled.target)
-    return {"path": str(path), "step": at, "mesh": dict(compiled.mesh.shape),
-            "metrics": trainer.evaluation_metrics(compiled, params)}
+    metrics = trainer.evaluation_metrics(compiled, params)
+    samples = [{"task": task, "index": i, **record}
+               for task, records in trainer.evaluations.samples.items() for i, record in enumerate(records)]
+    return {"path": str(path), "step": at, "mesh": dict(compiled.mesh.shape), "metrics": metrics,
+            "samples": samples}
+
+
+def lm_eval_overrides(tasks: str | None, include: str | None, fewshot: int | None, limit: int | None) -> list[str]:
+    """The command line's lm-eval options as the ``evaluation.lm_eval*`` keys they stand for."""
+    if tasks is None:
+        return []
+    options = {"lm_eval_include": include, "lm_eval_fewshot": fewshot, "lm_eval_limit": limit}
+    return [f"evaluation.lm_eval=[{','.join(task for task in tasks.split(',') if task)}]",
+            *(f"evaluation.{key}={'null' if value is None else value}" for key, value in options.items())]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m theseus.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path, help="a run directory or a Hugging Face folder")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step of a run (default: the newest)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON file to write (default: PATH/eval-STEP.json, PATH/eval.json for a folder)")
+    parser.add_argument("--out", "--output_path", type=Path, default=None,
+                        help="JSON file to write (default: PATH/eval-STEP.json, PATH/eval.json for a folder); "
+                             "per-example scores go beside it")
+    parser.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (needs theseus[eval])")
+    parser.add_argument("--include", "--include_path", default=None, help="a folder of local lm-eval task YAMLs")
+    parser.add_argument("--num_fewshot", type=int, default=None, help="few-shot examples (default: each task's own)")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many examples of each lm-eval task")
     parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N; for a folder data.*")
     args = parser.parse_intermixed_args(argv)
     try:
-        record = run_evaluations(args.path, args.step, args.overrides)
+        lm_eval = lm_eval_overrides(args.tasks, args.include, args.num_fewshot, args.limit)
+        record = run_evaluations(args.path, args.step, [*args.overrides, *lm_eval])
     except ConfigError as exc:
         print(f"theseus: error: {exc}", file=sys.stderr)
         return 2
@@ -79,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(key, f"{value:.4f}")
     Console().print(table)
     out = args.out or args.path / ("eval.json" if record["step"] is None else f"eval-{record['step']}.json")
+    samples = record.pop("samples")
     out.write_text(json.dumps(record, indent=2) + "\n")
+    if samples:
+        out.with_suffix(".jsonl").write_text("".join(json.dumps(sample) + "\n" for sample in samples))
     return 0
 
 

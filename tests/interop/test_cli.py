@@ -54,7 +54,8 @@ def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
     out = tmp_path / "exported"
     proc = run_python("-m", "theseus.export", str(run), str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                         "tokenizer_config.json"]
     assert (out / "tokenizer.json").read_text() == (llama_folder / "tokenizer.json").read_text()
     config = json.loads((out / "config.json").read_text())
     assert (config["model_type"], config["vocab_size"], config["num_key_value_heads"]) == ("llama", 333, 2)

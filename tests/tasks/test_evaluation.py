@@ -138,6 +138,11 @@ def test_evaluate_a_checkpoint_reproduces_the_logged_evaluation(files, straight,
     for key, value in written["metrics"].items():
         assert value == pytest.approx(logged[key], rel=1e-5, abs=1e-9), key
         assert key in proc.stdout
+    samples = [json.loads(line) for line in (straight / f"eval-{STEPS}.jsonl").read_text().splitlines()]
+    assert [(s["task"], s["index"]) for s in samples] == [("toy", i) for i in range(40)]
+    for metric in ("acc", "acc_norm", "acc_bytes"):  # the totals are the per-example scores' means
+        assert np.mean([s[metric] for s in samples]) == pytest.approx(written["metrics"][f"eval/toy/{metric}"])
+    assert all(s[metric] == (int(np.argmax(s["scores"])) == s["label"]) for s in samples for metric in ["acc"])
     out = tmp_path / "at6.json"
     other = toy_task(tmp_path / "other.jsonl", seed=1)
     proc = run_python("-m", "theseus.evaluate", str(straight), "--step", "6", "--out", str(out),
