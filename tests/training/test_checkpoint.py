@@ -76,9 +76,11 @@ def straight(corpus, tmp_path_factory) -> Path:
 def test_sigterm_saves_and_resume_is_bit_exact(corpus, straight, tmp_path):
     proc = start_and_interrupt(command(corpus, tmp_path), after_step=4, sig=signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, proc.output[-2000:]
-    assert "checkpoint saved. Resume with: python -m theseus.run" in proc.output
     stopped = max(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
     assert 4 <= stopped < STEPS
+    assert f"theseus: SIGTERM received: stopping after step {stopped}: saving a checkpoint" in proc.output
+    assert f"interrupted by SIGTERM after step {stopped}/{STEPS}; checkpoint {stopped} saved" in proc.output
+    assert f"resume:   python -m theseus.run {' '.join(command(corpus, tmp_path)[3:])}\n" in proc.output
     run(command(corpus, tmp_path))
     assert losses(tmp_path) == losses(straight)  # identical, step by step
     for a, b in zip(final_params(tmp_path), final_params(straight), strict=True):
@@ -158,10 +160,26 @@ def test_resume_with_a_changed_config_is_refused_with_the_diff(corpus, straight,
 
 
 def test_resume_rules():
-    from theseus.training.resume import unsafe_changes
+    from theseus.config import ConfigError
+    from theseus.training.resume import check_resume, unsafe_changes
 
-    saved = {"optimizer": {"schedule": "cosine", "warmup_steps": 10}, "trainer": {"max_steps": 100, "log_every": 5}}
-    extended = {"optimizer": {"schedule": "cosine", "warmup_steps": 10}, "trainer": {"max_steps": 200, "log_every": 1}}
-    assert unsafe_changes(saved, extended) == [("trainer.max_steps", 100, 200)]  # the cosine would change
-    saved["optimizer"]["schedule"] = extended["optimizer"]["schedule"] = "constant"
-    assert unsafe_changes(saved, extended) == []
+    saved = {"optimizer": {"schedule": "cosine"}, "trainer": {"max_steps": 100, "log_every": 5}}
+    extended = {"optimizer": {"schedule": "cosine"}, "trainer": {"max_steps": 200, "log_every": 1}}
+    assert unsafe_changes(saved, extended) == [("trainer.max_steps", 100, 200)]
+    check_resume("RUN", saved, extended, max_steps_problem=None)  # the schedule keeps the past: allowed
+    with pytest.raises(ConfigError, match=r"^cannot continue RUN to trainer.max_steps=200: the past changes$"):
+        check_resume("RUN", saved, extended, max_steps_problem="the past changes")
+
+
+@pytest.mark.parametrize(("schedule", "steps", "allowed"), [
+    ("constant", 40, True), ("wsd", 40, True), ("wsd", 90, False), ("cosine", 40, False)])
+def test_extension_follows_the_schedule(tmp_path, schedule, steps, allowed):
+    """A run stopped at ``steps`` of 100 extends to 200 when its learning rates so far would
+    not change: a constant, wsd before its decay (the last 20%), never a cosine."""
+    from theseus.config.compose import compose
+    from theseus.training.trainer import Trainer
+
+    (tmp_path / "checkpoints" / str(steps)).mkdir(parents=True)
+    cfg = compose(["+experiment=gpt_tiny", f"optimizer.schedule={schedule}", "trainer.max_steps=200"])
+    problem = Trainer(cfg)._extension_problem(tmp_path, saved_steps=100)
+    assert (problem is None) == allowed, problem

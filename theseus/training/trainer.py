@@ -167,8 +167,7 @@ class Trainer:
         ``trainer.max_steps``: the steps it has taken would have had other learning rates
         (a cosine decays over all the steps); None when they keep theirs (a constant
         schedule, or wsd's stable phase)."""
-        steps = Checkpointer.at(run_dir).steps()
-        taken = max(steps) if steps else 0
+        taken = max((int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()), default=0)
         s = jax.numpy.arange(taken)
         before = np.asarray(make_schedule(self.optimizer, saved_steps)(s))
         after = np.asarray(make_schedule(self.optimizer, self.settings.max_steps)(s))
