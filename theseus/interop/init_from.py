@@ -44,7 +44,10 @@ def apply_init_from(cfg: DictConfig) -> DictConfig:
     if run is not None:
         return _from_run(cfg, run)
     arch = architecture(read_config(folder), where=str(folder / "config.json"))
-    Checkpoint(folder)  # its weights are there (safetensors, not pickle), before anything is written
+    try:
+        Checkpoint(folder)  # its weights are there (safetensors, not pickle), before anything is written
+    except ConfigError as exc:
+        raise ConfigError(f"{KEY}={given}: {exc}") from exc
     if not issubclass(model_class(cfg), GPT):
         raise ConfigError(f"{KEY} loads a GPT, but model={cfg.get('model')}: leave the model at gpt")
     defaults = every_key()

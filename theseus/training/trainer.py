@@ -12,6 +12,7 @@ import functools
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -398,13 +399,17 @@ class Trainer:
         rows.append(("wall time", format_duration(time.perf_counter() - loop.began)))
         rows.append(("checkpoints", ", ".join(map(str, kept)) or "none"))
         show_table("theseus run summary", rows)
-        lines = [f"  resume:   {resume_command(run_dir)}"] if loop.stop else []
+        lines = [f"  resume:   {resume_command()}"] if loop.stop else []
         if kept:
+            extendable = self.optimizer.schedule in ("constant", "wsd")  # wsd: before its decay
+            more = (command_line(("trainer.max_steps=", "hydra.run.dir="), [f"hydra.run.dir={run_dir}"])
+                    if extendable else
+                    command_line(("trainer.max_steps=", "hydra.run.dir=", "trainer.init_from="),
+                                 [f"trainer.init_from={run_dir}", f"hydra.run.dir={run_dir}-more"]))
             lines += [f"  sample:   python -m theseus.sample {run_dir} --prompt \"...\"",
                       f"  evaluate: python -m theseus.evaluate {run_dir}",
                       f"  export:   python -m theseus.export {run_dir} {run_dir}-hf",
-                      f"  continue: python -m theseus.run {_argv(run_dir)} trainer.init_from={run_dir} "
-                      f"trainer.max_steps=N hydra.run.dir={run_dir}-more"]
+                      f"  continue: {more} trainer.max_steps=N"]
         sync = sync_command(run_dir)
         if sync:
             lines.append(f"  W&B:      {sync}")
@@ -556,19 +561,18 @@ def restart_schedule(opt_state: Any) -> Any:
     return jax.tree.map(reset, opt_state, is_leaf=lambda node: isinstance(node, ScaleByScheduleState))
 
 
-def resume_command(run_dir: Path) -> str:
-    """The command line that continues this run: the same one, given ``hydra.run.dir`` or
-    ``trainer.resume=last`` (which finds the newest run it continues)."""
-    args = [arg for arg in sys.argv[1:] if not arg.startswith("trainer.resume=")]
-    if not any(arg.startswith("hydra.run.dir=") for arg in args):
-        args.append("trainer.resume=last")
-    return "python -m theseus.run " + " ".join(args)
+def command_line(drop: tuple[str, ...] = (), add: Sequence[str] = ()) -> str:
+    """This process's ``python -m theseus.run`` command line, less the arguments starting with
+    one of ``drop`` (and any ``trainer.resume``), plus ``add``."""
+    kept = [arg for arg in sys.argv[1:] if not arg.startswith((*drop, "trainer.resume="))]
+    return " ".join(["python -m theseus.run", *kept, *add])
 
 
-def _argv(run_dir: Path) -> str:
-    """This command's overrides less those naming its run directory or its start."""
-    drop = ("hydra.run.dir=", "trainer.resume=", "trainer.init_from=", "trainer.max_steps=")
-    return " ".join(arg for arg in sys.argv[1:] if not arg.startswith(drop))
+def resume_command() -> str:
+    """The command line that continues this run: the same one, given ``hydra.run.dir``, or with
+    ``trainer.resume=last`` (which finds the newest run it can continue)."""
+    given = any(arg.startswith("hydra.run.dir=") for arg in sys.argv[1:])
+    return command_line(add=[] if given else ["trainer.resume=last"])
 
 
 def _duration(seconds: float) -> str:
