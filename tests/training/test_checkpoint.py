@@ -183,3 +183,33 @@ def test_extension_follows_the_schedule(tmp_path, schedule, steps, allowed):
     cfg = compose(["+experiment=gpt_tiny", f"optimizer.schedule={schedule}", "trainer.max_steps=200"])
     problem = Trainer(cfg)._extension_problem(tmp_path, saved_steps=100)
     assert (problem is None) == allowed, problem
+
+
+def test_resume_last_finds_the_newest_run_this_command_continues(tmp_path):
+    import time
+
+    from omegaconf import OmegaConf
+
+    from theseus.config.compose import compose
+    from theseus.training.resume import last_run, runs_root
+
+    def made(name: str, config: dict, steps: tuple[int, ...] = (5,)) -> Path:
+        run_dir = tmp_path / "outputs" / name
+        (run_dir / ".hydra").mkdir(parents=True)
+        OmegaConf.save(OmegaConf.create(config), run_dir / ".hydra" / "config.yaml")
+        for step in steps:
+            (run_dir / "checkpoints" / str(step)).mkdir(parents=True)
+        time.sleep(0.01)  # distinct modification times: the newest wins
+        return run_dir
+
+    lr3 = {"optimizer": {"lr": 3e-3}, "trainer": {"max_steps": 60, "resume": "auto"}}
+    lr1 = {"optimizer": {"lr": 1e-3}, "trainer": {"max_steps": 60, "resume": "auto"}}
+    older, other = made("d1/t1", lr3), made("d1/t2", lr1)
+    newer = made("d2/t1", {**lr3, "logger": {"mode": "disabled"}})  # logging may differ
+    made("d2/t2", lr3, steps=())  # no checkpoint: nothing to continue
+    again = {"optimizer": {"lr": 3e-3}, "trainer": {"max_steps": 90, "resume": "last"}}  # longer: judged later
+    assert last_run(tmp_path / "outputs", again) == newer != older
+    assert last_run(tmp_path / "outputs", {**again, "optimizer": {"lr": 1e-3}}) == other
+    assert last_run(tmp_path / "outputs", {**again, "optimizer": {"lr": 1e-2}}) is None
+    assert runs_root(compose(["+experiment=gpt_tiny"], hydra=True)) == Path("outputs")
+    assert runs_root(compose(["+experiment=gpt_tiny", "hydra.run.dir=runs/a"], hydra=True)) is None

@@ -131,9 +131,10 @@ def test_start_stop_continue(corpus, tmp_path):
     source = run_dir / "checkpoints" / "20"
     new_run = [*cmd, f"trainer.init_from={source}", "optimizer.lr=1e-3", "optimizer.schedule=cosine",
                f"hydra.run.dir={new_dir}"]
-    init = theseus(tmp_path, *new_run, "trainer.max_steps=3")
+    init = theseus(tmp_path, *new_run, "trainer.max_steps=3", "trainer.profile_steps=[2,3]")
     assert init.returncode == 0, init.stderr[-3000:]
     assert f"starting from the weights of {source}" in init.stderr
+    assert f"profile of steps 2-3 written to {new_dir / 'profile'}" in init.stderr
     new = [r for r in metrics(new_dir) if "loss" in r]
     assert [r["step"] for r in new] == [1, 2, 3]
     assert new[0]["lr"] == pytest.approx(1e-3) and new[2]["lr"] < 1e-3  # lr of step 1: the cosine's start

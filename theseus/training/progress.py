@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
-from rich.table import Table
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.progress import Progress as RichProgress
+from rich.table import Table
 
 from theseus.training.metrics import format_duration, format_si
 
@@ -47,9 +47,9 @@ def record(text: str) -> None:
         file.flush()
 
 
-def show(text: str, file: TextIO | None = None) -> None:
-    """Print ``text`` to stderr (or ``file``) and to the transcript."""
-    print(text, file=file or sys.stderr, flush=True)
+def show(text: str) -> None:
+    """Print ``text`` to stderr and to the transcript."""
+    print(text, file=sys.stderr, flush=True)
     record(text)
 
 

@@ -282,7 +282,7 @@ class Trainer:
             with loop.logger:
                 if loop.step >= loop.last_step:
                     loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
-                    self.evaluate(loop)
+                    self._evaluate_now(loop, record=False)
                 while loop.step < loop.last_step and not loop.stop:
                     self.train_step(loop)
                     with loop.window.pause():  # the hooks' time is not step time
@@ -327,7 +327,8 @@ class Trainer:
                            start_step=start, is_main=jax.process_index() == 0)
         logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
         return Loop(run_dir, compiled, state, loader, logger, checkpointer, jax.random.key(s.seed + 1), peak,
-                    step=start, last_step=s.max_steps, profiler=Profiler(s.profile_steps, run_dir / "profile"))
+                    step=start, last_step=s.max_steps,
+                    profiler=Profiler(s.profile_steps, run_dir / "profile", report=_warn))
 
     def hooks(self) -> list[Hook]:
         """What runs after every step, in order; each acts on its own cadence. ``log`` comes
@@ -366,10 +367,15 @@ class Trainer:
         """Every ``trainer.eval_every`` steps: the validation loss, logged with the task's metrics."""
         loop.evaluated = loop.due(self.settings.eval_every)
         if loop.evaluated:
-            metrics = self.evaluation_metrics(loop.compiled, loop.state.params)
-            loop.val_loss, loop.evaluation = metrics["val_loss"], (loop.step, metrics)
+            self._evaluate_now(loop, record=True)
+
+    def _evaluate_now(self, loop: Loop, record: bool) -> None:
+        """Evaluate the current params and show the numbers; ``record``: also log them."""
+        metrics = self.evaluation_metrics(loop.compiled, loop.state.params)
+        loop.val_loss, loop.evaluation = metrics["val_loss"], (loop.step, metrics)
+        if record:
             loop.logger.log(loop.step, metrics, progress=False)
-            loop.logger.message(evaluation_line(loop.step, metrics))
+        loop.logger.message(evaluation_line(loop.step, metrics))
 
     def checkpoint(self, loop: Loop) -> None:
         """Every ``trainer.checkpoint_every`` steps, and when stopping: save (asynchronously)."""
@@ -461,7 +467,8 @@ class Trainer:
         if restored is None:
             raise ConfigError(f"trainer.init_from={s.init_from}: no readable checkpoint there")
         other, loader_state, _config, step = restored
-        parts = ["weights", *(["optimizer state"] if s.init_optimizer else []), *(["data position"] if s.init_data else [])]
+        parts = ["weights", *(["optimizer state"] if s.init_optimizer else []),
+                 *(["data position"] if s.init_data else [])]
         _warn(f"starting from the {', '.join(parts)} of {checkpoints.directory / str(step)}")
         state = state.replace(params=other.params)
         if s.init_optimizer:
