@@ -151,7 +151,7 @@ CASES = [
     _case("bpe_vocab_too_small", ["data.tokenizer=bpe", "data.bpe_vocab_size=100"], "data.bpe_vocab_size=100",
           "set it above 257"),
     # resume
-    _case("resume_points_nowhere", ["trainer.resume={ws}/nowhere"], "trainer.resume={ws}/nowhere: no such checkpoint",
+    _case("resume_points_nowhere", ["trainer.resume={ws}/nowhere"], "trainer.resume={ws}/nowhere is not a checkpoint",
           "give a run directory"),
     _case("resume_never_on_used_dir", ["trainer.resume=never"], "{ws}/used already has checkpoints",
           "choose a new hydra.run.dir", run_dir="{ws}/used"),

@@ -29,6 +29,7 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose, conf_dir, validate
 from theseus.config.context import is_checked
 from theseus.config.registry import load
+from theseus.training.resume import continue_last
 
 # Hydra's flags that print instead of running; the value after each of VALUED is not an override
 INFO_FLAGS = {"--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve", "-p", "--package"}
@@ -156,6 +157,8 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     base = compose(job_overrides(argv)[0], hydra=True)  # the first job of the command line: its sweep file
     if INFO_FLAGS & set(argv):
         return base, []
+    if not is_multirun(argv):
+        base = continue_last(base)  # trainer.resume=last: the run directory this command continues
     initialize(_job(base)[0])  # join the job (several hosts) before anything touches a device
     gpus = visible_gpus()
     if is_multirun(argv) and gpus:  # parallel jobs on this host: one GPU share each, or refused now
