@@ -16,6 +16,7 @@ import csv
 import dataclasses
 import io
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -85,6 +86,14 @@ def group_table(jobs: Sequence[Job]) -> Table | str | None:
     return out
 
 
+class QuietJoblib(logging.Filter):
+    """Drops the joblib launcher's ``Joblib.Parallel(n_jobs=-1, ...) is launching N jobs`` line
+    (its settings are the config's; the jobs are listed beside it), keeping its other lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Joblib.Parallel(")
+
+
 def print_summary(sweep_dir: Path | str) -> list[Job]:
     """Write the sweep folder's summary files and print its table; returns its jobs."""
     sweep_dir = Path(sweep_dir)
@@ -92,8 +101,10 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
     if not jobs:
         return jobs
     write(sweep_dir, jobs)
-    console = Console()
-    console.print(table(jobs))
+    console, summary = Console(), table(jobs)
+    if not console.is_terminal:  # a log or a pipe: the table at its natural width, its column names whole
+        console = Console(width=console.measure(summary).maximum)
+    console.print(summary)
     seeds = group_table(jobs)
     if seeds is not None:
         console.print(seeds, markup=False, highlight=False)
