@@ -148,7 +148,9 @@ class HarnessLM(TemplateLM):
                                       temperature=temperature, rng=jax.random.fold_in(rng, len(produced)),
                                       vocab_size=self.vocab_size)
                 produced += np.asarray(tokens[0, len(prompt):]).tolist()
-                text = self.tokenizer.decode(produced)
+                # ids past the tokenizer's (a checkpoint's vocabulary may be larger) decode to
+                # nothing, as Hugging Face's tokenizers decode them
+                text = self.tokenizer.decode([token for token in produced if token < self.tokenizer.vocab_size])
             out.append(min((text.split(stop)[0] for stop in until if stop), key=len, default=text))
         return out
 
