@@ -1,4 +1,4 @@
-"""The device mesh from config: axes data, fsdp, tensor."""
+"""The device mesh from config: axes data, fsdp, expert, tensor."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ class MeshConfig(Configurable):
 
     data: int = field("mesh/data", default=-1, help="data-parallel size; -1: the remaining devices")
     fsdp: int = field("mesh/fsdp", default=1, help="fully-sharded data-parallel size; -1: the remaining devices")
+    expert: int = field("mesh/expert", default=1,
+                        help="expert-parallel size: mixture-of-experts layers split their experts over it (it also "
+                             "splits the batch); -1: the remaining devices")
     tensor: int = field("mesh/tensor", default=1, help="tensor-parallel size; -1: the remaining devices")
     rules: dict = field("mesh/rules", default={}, help="logical axis -> mesh axes, overriding the model's plan")
     cpu_devices: int | None = field(
@@ -41,7 +44,7 @@ class MeshConfig(Configurable):
                                   f"{', '.join(MESH_AXES)}, a list of them, or null (replicated)")
 
     def shape(self, n_devices: int) -> dict[str, int]:
-        """``{"data": d, "fsdp": f, "tensor": t}`` with -1 resolved; ConfigError when impossible."""
+        """``{"data": d, "fsdp": f, "expert": e, "tensor": t}`` with -1 resolved; ConfigError when impossible."""
         sizes = {axis: getattr(self, axis) for axis in MESH_AXES}
         given = " x ".join(f"{axis}={size}" for axis, size in sizes.items())
         free = [axis for axis, size in sizes.items() if size == -1]
@@ -94,7 +97,7 @@ def compiler_options(config: MeshConfig) -> dict[str, bool]:
 
 
 def make_mesh(config: MeshConfig, devices: list | None = None) -> Mesh:
-    """A Mesh over ``devices`` (default: all) with axes (data, fsdp, tensor)."""
+    """A Mesh over ``devices`` (default: all) with axes (data, fsdp, expert, tensor)."""
     devices = jax.devices() if devices is None else devices
     sizes = config.shape(len(devices))
     shape = tuple(sizes[axis] for axis in MESH_AXES)

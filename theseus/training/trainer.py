@@ -8,6 +8,7 @@ evaluates, logs and checkpoints, resuming where the run directory left off.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from theseus.base.axis import DATA, FSDP, ShardingPlan
+from theseus.base.axis import BATCH_MESH_AXES, ShardingPlan
 from theseus.base.hardware import peak_flops
 from theseus.base.mesh import MeshConfig, compiler_options, make_mesh, on_devices, use_cpu_devices
 from theseus.config import ConfigError, configuration, configure
@@ -47,7 +48,6 @@ from theseus.training.resume import check_resume
 from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
 from theseus.training.step import eval_step, train_step
 
-BATCH_MESH_AXES = (DATA, FSDP)  # the mesh axes a batch is split over
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
 REMAT_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each remat policy to advise
 
@@ -89,11 +89,11 @@ class Trainer:
         s = self.settings  # each settings class has checked its own ranges
         use_cpu_devices(self.mesh_config.cpu_devices)  # before anything counts the devices
         self.mesh_shape = self.mesh_config.shape(jax.device_count())
-        parallel = self.mesh_shape[DATA] * self.mesh_shape[FSDP]
+        parallel = self.batch_parallel
         if s.batch_size % (s.grad_accum * parallel):
             raise ConfigError(
                 f"trainer.batch_size={s.batch_size} must divide by trainer.grad_accum={s.grad_accum} x "
-                f"mesh.data x mesh.fsdp={parallel}: use a multiple of {s.grad_accum * parallel}"
+                f"mesh.data x mesh.fsdp x mesh.expert={parallel}: use a multiple of {s.grad_accum * parallel}"
             )
         if s.batch_size % jax.process_count():
             raise ConfigError(f"trainer.batch_size={s.batch_size} must divide by the {jax.process_count()} "
@@ -123,6 +123,11 @@ class Trainer:
         if self.data_config.prefetch is not None:
             return self.data_config.prefetch
         return 0 if jax.default_backend() == "cpu" else 8
+
+    @property
+    def batch_parallel(self) -> int:
+        """The devices a batch is split over: the product of the batch's mesh axes' sizes."""
+        return math.prod(self.mesh_shape[axis] for axis in BATCH_MESH_AXES)
 
     @property
     def tokens_per_step(self) -> int:
@@ -187,7 +192,7 @@ class Trainer:
         return Compiled(mesh, init, target, step, evaluate, measured, memory, batch_share)
 
     def batch_sharding(self, mesh: Mesh, accumulated: bool = False) -> NamedSharding:
-        """Sequences split over (data, fsdp); ``accumulated`` batches lead with grad_accum."""
+        """Sequences split over (data, fsdp, expert); ``accumulated`` batches lead with grad_accum."""
         spec = PartitionSpec(None, BATCH_MESH_AXES, None) if accumulated else PartitionSpec(BATCH_MESH_AXES, None)
         return NamedSharding(mesh, spec)
 
@@ -224,7 +229,7 @@ class Trainer:
             return Trainer(cfg).build().memory
 
         return check_fit(memory, limit, source, batch_size=s.batch_size, grad_accum=s.grad_accum,
-                         parallel=self.mesh_shape[DATA] * self.mesh_shape[FSDP], remat=remat,
+                         parallel=self.batch_parallel, remat=remat,
                          remat_memory=remat_memory if compile_candidates else None)
 
     def run(self, run_dir: Path) -> float:
@@ -371,7 +376,7 @@ class Trainer:
         first, end = min(start for start, _ in held), max(stop for _, stop in held)
         if sum(stop - start for start, stop in held) != end - first or first % (end - first):
             raise ConfigError(f"process {jax.process_index()}'s devices hold sequences {sorted(held)} of each "
-                              f"batch of {micro}, not one contiguous share: give mesh.data x mesh.fsdp a multiple "
+                              f"batch of {micro}, not one contiguous share: give mesh.data x mesh.fsdp x mesh.expert a multiple "
                               f"of the {jax.process_count()} processes, or make it 1")
         return first // (end - first), micro // (end - first)
 
