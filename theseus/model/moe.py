@@ -39,6 +39,7 @@ from theseus.base.axis import (
     EXPERT_BATCH,
     FSDP,
     MLP_HIDDEN,
+    SEQ,
     ShardingPlan,
 )
 from theseus.config import ConfigError, configure, field
@@ -139,23 +140,30 @@ class MoE(Module):
         e, k, c = self.n_experts, self.top_k, self.capacity(seq)
         dtype = self._activation_dtype
         logits = jnp.einsum("bsd,de->bse", x.astype(jnp.float32), self.router.astype(jnp.float32))
+        # routing stays on the devices of its sequences (left free, XLA splits experts here too)
+        logits = nn.with_logical_constraint(logits, (BATCH, SEQ, None))
         probs = jax.nn.softmax(logits, axis=-1)  # [batch, seq, expert]
-        weights, experts = jax.lax.top_k(probs, k)  # [batch, seq, k]
+        weights, experts = _top_k(probs, k)  # [batch, seq, k]
         if self.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdims=True)
         slot, kept = _slots(experts, e, c)  # [batch, seq, k]: e * c + position, or e * c when dropped
 
         # the token in each expert's slots (seq: none, a zero row), then the tokens to their experts
-        rows = jnp.arange(batch)[:, None]
-        token = jnp.broadcast_to(jnp.repeat(jnp.arange(seq), k), (batch, seq * k))
-        slot_token = jnp.full((batch, e * c + 1), seq, jnp.int32).at[rows, slot.reshape(batch, -1)].set(token)
+        token = jnp.repeat(jnp.arange(seq, dtype=jnp.int32), k)  # of each choice, [seq * k]
+        # vmapped over sequences: a scatter whose batch dimension XLA keeps split (not gathered)
+        slot_token = jax.vmap(lambda slots: jnp.full((e * c + 1,), seq, jnp.int32).at[slots].set(token))(
+            slot.reshape(batch, -1))
+        slot_token = nn.with_logical_constraint(slot_token[:, : e * c], (BATCH, None))
         padded = jnp.concatenate([x.astype(dtype), jnp.zeros((batch, 1, x.shape[-1]), dtype)], axis=1)
-        dispatched = jnp.take_along_axis(padded, slot_token[:, : e * c, None], axis=1).reshape(batch, e, c, -1)
-        out = self._experts(nn.with_logical_constraint(dispatched, (EXPERT_BATCH, EXPERT_AXIS, None, EMBED)))
+        dispatched = jnp.take_along_axis(padded, slot_token[..., None], axis=1)
+        dispatched = nn.with_logical_constraint(dispatched, (BATCH, None, None)).reshape(batch, e, c, -1)
+        # no embed axis named here: its rule (fsdp, for weights) must not take the batch's mesh axes
+        out = self._experts(nn.with_logical_constraint(dispatched, (EXPERT_BATCH, EXPERT_AXIS, None, None)))
         out = nn.with_logical_constraint(out, (BATCH, None, None, EMBED)).reshape(batch, e * c, -1)
 
         out = jnp.concatenate([out, jnp.zeros((batch, 1, out.shape[-1]), dtype)], axis=1)
-        chosen = jnp.take_along_axis(out, slot.reshape(batch, seq * k, 1), axis=1).reshape(batch, seq, k, -1)
+        chosen = jnp.take_along_axis(out, slot.reshape(batch, seq * k, 1), axis=1)
+        chosen = nn.with_logical_constraint(chosen, (BATCH, None, None)).reshape(batch, seq, k, -1)
         y = jnp.einsum("bskd,bsk->bsd", chosen, jnp.where(kept, weights, 0.0).astype(dtype))
         if self.shared is not None:
             shared = self.shared(x, deterministic)
@@ -173,7 +181,7 @@ class MoE(Module):
         h = jax.nn.silu(h[0]) * h[1] if self.activation == "swiglu" else jax.nn.gelu(h[0], approximate=True)
         h = nn.with_logical_constraint(h, (EXPERT_BATCH, EXPERT_AXIS, None, MLP_HIDDEN))
         out = dense("becf,efd->becd", h, self.w_out, None, dtype)
-        return nn.with_logical_constraint(out, (EXPERT_BATCH, EXPERT_AXIS, None, EMBED))
+        return nn.with_logical_constraint(out, (EXPERT_BATCH, EXPERT_AXIS, None, None))
 
     def _sow(self, logits: jax.Array, probs: jax.Array, experts: jax.Array, kept: jax.Array) -> None:
         """Record this layer's routing: the weighted auxiliary loss and what the log shows.
@@ -188,7 +196,7 @@ class MoE(Module):
         z = jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
         self.sow(MOE_COLLECTION, "routing", {
             "penalty": self.aux_loss * balance + self.z_loss * z, "balance": balance, "z": z,
-            "dropped": 1.0 - kept.astype(jnp.float32).mean(), "load": per_token / self.top_k,
+            "dropped": (~kept).astype(jnp.float32).mean(), "load": per_token / self.top_k,
         })
 
     def flops(self, seq: int) -> int:
@@ -198,6 +206,18 @@ class MoE(Module):
         experts = 6 * (self.n_in + 1) * self.d_model * self.hidden * self.top_k * seq
         shared = self.shared.flops(seq) + (6 * self.d_model * seq if self.gate is not None else 0) if self.shared else 0
         return router + experts + shared
+
+
+def _top_k(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """``jax.lax.top_k`` over the last axis by ``k`` argmaxes (ties: the lower index first, as
+    top_k): XLA partitions an argmax over the batch's devices, whereas CPU's TopK is gathered."""
+    values, indices = [], []
+    for _ in range(k):
+        index = jnp.argmax(probs, axis=-1)
+        values.append(jnp.take_along_axis(probs, index[..., None], axis=-1)[..., 0])
+        indices.append(index)
+        probs = jnp.where(jax.nn.one_hot(index, probs.shape[-1], dtype=bool), -jnp.inf, probs)
+    return jnp.stack(values, -1), jnp.stack(indices, -1).astype(jnp.int32)
 
 
 def _slots(experts: jax.Array, n_experts: int, capacity: int) -> tuple[jax.Array, jax.Array]:
