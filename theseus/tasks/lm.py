@@ -39,7 +39,10 @@ class LanguageModeling(LossTask):
                          rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The next-token loss plus the routers' auxiliary losses (weighted, averaged over MoE
         layers), and their metrics (``theseus.model.moe.moe_losses``) with ``lm_loss``, the
-        cross-entropy alone; a model without MoE layers gives ``loss`` and no metrics."""
+        cross-entropy alone; a model without MoE layers gives ``loss`` and no metrics. A subclass
+        that overrides ``loss`` has its own objective: that, with no metrics."""
+        if type(self).loss is not LanguageModeling.loss:
+            return super().loss_and_metrics(model, params, batch, rng)
         logits, sown = model.apply({"params": params}, batch[:, :-1], deterministic=rng is None,
                                    rngs=None if rng is None else {"dropout": rng}, mutable=[MOE_COLLECTION])
         lm_loss = cross_entropy(logits, batch[:, 1:])
