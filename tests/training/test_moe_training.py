@@ -105,8 +105,8 @@ def test_flops_agree_with_xla(corpus, tmp_path):
 def test_moe_small_logs_each_experts_load(corpus, tmp_path):
     """The README's command, on an expert-parallel mesh of 2 CPU devices, two steps."""
     proc = run_python("-m", "theseus.run", "+experiment=moe_small", "mesh.expert=2", "mesh.cpu_devices=2",
-                      "data.source=text", f"data.path={corpus}", "trainer.max_steps=2", "trainer.log_every=1",
-                      "trainer.eval_every=0", "trainer.eval_batches=1", "logger.mode=disabled",
+                      "data.source=text", f"data.path={corpus}", "data.val_fraction=0.2", "trainer.max_steps=2",
+                      "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "logger.mode=disabled",
                       "hydra.run.dir=run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
