@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from theseus.config import ConfigError, configuration, configure
+from theseus.model.generate import generate
 from theseus.model.layers import MLP, Block
 from theseus.model.models.gpt import GPT, stack_layers
 from theseus.model.models.moe_gpt import MoEGPT
@@ -208,3 +209,27 @@ def test_bad_settings_are_config_errors(moe, extra, message):
         model = configure(MoEGPT)
         model.init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))
     assert message in str(err.value)
+
+
+def test_dropless_decoding_through_the_cache_equals_the_full_pass():
+    """Generation: a token routes alone, so dropless chunks through the KV cache give the full
+    pass's logits, and greedy generation is the argmax of full passes."""
+    with configuration(tiny(moe={"capacity_factor": None, "every": 2})):
+        model = configure(MoEGPT)
+    tokens = jax.random.randint(jax.random.key(3), (2, 12), 0, 64)
+    params = nn.unbox(model.init(jax.random.key(0), tokens)["params"])
+    full = jax.jit(model.apply)({"params": params}, tokens)
+    decoder = model.clone(decode=True)
+    shapes = jax.eval_shape(decoder.init, jax.random.key(0), tokens)["cache"]
+    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    chunks = []
+    for start, stop in [(0, 5), (5, 6), (6, 12)]:
+        logits, variables = decoder.apply({"params": params, "cache": cache}, tokens[:, start:stop], mutable=["cache"])
+        cache = variables["cache"]
+        chunks.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(chunks, axis=1), full, atol=1e-4)
+    out = generate(model, params, tokens[:, :4], max_new_tokens=4, temperature=0.0)
+    expected = tokens[:, :4]
+    for _ in range(4):
+        expected = jnp.concatenate([expected, model.apply({"params": params}, expected)[:, -1:].argmax(-1)], axis=1)
+    np.testing.assert_array_equal(out, expected)
