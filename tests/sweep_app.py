@@ -2,7 +2,8 @@
 (``+sweep=NAME``) around a fake training run.
 
 The task writes metrics.jsonl as a run would; its final val_loss, the returned objective, is
-smallest at optimizer.lr=3e-3. optimizer.lr >= 0.1 diverges: it raises before evaluating.
+smallest at optimizer.lr=3e-3; ``+trainer.seed=S`` adds seed noise, NOISE[S]. optimizer.lr >= 0.1
+diverges: it raises before evaluating.
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ ConfigStore.instance().store(name="app", node={
 })
 
 
-def val_loss(lr: float) -> float:
-    return 2.0 + (math.log10(lr) - math.log10(3e-3)) ** 2
+NOISE = (0.0, 0.03, -0.01, 0.02)
+
+
+def val_loss(lr: float, seed: int = 0) -> float:
+    return 2.0 + (math.log10(lr) - math.log10(3e-3)) ** 2 + NOISE[seed]
 
 
 @hydra.main(version_base=None, config_name="app")
 def main(cfg: DictConfig) -> float:
-    lr, steps = cfg.optimizer.lr, cfg.trainer.max_steps
+    lr, steps, seed = cfg.optimizer.lr, cfg.trainer.max_steps, cfg.trainer.get("seed", 0)
     metrics = Path(HydraConfig.get().runtime.output_dir) / "metrics.jsonl"
     with metrics.open("w") as out:
         for step in range(0, steps + 1, 10):
@@ -41,8 +45,8 @@ def main(cfg: DictConfig) -> float:
             out.write(json.dumps(line) + "\n")
         if lr >= 0.1:
             raise FloatingPointError(f"loss is nan at step {steps}\n(lr={lr})")
-        out.write(json.dumps({"step": steps, "val_loss": val_loss(lr)}) + "\n")
-    return val_loss(lr)
+        out.write(json.dumps({"step": steps, "val_loss": val_loss(lr, seed)}) + "\n")
+    return val_loss(lr, seed)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ CASES = [
           "an interpolation must name a declared key"),
     # override syntax
     _case("unclosed_list", ["architecture.n_layers=[1,"], "architecture.n_layers=[1,", "write KEY=VALUE"),
+    _case("tilde_in_a_path", ["trainer.init_from=~/models/x"], "override 'trainer.init_from=~/models/x'",
+          "trainer.init_from=$HOME/models/x"),
     _case("double_equals", ["trainer.max_steps==5"], "trainer.max_steps==5", "write KEY=VALUE"),
     _case("comma_without_multirun", ["optimizer.lr=1e-3,3e-3"], "optimizer.lr=1e-3,3e-3", "--multirun"),
     # values outside their choices or ranges
@@ -89,6 +91,15 @@ CASES = [
           argv_head=["+experiment=gpt_huge"]),
     _case("experiment_file_not_yaml", [], "experiments/broken.yaml does not parse as YAML", "fix the file",
           argv_head=["+experiment=broken"]),
+    _case("stray_word_for_an_experiment", [], "unexpected argument 'gpt_tiny'", "did you mean +experiment=gpt_tiny?",
+          argv_head=["gpt_tiny"]),
+    _case("stray_word_for_an_option", [], "unexpected argument 'lion'", "did you mean optimizer=lion?",
+          argv_head=[EXPERIMENT, "lion"]),
+    _case("list_given_mapping", ["logger.tags={a: 1}"], "logger.tags", "e.g. logger.tags=[]"),
+    _case("optuna_interval_of_unknown_key", ["hydra/sweeper=optuna", "optimizer.lrr=tag(log,interval(1e-4,1e-2))"],
+          "'optimizer.lrr'", "did you mean optimizer.lr", argv_head=["-m", EXPERIMENT]),
+    _case("optuna_float_interval_for_int_key", ["hydra/sweeper=optuna", "architecture.n_layers=interval(1,4)"],
+          "architecture.n_layers", "'1.0'", argv_head=["-m", EXPERIMENT]),
     _case("unknown_sweep", [], "unknown sweep 'nope'", "available: lr", argv_head=["-m", EXPERIMENT, "+sweep=nope"]),
     # impossible shapes
     _case("d_model_not_divisible_by_heads", ["architecture.d_model=65"],
@@ -116,6 +127,8 @@ CASES = [
     _case("mesh_two_free_axes", ["mesh.fsdp=-1"], "mesh.data=-1 and mesh.fsdp=-1", "give the other mesh axes a size"),
     _case("mesh_rule_not_an_axis", ["+mesh.rules.vocab=bogus"], "mesh.rules.vocab='bogus' is not a mesh axis",
           "use one of data, fsdp, tensor"),
+    _case("mesh_rule_misspelt_logical_axis", ["+mesh.rules.emebd=fsdp"], "mesh.rules.emebd",
+          "no parameter or activation has the logical axis 'emebd'", "did you mean mesh.rules.embed?"),
     _case("batch_not_divisible_by_data_parallel", ["trainer.batch_size=15"], "trainer.batch_size=15",
           "use a multiple of 2"),
     _case("batch_not_divisible_by_accum_x_parallel", ["trainer.grad_accum=3"], "trainer.batch_size=16",
@@ -138,7 +151,7 @@ CASES = [
     _case("bpe_vocab_too_small", ["data.tokenizer=bpe", "data.bpe_vocab_size=100"], "data.bpe_vocab_size=100",
           "set it above 257"),
     # resume
-    _case("resume_points_nowhere", ["trainer.resume={ws}/nowhere"], "trainer.resume={ws}/nowhere: no such checkpoint",
+    _case("resume_points_nowhere", ["trainer.resume={ws}/nowhere"], "trainer.resume={ws}/nowhere is not a checkpoint",
           "give a run directory"),
     _case("resume_never_on_used_dir", ["trainer.resume=never"], "{ws}/used already has checkpoints",
           "choose a new hydra.run.dir", run_dir="{ws}/used"),

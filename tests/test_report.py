@@ -1,137 +1,224 @@
-"""``python -m theseus.report``: a synthetic run and sweep rendered to one HTML page."""
+"""``python -m theseus.report``: the report's document (statuses, labels, seed groups against
+scipy), the self-contained page, several paths in one report, bad paths, runs as data."""
 
 from __future__ import annotations
 
-import base64
-import io
 import json
-import math
 import re
-import struct
-from pathlib import Path
+import time
+from html.parser import HTMLParser
 
+import numpy as np
 import pytest
-from omegaconf import OmegaConf
-
-from theseus.report import plots
-from theseus.report.page import ReportError, render
-from theseus.training.runs import RESULT, Run
-
+from scipy import stats
 from support import run_python
+from synthetic_runs import LRS, SEEDS, age, final_val_loss, write_run, write_sweep
 
-PNG = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+from theseus.report.data import document
+from theseus.report.page import ReportError, render
+from theseus.training.runs import load
 
-
-def write_run(path: Path, lr: float = 1e-3, steps: int = 600, fail_at: int | None = None) -> Path:
-    """A run directory as a training job leaves it: config, overrides, metrics."""
-    (path / ".hydra").mkdir(parents=True)
-    config = {"optimizer": {"lr": lr}, "trainer": {"batch_size": 16, "max_steps": steps}, "architecture": {"seq_len": 256}}
-    OmegaConf.save(config, path / ".hydra" / "config.yaml")
-    OmegaConf.save(["+experiment=gpt_tiny", f"optimizer.lr={lr}"], path / ".hydra" / "overrides.yaml")
-    floor = 1.4 + 2 * (math.log10(lr) + 2.7) ** 2 / 10
-    lines = []
-    for step in range(10, (fail_at or steps) + 1, 10):
-        loss = floor + 4 * math.exp(-step * lr * 8) + 0.03 * math.sin(step)
-        lines.append({"step": step, "loss": loss, "lr": lr * min(1, step / 100), "grad_norm": 2 * math.exp(-step / 200) + 0.3,
-                      "step_time": 0.05, "tokens_per_s": 80_000 + 500 * math.cos(step), "mfu": 0.31 + 0.01 * math.sin(step),
-                      "data_wait": 0.001})
-        if step % 100 == 0:
-            lines.append({"step": step, "val_loss": loss + 0.05})
-    (path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return path
+DATA = re.compile(r"window\.THESEUS = \{data: (.*), live: (true|false)\};</script>")
 
 
-def write_sweep(path: Path, lrs=(3e-4, 1e-3, 3e-3, 1e-2), failing: float = 1e-2) -> Path:
-    """A sweep folder: one run per learning rate, the one at ``failing`` diverged."""
-    for i, lr in enumerate(lrs):
-        job = write_run(path / str(i), lr=lr, fail_at=250 if lr == failing else None)
-        result = {"status": "failed", "error": "FloatingPointError: loss is nan at step 250"} if lr == failing else {"status": "ok", "error": ""}
-        (job / RESULT).write_text(json.dumps(result))
-    return path
+def linked(text: str) -> list[str]:
+    """What the page's tags load from elsewhere (src, href); script bodies are not markup."""
+    found = []
+
+    class Tags(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            found.extend(value for name, value in attrs if name in ("src", "href"))
+
+    Tags().feed(text)
+    return found
 
 
-def images(page: Path) -> list[bytes]:
-    return [base64.b64decode(data) for data in PNG.findall(page.read_text())]
+def page_data(page) -> dict:
+    return json.loads(DATA.search(page.read_text()).group(1))
 
 
-def png_size(data: bytes) -> tuple[int, int]:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    return struct.unpack(">II", data[16:24])
+def test_statuses_steps_and_eta(tmp_path):
+    sweep = write_sweep(tmp_path / "sweep")
+    write_run(tmp_path / "failed", lr=0.1, upto=30, status="failed", error="FloatingPointError: loss is nan")
+    write_run(tmp_path / "stopped", upto=60, status=None)
+    age(tmp_path / "stopped", 3600)
+    runs = {row["path"].rsplit("/", 1)[-1]: row for row in
+            document([sweep, tmp_path / "failed", tmp_path / "stopped"])["runs"]}
+    assert [runs[str(i)]["status"] for i in range(6)] == ["finished"] * 5 + ["running"]
+    assert (runs["5"]["step"], runs["5"]["max_steps"]) == (120, 200)
+    assert runs["5"]["eta"] == "40s"  # 80 steps left at 0.5 s each
+    assert runs["failed"]["status"] == "failed" and runs["failed"]["error"] == "FloatingPointError: loss is nan"
+    assert runs["stopped"]["status"] == "interrupted" and runs["stopped"]["eta"] is None
+    assert runs["0"]["eta"] is None
 
 
-def test_run_renders_every_chart(tmp_path):
-    run = write_run(tmp_path / "run")
-    page = render(run)
-    assert page == run / "report.html"
-    text = page.read_text()
-    charts = images(page)
-    assert len(charts) == 6  # loss vs steps and tokens, tokens/s, MFU, lr, grad norm
-    width, height = png_size(charts[0])
-    assert 600 <= width <= 1200 and 300 <= height <= 800
-    assert "+experiment=gpt_tiny optimizer.lr=0.001" in text
-    assert "<b>2,457,600</b><span>tokens seen</span>" in text  # 600 steps x 16 x 256
+def test_labels_are_what_differs_else_the_name_else_the_path(tmp_path):
+    sweep = write_sweep(tmp_path / "sweep")
+    data = document([sweep])
+    assert data["title"] == f"sweep {tmp_path.name}/sweep"
+    assert data["differing"] == ["optimizer.lr", "trainer.seed"]
+    assert data["runs"][2]["label"] == "optimizer.lr=0.003, trainer.seed=0"
+    assert data["runs"][2]["differs"] == {"optimizer.lr": "0.003", "trainer.seed": "0"}
+    one = write_run(tmp_path / "outputs" / "2026-12-02" / "03-48-32")
+    assert document([one])["title"] == "2026-12-02/03-48-32"  # not just the time
+    named = write_run(tmp_path / "named", name="baseline")
+    assert document([named])["title"] == "baseline"
 
 
-def test_a_mixture_run_adds_per_source_and_task_charts(tmp_path):
-    run = write_run(tmp_path / "run")
-    extra = [{"step": step, "val_loss/stdlib": 2.0 - step / 1000, "val_loss/text": 2.5 - step / 800,
-              "eval/toy/acc": step / 600, "eval/toy/acc_norm": step / 700} for step in (100, 300, 600)]
-    with (run / "metrics.jsonl").open("a") as f:
-        f.write("".join(json.dumps(line) + "\n" for line in extra))
-    assert len(images(render(run))) == 8  # and validation loss per source, multiple-choice accuracy
-    from theseus.report.plots import family
-    from theseus.training.runs import Run
+def test_seed_groups_match_scipy(tmp_path):
+    """Each learning rate's mean and 95% interval over its seeds, and Welch's p that the best
+    (lr=3e-3) is lower, against scipy computed here from the known final values."""
+    sweep = write_sweep(tmp_path / "sweep", running=False)
+    seeds = document([sweep])["seeds"]
+    assert seeds["seeds"] == ["trainer.seed"] and not seeds["single_seed"]
+    finals = {lr: [final_val_loss(lr, seed) for seed in SEEDS] for lr in LRS}
+    assert [g["label"] for g in seeds["groups"]] == ["optimizer.lr=0.003", "optimizer.lr=0.001", "optimizer.lr=0.01"]
+    for group, lr in zip(seeds["groups"], (3e-3, 1e-3, 1e-2)):
+        values = finals[lr]
+        low, high = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
+        assert group["n"] == 2
+        assert group["mean"] == pytest.approx(np.mean(values), rel=1e-12)
+        assert group["ci"] == pytest.approx((high - low) / 2, rel=1e-9)
+        if lr != 3e-3:
+            test = stats.ttest_ind(finals[3e-3], values, equal_var=False, alternative="less")
+            assert group["p"] == pytest.approx(test.pvalue, rel=1e-9)
+            assert group["t"] == pytest.approx(-test.statistic, rel=1e-9)
+    assert seeds["groups"][0]["p"] is None  # the best is not tested against itself
 
-    assert family([("", Run.load(run))], "eval/", "/acc_norm", "acc_norm") is not None
-    assert family([("", Run.load(run))], "eval/", "/f1", "f1") is None
+
+def test_a_single_seed_comparison_says_so(tmp_path):
+    for i, lr in enumerate(LRS):
+        write_run(tmp_path / "sweep" / str(i), lr=lr)
+    seeds = document([tmp_path / "sweep"])["seeds"]
+    assert seeds["single_seed"] and seeds["seeds"] == []
+    assert [g["ci"] for g in seeds["groups"]] == [None, None, None]
+    assert seeds["groups"][0]["text"].endswith("(single seed)")
 
 
-def test_sweep_renders_summary_and_final_metric(tmp_path):
+def test_parallel_coordinates_of_swept_keys(tmp_path):
+    parallel = document([write_sweep(tmp_path / "sweep")])["parallel"]
+    lr, seed, final = parallel["dimensions"]
+    assert lr["label"] == "optimizer.lr (log)"  # 1e-3..1e-2 spans 10x
+    assert lr["ticktext"] == ["0.001", "0.003", "0.01"] and lr["values"][0] == pytest.approx(-3)
+    assert seed["label"] == "trainer.seed" and final["label"] == "val_loss"
+    assert len(final["values"]) == 6  # the running job has logged a val_loss too
+
+
+def test_the_page_is_self_contained(tmp_path):
     sweep = write_sweep(tmp_path / "sweep")
     page = render(sweep)
+    assert page == sweep / "report.html"
     text = page.read_text()
-    assert len(images(page)) == 1 + 6  # val_loss against optimizer.lr, then the overlaid runs
-    assert all(png_size(image)[0] >= 600 for image in images(page))
-    table = text[text.index("<table>"):text.index("</table>")]
-    assert table.count("<tr class=ok>") == 3 and table.count("<tr class=failed>") == 1
-    assert "FloatingPointError: loss is nan at step 250" in table
-    assert "<th>optimizer.lr</th>" in table and "<th>+experiment</th>" not in table
+    assert linked(text) == []  # plotly.js is inside: the page fetches nothing
+    assert "Plotly" in text and len(page_data(page)["runs"]) == 6
+    assert DATA.search(text).group(2) == "false"  # a file does not poll
 
 
-def test_cli_prints_the_page(tmp_path):
-    run = write_run(tmp_path / "run", steps=100)
-    result = run_python("-m", "theseus.report", str(run), timeout=120)
+@pytest.mark.slow
+def test_cli_overlays_several_paths(tmp_path):
+    write_sweep(tmp_path / "sweep")
+    write_run(tmp_path / "outputs" / "2026-12-02" / "10-00-00", lr=5e-4)
+    result = run_python("-m", "theseus.report", "sweep", "outputs", "-o", "both.html", cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == str(run / "report.html")
-    assert len(images(run / "report.html")) == 6
+    assert result.stdout.strip() == "both.html"
+    data = page_data(tmp_path / "both.html")
+    assert data["title"] == "7 runs" and len(data["runs"]) == 7
+    assert data["runs"][-1]["label"] == "optimizer.lr=0.0005, trainer.seed=0"
 
 
-@pytest.mark.parametrize("make", [lambda tmp: tmp / "missing", lambda tmp: tmp])
-def test_neither_run_nor_sweep_is_one_line_error(tmp_path, make):
+@pytest.mark.slow
+@pytest.mark.parametrize("name, serve", [("missing", True), ("notes.txt", True), (".", False)])
+def test_neither_run_nor_sweep_is_one_line_error(tmp_path, name, serve):
+    """A missing path, a file, a folder without runs: one line, exit 2, nothing written (served,
+    a folder without runs yet is no error: a sweep just launched fills it)."""
     (tmp_path / "notes.txt").write_text("not a run")
-    path = make(tmp_path)
+    path = tmp_path / name
     with pytest.raises(ReportError):
         render(path)
-    result = run_python("-m", "theseus.report", str(path), timeout=120)
-    assert result.returncode == 2
-    assert result.stdout == ""
-    assert result.stderr.startswith("theseus: error: ") and result.stderr.count("\n") == 1
+    for extra in ([], ["--serve", "--port", "0"]) if serve else ([],):
+        result = run_python("-m", "theseus.report", str(path), *extra, timeout=120)
+        assert result.returncode == 2
+        assert result.stdout == ""
+        assert result.stderr.startswith("theseus: error: ") and result.stderr.count("\n") == 1
     assert not (tmp_path / "report.html").exists()
 
 
-def blue_pixels(image: bytes) -> int:
-    """Pixels of ``image`` (PNG bytes) clearly blue, as C0 (the first run's color) and its blends
-    with white are; the axes, grid and text are grey or black."""
-    from matplotlib.image import imread
+def test_a_served_folder_fills_as_jobs_start(tmp_path):
+    """``--serve`` on a sweep folder before its first job: its data grows as runs appear."""
+    import threading
+    import urllib.request
 
-    r, g, b = (imread(io.BytesIO(image))[..., :3] * 255).astype(int).transpose(2, 0, 1)
-    return int(((b - r > 60) & (b > g)).sum())
+    from theseus.report.serve import server
+
+    httpd = server([tmp_path])
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = "http://{}:{}/data.json".format(*httpd.server_address[:2])
+    try:
+        assert json.loads(urllib.request.urlopen(url).read())["runs"] == []
+        write_run(tmp_path / "0", upto=50, status=None)
+        data = json.loads(urllib.request.urlopen(url).read())
+        assert [(run["label"], run["status"], run["step"]) for run in data["runs"]] == [(f"{tmp_path.name}/0", "running", 50)]
+        page = urllib.request.urlopen(url.replace("data.json", "")).read().decode()
+        assert DATA.search(page).group(2) == "true"  # the served page polls
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
-def test_a_series_of_one_point_is_drawn(tmp_path):
-    """A sweep of 6-step jobs logs each metric once (log_every > max_steps): markers, not empty charts."""
-    run = write_run(tmp_path / "run", steps=10)  # one row per metric, at step 10
-    loaded = Run.load(run)
-    assert [len(loaded.series(key)[0]) for key in ("loss", "tokens_per_s")] == [1, 1]
-    for chart in (plots.metric([("", loaded)], "tokens_per_s", "throughput"), plots.loss([("", loaded)])):
-        assert blue_pixels(chart) > 20  # a marker (a lone point without one draws no pixel)
+@pytest.mark.slow
+def test_runs_as_data_in_a_notebook(tmp_path):
+    """``theseus.runs.load`` as the README shows it, in a fresh process: rows and a DataFrame."""
+    write_sweep(tmp_path / "sweep")
+    code = """
+import theseus.runs
+runs = theseus.runs.load("sweep")
+rows = runs.metrics()
+frame = runs.dataframe()
+summary = runs.summary()
+print(len(runs), len(rows), frame.shape[0], sorted(set(frame["optimizer.lr"])))
+print(rows[0]["run"], rows[0]["step"], rows[0]["loss"])
+print([row["status"] for row in summary])
+print(frame[frame.run == "optimizer.lr=0.003, trainer.seed=1"]["val_loss"].dropna().iloc[-1])
+"""
+    result = run_python("-c", code, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    logged = sum(len(run.metrics) for run in load(tmp_path / "sweep"))
+    assert lines[0] == f"6 {logged} {logged} [0.001, 0.003, 0.01]"
+    first = json.loads((tmp_path / "sweep" / "0" / "metrics.jsonl").read_text().splitlines()[0])
+    assert lines[1] == f"optimizer.lr=0.001, trainer.seed=0 10 {first['loss']}"
+    assert lines[2] == str(["finished"] * 5 + ["running"])
+    assert float(lines[3]) == pytest.approx(final_val_loss(3e-3, 1))
+
+
+def test_a_run_stopped_long_ago_is_interrupted_not_running(tmp_path):
+    run = write_run(tmp_path / "run", upto=100, status=None)
+    assert load(run)[0].status() == "running"
+    assert load(run)[0].status(now=time.time() + 3600) == "interrupted"
+
+
+@pytest.mark.parametrize("exc, status", [(FloatingPointError("loss is nan at step 1\n(lr=10)"), "failed"),
+                                         (KeyboardInterrupt(), "running")])
+def test_a_run_that_raises_is_failed_until_it_runs_again(tmp_path, exc, status):
+    """The logger records an error (not Ctrl-C: that run resumes) for the report; a new attempt clears it."""
+    from theseus.training.logger import LoggerConfig, RunLogger
+
+    write_run(tmp_path, steps=10, upto=0, status=None)
+    config = LoggerConfig(mode="disabled")
+    with pytest.raises(type(exc)), RunLogger(config, tmp_path, resolved_config={}, total_steps=10) as logger:
+        logger.log(1, {"loss": 2.0})
+        raise exc
+    row = document([tmp_path])["runs"][0]
+    assert row["status"] == status and row["step"] == 1
+    assert row["error"] == ("FloatingPointError: loss is nan at step 1" if status == "failed" else "")
+    RunLogger(config, tmp_path, resolved_config={}, total_steps=10, start_step=1).close()
+    assert document([tmp_path])["runs"][0]["status"] == "running"
+
+
+def test_logger_settings_are_no_difference(tmp_path):
+    """Two runs that differ in optimizer.lr and in where they log: only the lr labels them."""
+    write_run(tmp_path / "a", lr=1e-3)
+    write_run(tmp_path / "b", lr=3e-3, name="b")
+    data = document([tmp_path / "a", tmp_path / "b"])
+    assert data["differing"] == ["optimizer.lr"]
+    assert [run["label"] for run in data["runs"]] == ["optimizer.lr=0.001", "b"]

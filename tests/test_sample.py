@@ -1,9 +1,12 @@
-"""``python -m theseus.sample`` on a freshly trained run: any temperature, errors in one line."""
+"""``python -m theseus.sample`` on a freshly trained run: any temperature, any length (past the
+context too), errors in one line."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
 from support import ROOT, run_python
@@ -36,3 +39,25 @@ def test_a_bad_sampling_argument_is_one_line(run_dir):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "theseus: error: top_k must be between 1 and the vocabulary size (257), got 1000")
+
+
+@pytest.mark.slow
+def test_the_readme_s_200_tokens_past_a_64_token_context(run_dir):
+    """The README's command (greedy): 200 tokens from gpt_tiny (seq_len 64), each the argmax of
+    a full forward pass over the last 64 tokens, as nanoGPT samples."""
+    from theseus.training.trained import load_trained
+
+    proc = run_python("-m", "theseus.sample", str(run_dir), "--prompt", "def ", "--max-new-tokens", "200",
+                      "--temperature", "0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    run = load_trained(run_dir)
+    model, tokenizer = run.model, run.tokenizer
+    assert model.seq_len == 64
+    logits = jax.jit(lambda window: run.model.apply({"params": run.params}, window))
+    tokens = list(tokenizer.encode("def "))
+    for _ in range(200):
+        window = tokens[-64:]  # padded to 64 at its end: causality keeps the padding from its last position
+        scores = np.asarray(logits(np.asarray([window + [0] * (64 - len(window))], np.int32)))
+        tokens.append(int(scores[0, len(window) - 1, :tokenizer.vocab_size].argmax()))
+    assert proc.stdout == "def " + tokenizer.decode(tokens[-200:]) + "\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from support import ROOT, run_python
+from support import ROOT, run_python, wandb_records
 
 from theseus.config.compose import compose
 from theseus.sweep import RESULT, Job, SweepSummary, error_line, swept
@@ -56,6 +56,49 @@ def test_optuna_minimises_the_returned_val_loss(tmp_path):
     assert all(1e-4 <= job["params"]["optimizer.lr"] <= 1e-2 for job in summary["jobs"])
     best = OmegaConf.load(tmp_path / "optimization_results.yaml")
     assert best.best_value == min(job["val_loss"] for job in summary["jobs"])
+
+
+def test_seed_groups_give_mean_interval_and_welch_p(tmp_path):
+    """Sweeping +trainer.seed beside optimizer.lr: one group per lr, checked against scipy."""
+    import numpy as np
+    from scipy import stats
+
+    from sweep_app import val_loss
+
+    result, rows, summary = sweep(tmp_path, "optimizer.lr=0.001,0.003", "+trainer.seed=0,1,2", "+logger.mode=offline")
+    assert result.returncode == 0, result.stderr
+    assert len(rows) == 6
+    finals = {lr: [val_loss(lr, seed) for seed in (0, 1, 2)] for lr in (0.001, 0.003)}
+    best, other = summary["seed_groups"]
+    assert best["params"] == {"optimizer.lr": 0.003} and other["params"] == {"optimizer.lr": 0.001}
+    for group, lr in ((best, 0.003), (other, 0.001)):
+        low, high = stats.t.interval(0.95, 2, loc=np.mean(finals[lr]), scale=stats.sem(finals[lr]))
+        assert group["n"] == 3 and group["mean"] == pytest.approx(np.mean(finals[lr]), rel=1e-12)
+        assert group["ci"] == pytest.approx((high - low) / 2, rel=1e-9)
+    test = stats.ttest_ind(finals[0.003], finals[0.001], equal_var=False, alternative="less")
+    assert other["p"] == pytest.approx(test.pvalue, rel=1e-9) and best["p"] is None
+    assert "seed groups: val_loss mean +- 95% interval" in result.stdout
+    for group in (best, other):
+        assert f"{group['mean']:.4f} +- {group['ci']:.4f} (n=3)" in result.stdout
+    assert f"{test.pvalue:.2g}" in result.stdout
+
+    # W&B: a run in the sweep's group with the groups in its summary
+    (log,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    records = wandb_records(log)
+    run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert (run.run_group, run.job_type) == (str(tmp_path), "seed-groups")
+    summary = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for r in records
+               if r.WhichOneof("record_type") == "summary" for item in r.summary.update}
+    assert summary["seed_groups/optimizer.lr=0.001/mean"] == pytest.approx(np.mean(finals[0.001]))
+    assert summary["seed_groups/optimizer.lr=0.001/p"] == pytest.approx(test.pvalue)
+    assert summary["seed_groups/optimizer.lr=0.003/n"] == 3
+
+
+def test_a_single_seed_sweep_says_so(tmp_path):
+    result, _, summary = sweep(tmp_path, "optimizer.lr=0.001,0.003")
+    assert result.returncode == 0, result.stderr
+    assert "single seed: each setting ran once" in result.stdout
+    assert [group["ci"] for group in summary["seed_groups"]] == [None, None]
 
 
 def test_sweep_files_and_launchers_compose():

@@ -1,11 +1,18 @@
-"""``python -m theseus.evaluate RUN_DIR [--step N] [--out FILE] [evaluation.* overrides]``: evaluate a checkpoint.
+"""``python -m theseus.evaluate PATH [--step N] [--out FILE] [KEY=VALUE ...]``: evaluate a trained model.
 
 Runs the evaluations a training run logs (``val_loss``, per mixture source, each task of
-``evaluation.multiple_choice``) on a run directory's newest readable checkpoint (or
-``--step``) as the trainer runs them (the run's mesh over every device), prints them as a
-table and writes them as JSON to ``RUN_DIR/eval-STEP.json`` (or ``--out``). Overrides may add or change evaluation keys::
+``evaluation.multiple_choice``) as the trainer runs them (the config's mesh over every device),
+prints them as a table and writes them as JSON to ``PATH/eval-STEP.json`` (or ``--out``), with
+each task's per-example scores beside it in ``eval-STEP.jsonl``. PATH is a run directory (its
+newest readable checkpoint, or ``--step``; overrides may add or change evaluation keys) or a
+Hugging Face folder (its weights; overrides also name the data)::
 
     python -m theseus.evaluate outputs/run evaluation.multiple_choice.toy=toy.jsonl trainer.eval_batches=20
+    python -m theseus.evaluate ~/models/my-llama data.source=text data.path=notes.txt
+
+``--tasks hellaswag,arc_easy`` adds lm-evaluation-harness tasks (lm-eval's names, or those of
+the task YAMLs under ``--include PATH``; ``--num_fewshot``, ``--limit`` as lm-eval has them):
+``evaluation.lm_eval`` and its keys, which the trainer's evaluations take too. Needs ``theseus[eval]``.
 """
 
 from __future__ import annotations
@@ -15,61 +22,91 @@ import json
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 from theseus.config import ConfigError
-from theseus.sample import checkpoint, saved_config
+from theseus.training.trained import is_run_dir, source_config, trained_params
 from theseus.training.trainer import Trainer
 
-KEYS = ("evaluation.", "trainer.eval_batches")  # what an override may set: what is evaluated, not the model
+# What an override may set (key prefixes, and how the refusal says it): what is evaluated, not
+# the model; a Hugging Face folder brings no data, so its overrides name that too.
+RUN_KEYS = (("evaluation.", "trainer.eval_batches"),
+            "e.g. evaluation.multiple_choice.NAME=FILE or trainer.eval_batches=N (the model and data are the run's)")
+FOLDER_KEYS = ((*RUN_KEYS[0], "data.", "trainer.batch_size"),
+               "e.g. data.path=FILE, evaluation.multiple_choice.NAME=FILE or trainer.eval_batches=N "
+               "(the model is the folder's)")
 
 
-def overrides(args: list[str]) -> DictConfig:
-    """``KEY=VALUE`` arguments (a leading ``+`` allowed) as a config; ConfigError for any other key."""
+def overrides(args: list[str], allowed: tuple[tuple[str, ...], str]) -> list[str]:
+    """``KEY=VALUE`` arguments (a leading ``+`` dropped) whose keys start with one of the
+    ``allowed`` prefixes; ConfigError for any other."""
+    prefixes, hint = allowed
     items = []
     for arg in args:
         key, sep, value = arg.lstrip("+").partition("=")
-        if not sep or not key.startswith(KEYS):
-            raise ConfigError(f"{arg!r}: give evaluation keys as KEY=VALUE, e.g. evaluation.multiple_choice.NAME=FILE "
-                              f"or trainer.eval_batches=N (the model and data are the run's)")
+        if not sep or not key.startswith(prefixes):
+            raise ConfigError(f"{arg!r}: give evaluation keys as KEY=VALUE, {hint}")
         items.append(f"{key}={value}")
-    return OmegaConf.from_dotlist(items)
+    return items
 
 
-def run_evaluations(run_dir: Path, step: int | None, args: list[str]) -> dict:
-    """The record of an evaluation of the run's checkpoint (``step``, ``mesh``, ``metrics``), by
-    the run's own Trainer: its mesh over every device, its parameter layout and compiled eval
-    step, the batches its loop evaluates on."""
-    trainer = Trainer(saved_config(run_dir, overrides(args)))
+def run_evaluations(path: Path, step: int | None, args: list[str]) -> dict:
+    """The record of an evaluation of a run's checkpoint or a Hugging Face folder's weights
+    (``step``: None for a folder; ``mesh``, ``metrics``, ``samples``), by the Trainer: its mesh
+    over every device, its parameter layout and compiled eval step, the batches its loop
+    evaluates on."""
+    trainer = Trainer(source_config(path, overrides(args, RUN_KEYS if is_run_dir(path) else FOLDER_KEYS)))
     compiled = trainer.build(train=False)
-    state, at = checkpoint(run_dir, step, compiled.target)
-    return {"run_dir": str(run_dir), "step": at, "mesh": dict(compiled.mesh.shape),
-            "metrics": trainer.evaluation_metrics(compiled, state.params)}
+    params, at = trained_params(path, step, trainer.model, compiled.target)
+    metrics = trainer.evaluation_metrics(compiled, params)
+    samples = [{"task": task, "index": i, **record}
+               for task, records in trainer.evaluations.samples.items() for i, record in enumerate(records)]
+    return {"path": str(path), "step": at, "mesh": dict(compiled.mesh.shape), "metrics": metrics,
+            "samples": samples}
+
+
+def lm_eval_overrides(tasks: str | None, include: str | None, fewshot: int | None, limit: int | None) -> list[str]:
+    """The command line's lm-eval options as the ``evaluation.lm_eval*`` keys they stand for."""
+    if tasks is None:
+        return []
+    options = {"lm_eval_include": include, "lm_eval_fewshot": fewshot, "lm_eval_limit": limit}
+    return [f"evaluation.lm_eval=[{','.join(task for task in tasks.split(',') if task)}]",
+            *(f"evaluation.{key}={'null' if value is None else value}" for key, value in options.items())]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m theseus.evaluate", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
-    parser.add_argument("--out", type=Path, default=None, help="JSON file to write (default: RUN_DIR/eval-STEP.json)")
-    parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N")
+    parser.add_argument("path", type=Path, help="a run directory or a Hugging Face folder")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step of a run (default: the newest)")
+    parser.add_argument("--out", "--output_path", type=Path, default=None,
+                        help="JSON file to write (default: PATH/eval-STEP.json, PATH/eval.json for a folder); "
+                             "per-example scores go beside it")
+    parser.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (needs theseus[eval])")
+    parser.add_argument("--include", "--include_path", default=None, help="a folder of local lm-eval task YAMLs")
+    parser.add_argument("--num_fewshot", type=int, default=None, help="few-shot examples (default: each task's own)")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many examples of each lm-eval task")
+    parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N; for a folder data.*")
     args = parser.parse_intermixed_args(argv)
     try:
-        record = run_evaluations(args.run_dir, args.step, args.overrides)
+        lm_eval = lm_eval_overrides(args.tasks, args.include, args.num_fewshot, args.limit)
+        record = run_evaluations(args.path, args.step, [*args.overrides, *lm_eval])
     except ConfigError as exc:
         print(f"theseus: error: {exc}", file=sys.stderr)
         return 2
     mesh = " x ".join(f"{axis} {size}" for axis, size in record["mesh"].items())
-    table = Table(title=f"{args.run_dir} at step {record['step']} (mesh {mesh})")
+    at = "" if record["step"] is None else f" at step {record['step']}"
+    table = Table(title=f"{args.path}{at} (mesh {mesh})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in record["metrics"].items():
         table.add_row(key, f"{value:.4f}")
     Console().print(table)
-    out = args.out or args.run_dir / f"eval-{record['step']}.json"
+    out = args.out or args.path / ("eval.json" if record["step"] is None else f"eval-{record['step']}.json")
+    samples = record.pop("samples")
     out.write_text(json.dumps(record, indent=2) + "\n")
+    if samples:
+        out.with_suffix(".jsonl").write_text("".join(json.dumps(sample) + "\n" for sample in samples))
     return 0
 
 

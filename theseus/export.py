@@ -1,11 +1,14 @@
 """``python -m theseus.export RUN_DIR OUT_DIR [--step N]``: a run's checkpoint as a Hugging Face folder.
 
-Writes ``config.json``, ``model.safetensors`` and, when the run's tokenizer is a Hugging Face
-one (bpe or a tokenizer.json), ``tokenizer.json``; ``transformers.AutoModelForCausalLM
-.from_pretrained(OUT_DIR)`` loads it. GPT-2-style runs export as ``gpt2``, Llama-style ones as
-``llama``. The vocabulary keeps a ``trainer.init_from`` checkpoint's own size (import then
-export is the identity); a run that padded its tokenizer's vocabulary to a multiple of 128
-drops the padding rows.
+Writes ``config.json``, ``model.safetensors``, ``tokenizer.json`` and ``tokenizer_config.json``
+(byte and char tokenizers too); ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)``
+and ``AutoTokenizer.from_pretrained(OUT_DIR)`` load it. GPT-2-style runs export as ``gpt2``,
+Llama-style ones as ``llama``. Only what the format expresses exactly is written
+(``theseus.interop.expressible``): a config key without an equivalent, a parameter without a
+place or a model class computing something else is refused in one line, and nothing is
+written. The vocabulary keeps a ``trainer.init_from`` checkpoint's own size (import then export
+is the identity); a run that padded its tokenizer's vocabulary to a multiple of 128 drops the
+padding rows.
 """
 
 from __future__ import annotations
@@ -21,23 +24,25 @@ from flax import traverse_util
 from omegaconf import OmegaConf
 
 from theseus.config import ConfigError
-from theseus.data.tokenizer import HFTokenizer
-from theseus.interop.hf_config import CONFIG_FILE, arch_of, hf_config, model_type, read_config
+from theseus.data.tokenizer import export_tokenizer
+from theseus.interop.expressible import check_expressible
+from theseus.interop.hf_config import CONFIG_FILE, arch_of, hf_config, read_config
 from theseus.interop.hf_weights import WEIGHTS_FILE, save, to_hf
+from theseus.interop.init_from import KEY as INIT_FROM
 from theseus.model.models.gpt import unstack_layers
-from theseus.sample import restore
+from theseus.training.trained import load_trained
 
 
 def export(run_dir: Path, out_dir: Path, step: int | None = None) -> None:
     """Write the Hugging Face folder ``out_dir`` of ``run_dir``'s checkpoint (the newest, or ``step``)."""
     if (out_dir / WEIGHTS_FILE).exists():
         raise ConfigError(f"{out_dir} already holds {WEIGHTS_FILE}: choose a new folder or remove it")
-    run = restore(run_dir, step)
-    model, tokenizer = run.model, run.data.tokenizer
+    run = load_trained(run_dir, step)
+    model, tokenizer = run.model, run.tokenizer
+    kind = check_expressible(model, run.params)  # refuses what transformers would not compute, before writing
     params = unstack_layers(run.params) if model.scan_layers else run.params  # Hugging Face's layers are one by one
     arch = arch_of(model)
-    kind = model_type(arch)  # refuses an architecture transformers has no class for, before writing
-    imported = OmegaConf.select(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), "trainer.init_from")
+    imported = OmegaConf.select(run.cfg, INIT_FROM)
     vocab_size = model.vocab_size if imported else tokenizer.vocab_size
     special = (read_config(Path(imported).expanduser()) if imported
                else {"bos_token_id": tokenizer.eot, "eos_token_id": tokenizer.eot})
@@ -48,8 +53,7 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save(tensors, out_dir)
-    if isinstance(tokenizer, HFTokenizer):
-        tokenizer.save(out_dir)
+    export_tokenizer(tokenizer, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

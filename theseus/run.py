@@ -29,11 +29,14 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose, conf_dir, validate
 from theseus.config.context import is_checked
 from theseus.config.registry import load
+from theseus.training.resume import continue_last
 
 # Hydra's flags that print instead of running; the value after each of VALUED is not an override
 INFO_FLAGS = {"--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve", "-p", "--package"}
-VALUED = {"--shell-completion", "-sc", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+VALUED = {"--cfg", "-c", "--shell-completion", "-sc", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
           "--config-dir", "-cd", "--experimental-rerun"}
+OPTIONAL_VALUE = {"--info": {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"},
+                  "-i": {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}}
 USAGE = """usage: python -m theseus.run [+experiment=NAME] [KEY=VALUE ...]          train
        python -m theseus.run -m +experiment=NAME [+sweep=NAME | KEY=A,B ...]  sweep
        python -m theseus.run ... --cfg job                                   print the composed config
@@ -55,16 +58,39 @@ def usage() -> str:
     return USAGE.format(choices=choices(), listing=listing())
 
 
-def overrides_of(argv: Sequence[str]) -> list[str]:
-    """The ``KEY=VALUE`` (and ``~KEY``) overrides in ``argv``, without flags and their values."""
+def _arguments(argv: Sequence[str]) -> list[str]:
+    """The words of ``argv`` that are not flags or a flag's value."""
     out, skip = [], False
-    for arg in argv:
+    for i, arg in enumerate(argv):
         if skip or arg in VALUED:
             skip = not skip and arg in VALUED
             continue
-        if not arg.startswith("-") and ("=" in arg or arg.startswith("~")):
+        optional = i > 0 and argv[i - 1] in OPTIONAL_VALUE and arg in OPTIONAL_VALUE[argv[i - 1]]
+        if not arg.startswith("-") and not optional:
             out.append(arg)
     return out
+
+
+def overrides_of(argv: Sequence[str]) -> list[str]:
+    """The ``KEY=VALUE`` (and ``~KEY``) overrides in ``argv``, without flags and their values."""
+    return [arg for arg in _arguments(argv) if "=" in arg or arg.startswith("~")]
+
+
+def check_words(argv: Sequence[str]) -> None:
+    """A word of ``argv`` that is neither a flag nor ``KEY=VALUE`` (``theseus run gpt_tiny``) is
+    a ConfigError suggesting the choice it looks like (``+experiment=gpt_tiny``)."""
+    from theseus.config import registry
+    from theseus.config.errors import suggest
+
+    for word in _arguments(argv):
+        if "=" in word or word.startswith("~"):
+            continue
+        registry.load()
+        choices = {name: f"+{group}={name}" for group in registry.FOLDERS for name in registry.folder_options(group)}
+        choices.update({name: f"{group}={name}" for group in registry.groups() for name in registry.options(group)})
+        close = suggest(word, choices, n=1)
+        hint = f"did you mean {choices[close[0]]}?" if close else "every argument is KEY=VALUE (see --help)"
+        raise ConfigError(f"unexpected argument {word!r}: {hint}")
 
 
 def is_multirun(argv: Sequence[str]) -> bool:
@@ -80,11 +106,27 @@ def job_overrides(argv: Sequence[str], sweep_params: Sequence[str] = ()) -> list
         return [overrides]
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    parser = OverridesParser.create()
     try:
-        parsed = OverridesParser.create().parse_overrides([*sweep_params, *overrides])
-    except Exception:  # a sweeper's own syntax (optuna's interval(...)): check the plain keys
+        parsed = parser.parse_overrides([*sweep_params, *overrides])
+    except Exception:  # a sweeper's own syntax Hydra cannot parse: check the plain keys
         return [[o for o in overrides if "(" not in o]]
+    parsed = parser.parse_overrides([_enumerable(o) for o in parsed])
     return [job for batch in _split_sweep(parsed) for job in batch]
+
+
+def _enumerable(override) -> str:
+    """``override`` as a line Hydra's basic sweeper expands: a continuous search space
+    (Optuna's ``interval(1e-4, 1e-2)``, tagged ``log`` or ``int``) stands for one of its
+    values, its lower bound, so that the key and the type of what the sweeper will choose
+    are checked before any trial runs; the sweeper itself still gets the line as written."""
+    from hydra.core.override_parser.types import ValueType
+
+    if override.value_type is not ValueType.INTERVAL_SWEEP:
+        return override.input_line
+    interval = override.value()
+    start = int(interval.start) if "int" in interval.tags else interval.start
+    return f"{override.get_key_element()}={start}"
 
 
 def _split_sweep(parsed: list) -> list[list[list[str]]]:
@@ -111,9 +153,12 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     from theseus.tasks.task import JobTask, task_class
     from theseus.training.trainer import Trainer
 
+    check_words(argv)
     base = compose(job_overrides(argv)[0], hydra=True)  # the first job of the command line: its sweep file
     if INFO_FLAGS & set(argv):
         return base, []
+    if not is_multirun(argv):
+        base = continue_last(base)  # trainer.resume=last: the run directory this command continues
     initialize(_job(base)[0])  # join the job (several hosts) before anything touches a device
     gpus = visible_gpus()
     if is_multirun(argv) and gpus:  # parallel jobs on this host: one GPU share each, or refused now

@@ -1,4 +1,6 @@
-"""The summary of a multirun sweep: swept values -> final val_loss, tokens/s, MFU, status.
+"""The summary of a multirun sweep: swept values -> final val_loss, tokens/s, MFU, status;
+with ``trainer.seed`` (or ``data.seed``) swept beside other keys, the seed groups too: each
+setting's mean val_loss, its 95% interval, and Welch's p-value that the best group is lower.
 
 ``SweepSummary`` is a Hydra callback (wired in ``conf/config.yaml``). Each job records its
 status in ``result.json`` in its run directory and rewrites ``summary.csv`` and
@@ -14,20 +16,21 @@ import csv
 import dataclasses
 import io
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from theseus.training.runs import RESULT, SUMMARY_METRICS, Job, collect, fmt, rows, swept
+from theseus.training.runs import RESULT, SUMMARY_METRICS, Job, collect, error_line, fmt, rows, swept
+from theseus.training.seeds import LEVEL, Group, seed_groups, seed_keys
 
 
 def write(sweep_dir: Path, jobs: Sequence[Job]) -> None:
@@ -37,7 +40,8 @@ def write(sweep_dir: Path, jobs: Sequence[Job]) -> None:
     writer = csv.DictWriter(text, fieldnames=list(table[0]) if table else ["job"], lineterminator="\n")
     writer.writeheader()
     writer.writerows(table)
-    document = {"swept": swept(jobs), "jobs": [dataclasses.asdict(job) for job in jobs]}
+    document = {"swept": swept(jobs), "jobs": [dataclasses.asdict(job) for job in jobs],
+                "seed_groups": [{**dataclasses.asdict(group), "n": group.n} for group in groups(jobs)]}
     _replace(sweep_dir / "summary.csv", text.getvalue())
     _replace(sweep_dir / "summary.json", json.dumps(document, indent=2) + "\n")
 
@@ -56,6 +60,40 @@ def table(jobs: Sequence[Job]) -> Table:
     return out
 
 
+def groups(jobs: Sequence[Job]) -> list[Group]:
+    """The seed groups of the jobs that finished with a val_loss (by their swept values)."""
+    keys = swept(jobs)
+    done = [job for job in jobs if job.status == "ok" and job.val_loss is not None]
+    return seed_groups([({key: job.params.get(key) for key in keys}, job.val_loss) for job in done])
+
+
+def group_table(jobs: Sequence[Job]) -> Table | str | None:
+    """The seed groups as a table; with no seed swept, the line saying it is a single seed."""
+    found = groups(jobs)
+    if len(found) < 2:
+        return None
+    if not seed_keys([job.params for job in jobs]):
+        return ("single seed: each setting ran once, so these differences are not tested against seed noise "
+                "(sweep trainer.seed=0,1,2 beside the other keys for intervals and p-values)")
+    out = Table(title=f"seed groups: val_loss mean +- {LEVEL:.0%} interval; p: Welch's t-test that the best is lower",
+                title_justify="left")
+    for column in ("group", "seeds", "val_loss", "p"):
+        out.add_column(column, justify="left" if column == "group" else "right")
+    for i, group in enumerate(found):
+        label = ", ".join(f"{key}={fmt(key, value)}" for key, value in group.params.items()) or "all"
+        p = "best" if i == 0 else "n/a" if group.p is None else f"{group.p:.2g}"
+        out.add_row(label, str(group.n), group.describe(), p, style="green" if i == 0 else None)
+    return out
+
+
+class QuietJoblib(logging.Filter):
+    """Drops the joblib launcher's ``Joblib.Parallel(n_jobs=-1, ...) is launching N jobs`` line
+    (its settings are the config's; the jobs are listed beside it), keeping its other lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Joblib.Parallel(")
+
+
 def print_summary(sweep_dir: Path | str) -> list[Job]:
     """Write the sweep folder's summary files and print its table; returns its jobs."""
     sweep_dir = Path(sweep_dir)
@@ -63,8 +101,13 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
     if not jobs:
         return jobs
     write(sweep_dir, jobs)
-    console = Console()
-    console.print(table(jobs))
+    console, summary = Console(), table(jobs)
+    if not console.is_terminal:  # a log or a pipe: the table at its natural width, its column names whole
+        console = Console(width=console.measure(summary).maximum)
+    console.print(summary)
+    seeds = group_table(jobs)
+    if seeds is not None:
+        console.print(seeds, markup=False, highlight=False)
     for job in jobs:
         if job.error:
             console.print(f"job {job.name} failed: {job.error}", style="red", markup=False, highlight=False)
@@ -72,12 +115,30 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
     return jobs
 
 
-def error_line(exc: BaseException) -> str:
-    """``ValueError: first line of the message``; a Hydra compact error's message is that line."""
-    message = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    if isinstance(exc, CompactHydraException):
-        return message
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+def log_groups(config: DictConfig, sweep_dir: Path, jobs: Sequence[Job]) -> None:
+    """With seeds swept and W&B on (``logger.mode``), a W&B run ``seed groups`` in the sweep's
+    group (its jobs' group): a table of each group's mean, interval and p-value, and the same
+    in its summary (``seed_groups/GROUP/mean``, ``.../ci95``, ``.../p``)."""
+    logger = config.get("logger") or {}
+    found = groups(jobs)
+    if logger.get("mode", "disabled") == "disabled" or len(found) < 2 or not seed_keys([job.params for job in jobs]):
+        return
+    import wandb  # here: only a seeded sweep with W&B on pays for the import
+
+    labels = [", ".join(f"{key}={fmt(key, value)}" for key, value in group.params.items()) or "all" for group in found]
+    settings = wandb.Settings(console="off", save_code=False, disable_git=True, silent=True, x_disable_stats=True,
+                              x_disable_machine_info=True, x_save_requirements=False)
+    run = wandb.init(mode=logger.mode, dir=str(sweep_dir), project=logger.get("project", "theseus"),
+                     group=str(sweep_dir)[-128:], job_type="seed-groups", name=f"seed groups {sweep_dir.name}",
+                     settings=settings)
+    columns = ["group", "seeds", "mean", "ci95", "p_best_lower"]
+    run.log({"seed_groups": wandb.Table(columns=columns, data=[[label, g.n, g.mean, g.ci, g.p]
+                                                               for label, g in zip(labels, found)])})
+    run.summary.update({f"seed_groups/{label}/{name}": value for label, g in zip(labels, found)
+                        for name, value in (("mean", g.mean), ("ci95", g.ci), ("p", g.p), ("n", g.n))
+                        if value is not None})
+    run.finish()
+    wandb.teardown()
 
 
 class SweepSummary(Callback):
@@ -86,7 +147,7 @@ class SweepSummary(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Hydra's BasicSweeper re-raises a failed job's error once the batch has run, and then
         # skips on_multirun_end: the table is printed as the process exits instead.
-        atexit.register(print_summary, Path(config.hydra.sweep.dir))
+        atexit.register(self._finish, config)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if config.hydra.mode != RunMode.MULTIRUN:
@@ -100,8 +161,13 @@ class SweepSummary(Callback):
         write(sweep_dir, collect(sweep_dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        atexit.unregister(print_summary)
-        print_summary(config.hydra.sweep.dir)
+        atexit.unregister(self._finish)
+        self._finish(config)
+
+    @staticmethod
+    def _finish(config: DictConfig) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        log_groups(config, sweep_dir, print_summary(sweep_dir))
 
 
 def _replace(path: Path, text: str) -> None:

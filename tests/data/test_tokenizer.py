@@ -8,7 +8,7 @@ import pytest
 
 from theseus.config import ConfigError
 from theseus.data.dataset import open_dataset
-from theseus.data.tokenizer import ByteTokenizer, CharTokenizer, HFTokenizer, load_tokenizer
+from theseus.data.tokenizer import ByteTokenizer, CharTokenizer, HFTokenizer, export_tokenizer, load_tokenizer
 
 TEXT = "def f(x):\n\treturn x  # naïve café, 日本語 ✓\n\n  spaces   end "
 CORPUS = [TEXT, "class A:\n    pass\n" * 50, "hello world " * 30]
@@ -92,3 +92,46 @@ def test_char_on_tinyshakespeare(shakespeare, config):
     assert ds.n_tokens("train") + ds.n_tokens("val") == 1_115_394
     text = shakespeare.read_text(encoding="utf-8")
     assert ds.tokenizer.decode(ds.tokenizer.encode(text)) == text
+
+
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
+def test_exported_tokenizer_json_is_theseus_in_transformers(tmp_path, kind):
+    """transformers' AutoTokenizer reads the export and encodes and decodes every text as theseus does."""
+    transformers = pytest.importorskip("transformers")
+    tokenizer = tokenizers(tmp_path)[kind]
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    export_tokenizer(tokenizer, folder)
+    hf = transformers.AutoTokenizer.from_pretrained(folder)
+    assert len(hf) == tokenizer.vocab_size and hf.eos_token_id == tokenizer.eot and hf.bos_token_id is None
+    for text in [TEXT, *CORPUS, "", " \n"] + (["😀 \r\n"] if kind != "char" else []):
+        ids = tokenizer.encode(text)
+        assert hf.encode(text) == ids  # transformers' default adds special tokens: these add none
+        assert hf.decode(ids) == tokenizer.decode(ids) == text
+    if tokenizer.eot is not None:  # documents joined by the end-of-text token decode alike
+        joined = tokenizer.encode(TEXT) + [tokenizer.eot] + tokenizer.encode(CORPUS[1])
+        assert hf.decode(joined) == tokenizer.decode(joined)
+    if kind == "byte":  # every byte, including those that are not UTF-8 on their own
+        assert hf.decode([0xC3]) == tokenizer.decode([0xC3]) == "\ufffd"
+
+
+def test_a_tokenizer_that_adds_bos_says_so(tmp_path):
+    """A Llama-style tokenizer.json (a template adding <s>) encodes with it when asked, and its
+    export tells transformers the same."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import processors
+
+    hf = HFTokenizer.train(CORPUS, vocab_size=300).as_hf()
+    hf.add_special_tokens(["<s>"])
+    bos = hf.token_to_id("<s>")
+    hf.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = HFTokenizer.from_file(tmp_path / "tokenizer.json")
+    plain = tokenizer.encode(TEXT)
+    assert tokenizer.encode(TEXT, special=True) == [bos, *plain] and tokenizer.prefix_token == bos
+    assert ByteTokenizer().prefix_token == 256 and CharTokenizer("ab").prefix_token is None
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    export_tokenizer(tokenizer, folder)
+    loaded = transformers.AutoTokenizer.from_pretrained(folder)
+    assert loaded.bos_token_id == bos and loaded.encode(TEXT) == [bos, *plain]

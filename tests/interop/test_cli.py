@@ -54,17 +54,18 @@ def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
     out = tmp_path / "exported"
     proc = run_python("-m", "theseus.export", str(run), str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                         "tokenizer_config.json"]
     assert (out / "tokenizer.json").read_text() == (llama_folder / "tokenizer.json").read_text()
     config = json.loads((out / "config.json").read_text())
     assert (config["model_type"], config["vocab_size"], config["num_key_value_heads"]) == ("llama", 333, 2)
     assert (config["max_position_embeddings"], config["rope_theta"], config["tie_word_embeddings"]) == \
         (32, 500000.0, False)  # the lowered context
 
-    from theseus.sample import restore
+    from theseus.training.trained import load_trained
 
-    restored = restore(run)
-    model, params, tokenizer = restored.model, restored.params, restored.data.tokenizer
+    restored = load_trained(run)
+    model, params, tokenizer = restored.model, restored.params, restored.tokenizer
     assert model.vocab_size == 333 and model.n_kv_heads == 2 and model.rope_theta == 500000.0
     tokens = np.random.default_rng(0).integers(0, 333, size=(2, 32))
     ours = np.asarray(model.clone(dropout=0.0).apply({"params": params}, jnp.asarray(tokens)))
@@ -102,10 +103,10 @@ def test_a_native_run_exports_as_gpt2_without_its_vocabulary_padding(tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert (config["model_type"], config["vocab_size"], config["n_positions"]) == ("gpt2", 300, 64)
 
-    from theseus.sample import restore
+    from theseus.training.trained import load_trained
 
-    restored = restore(run)
-    model, params, tokenizer = restored.model, restored.params, restored.data.tokenizer
+    restored = load_trained(run)
+    model, params, tokenizer = restored.model, restored.params, restored.tokenizer
     assert model.vocab_size == 384 and tokenizer.vocab_size == 300
     assert config["eos_token_id"] == tokenizer.eot is not None
     tokens = np.random.default_rng(0).integers(0, 300, size=(2, 64))

@@ -1,4 +1,5 @@
-"""generate(): the KV cache reproduces full forward passes; one compilation per shape."""
+"""generate(): the KV cache reproduces full forward passes, past the context too (a sliding
+window of seq_len tokens); one compilation per shape."""
 
 from __future__ import annotations
 
@@ -97,10 +98,29 @@ def test_top_1_sampling_is_greedy():
     np.testing.assert_array_equal(top_1, greedy)
 
 
-def test_generation_longer_than_the_context_is_refused():
-    model, params, prompt = setup("gpt2")
-    with pytest.raises(ValueError, match=r"prompt \(5\) \+ max_new_tokens \(12\) exceeds architecture.seq_len \(16\)"):
-        generate(model, params, prompt, 12)
+def windowed_reference(model, params, prompt, n):
+    """Greedy tokens by nanoGPT's rule, without a cache: each new token is the argmax of a full
+    forward pass over the last seq_len tokens (a shorter sequence padded at its end, which
+    causality makes irrelevant to its last real position)."""
+    logits = jax.jit(lambda window: model.apply({"params": params}, window))
+    tokens = np.asarray(prompt)
+    for _ in range(n):
+        window = tokens[:, -model.seq_len:]
+        last = window.shape[1] - 1
+        padded = np.pad(window, ((0, 0), (0, model.seq_len - window.shape[1])))
+        tokens = np.concatenate([tokens, np.asarray(logits(padded)[:, last].argmax(-1))[:, None]], axis=1)
+    return tokens
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])  # learned positions and rotary ones
+@pytest.mark.parametrize("prompt_len", [5, 16, 20])  # shorter than, as long as, and longer than the context
+def test_past_the_context_the_window_keeps_the_last_seq_len_tokens(name, prompt_len):
+    model, params, _ = setup(name)
+    prompt = jnp.asarray(np.random.default_rng(4).integers(0, 64, (2, prompt_len)), jnp.int32)
+    out = generate(model, params, prompt, max_new_tokens=30, temperature=0.0)  # seq_len 16
+    assert out.shape == (2, prompt_len + 30)
+    np.testing.assert_array_equal(out, windowed_reference(model, params, prompt, 30))
+    assert len(set(np.asarray(out[:, prompt_len:]).ravel().tolist())) > 1  # not a degenerate repeat
 
 
 def test_sample_text_continues_a_prompt():

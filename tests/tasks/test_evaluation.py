@@ -19,7 +19,7 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
-from theseus.sample import restore
+from theseus.training.trained import load_trained
 from theseus.tasks.evaluation import evaluate, load_evaluations
 from theseus.training.trainer import Trainer
 
@@ -101,7 +101,7 @@ def test_a_mixture_run_logs_each_source_and_task_and_resumes_bit_for_bit(files, 
 
 
 def test_each_source_s_loss_equals_that_source_evaluated_alone(files, straight):
-    run = restore(straight)
+    run = load_trained(straight)
     with configuration(run.cfg):
         data = configure(DataConfig)
     sharding = NamedSharding(run.mesh, PartitionSpec(("data", "fsdp"), None))
@@ -117,7 +117,7 @@ def test_each_source_s_loss_equals_that_source_evaluated_alone(files, straight):
         return evaluate(run.params, evaluations, loss=jax.jit(loss), val_metrics=LanguageModeling().val_metrics,
                         sharding=sharding, rules=(), share=(0, 1), batch_size=16, batches=2)
 
-    mixed = metrics(run.data)
+    mixed = metrics(open_dataset(data))
     for name, (source, _) in data.sources().items():
         alone = metrics(open_dataset(source))
         assert set(alone) == {"val_loss", "val_bpb"}
@@ -138,6 +138,11 @@ def test_evaluate_a_checkpoint_reproduces_the_logged_evaluation(files, straight,
     for key, value in written["metrics"].items():
         assert value == pytest.approx(logged[key], rel=1e-5, abs=1e-9), key
         assert key in proc.stdout
+    samples = [json.loads(line) for line in (straight / f"eval-{STEPS}.jsonl").read_text().splitlines()]
+    assert [(s["task"], s["index"]) for s in samples] == [("toy", i) for i in range(40)]
+    for metric in ("acc", "acc_norm", "acc_bytes"):  # the totals are the per-example scores' means
+        assert np.mean([s[metric] for s in samples]) == pytest.approx(written["metrics"][f"eval/toy/{metric}"])
+    assert all(s[metric] == (int(np.argmax(s["scores"])) == s["label"]) for s in samples for metric in ["acc"])
     out = tmp_path / "at6.json"
     other = toy_task(tmp_path / "other.jsonl", seed=1)
     proc = run_python("-m", "theseus.evaluate", str(straight), "--step", "6", "--out", str(out),

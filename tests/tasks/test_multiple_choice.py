@@ -49,12 +49,14 @@ def model_and_params():
 
 def reference(model, params, record) -> list[float]:
     """One forward per choice (its text alone, as one sequence; the causal model does not see
-    the zeros after it): the choice tokens' summed log-probabilities, added up in Python."""
+    the zeros after it): the choice tokens' summed log-probabilities, added up in Python. The
+    context's trailing whitespace is scored with the choice (bytes split anywhere alike)."""
     tokenizer, out = ByteTokenizer(), []
     forward = jax.jit(lambda x: jax.nn.log_softmax(model.apply({"params": params}, x).astype(jnp.float32)))
+    context = record["context"].rstrip()
     for choice in record["choices"]:
-        ids = tokenizer.encode(choice)
-        row = (tokenizer.encode(record["context"]) + ids)[-(SEQ + 1):]
+        ids = tokenizer.encode(record["context"][len(context):] + choice)
+        row = (tokenizer.encode(context) + ids)[-(SEQ + 1):]
         logp = np.asarray(forward(jnp.array([row[:-1] + [0] * (SEQ + 1 - len(row))]))[0])
         out.append(sum(float(logp[t - 1, row[t]]) for t in range(len(row) - len(ids), len(row))))
     return out
@@ -112,14 +114,23 @@ def test_scores_sharded_over_four_devices_equal_one_device(tmp_path):
     np.testing.assert_allclose(result["four"], result["one"], rtol=1e-5, atol=1e-5)
 
 
-def test_accuracy_sums_or_normalises_by_bytes(tmp_path):
+def test_accuracy_sums_or_normalises_by_characters_or_bytes(tmp_path):
     records = [{"context": "q", "choices": ["a", "bbbb"], "label": 1},
-               {"context": "q", "choices": ["a", "bb"], "label": 0}]
+               {"context": "q", "choices": ["a", "bb"], "label": 0},
+               {"context": "q", "choices": ["é", "ab"], "label": 0}]
     examples = load_examples(write(tmp_path / "mc.jsonl", records), ByteTokenizer(), SEQ)
-    # summed: example 0 picks "a" (-1 > -2), wrong; example 1 picks "a" (-1 > -3), right.
-    # per byte: example 0 picks "bbbb" (-0.5 > -1), right; example 1 picks "a" (-1 > -1.5), right.
-    scores = np.array([[-1.0, -2.0], [-1.0, -3.0]])
-    assert accuracy(scores, examples) == {"acc": 0.5, "acc_norm": 1.0}
+    # summed: 0 picks "a" (-1 > -2), wrong; 1 picks "a" (-1 > -3), right; 2 picks "ab" (-1.5 > -1.6), wrong.
+    # per character: 0 picks "bbbb" (-0.5 > -1), right; 1 "a" (-1 > -1.5), right; 2 "ab" (-0.75 > -1.6), wrong.
+    # per byte ("é" is 2): 0 and 1 as per character; 2 picks "ab" (-0.75 > -0.8), wrong.
+    scores = np.array([[-1.0, -2.0], [-1.0, -3.0], [-1.6, -1.5]])
+    assert {k: v for k, v in accuracy(scores, examples).items() if not k.endswith("stderr")} == \
+        {"acc": 1 / 3, "acc_norm": 2 / 3, "acc_bytes": 2 / 3}
+    scores[2] = [-1.4, -1.5]  # "é" wins summed (-1.4 > -1.5) and per byte (-0.7 > -0.75), not per character
+    metrics = accuracy(scores, examples)
+    assert (metrics["acc"], metrics["acc_norm"], metrics["acc_bytes"]) == (2 / 3, 2 / 3, 1.0)
+    hits = np.array([1.0, 1.0, 0.0])  # acc: the sample standard deviation over sqrt(n), lm-eval's mean_stderr
+    assert metrics["acc_stderr"] == pytest.approx(np.sqrt(np.sum((hits - 2 / 3) ** 2) / 2) / np.sqrt(3))
+    assert metrics["acc_bytes_stderr"] == 0.0
 
 
 @pytest.mark.parametrize("line, message", [
@@ -132,7 +143,6 @@ def test_accuracy_sums_or_normalises_by_bytes(tmp_path):
     ('{"context": "x", "choices": ["a", ""], "label": 0}', "choices must be a non-empty list of non-empty strings"),
     ('{"context": "x", "choices": ["a"]}', "not an example; each line must be a JSON object"),
     ('{"context": "x", "choices": ["a"], label: 0}', "not an example; each line must be a JSON object"),
-    ('{"context": "x", "choices": ["' + "z" * 30 + '"], "label": 0}', "a choice of 30 tokens does not fit"),
 ])
 def test_a_bad_line_is_one_line_naming_file_and_line(tmp_path, line, message):
     path = write(tmp_path / "bad.jsonl", [EXAMPLES[0], line])
@@ -146,3 +156,22 @@ def test_an_empty_or_missing_file_is_refused(tmp_path):
         load_examples(write(tmp_path / "empty.jsonl", [""]), ByteTokenizer(), SEQ)
     with pytest.raises(ConfigError, match="cannot read the multiple-choice file"):
         load_examples(tmp_path / "missing.jsonl", ByteTokenizer(), SEQ)
+
+
+def test_a_choice_longer_than_the_window_is_cut_on_the_left_not_refused(tmp_path):
+    long = "z" * 30  # SEQ is 24: the row keeps its last SEQ + 1 bytes, all of them the choice's
+    examples = load_examples(write(tmp_path / "mc.jsonl", [{"context": "q", "choices": [long, "a"], "label": 0}]),
+                             ByteTokenizer(), SEQ)
+    assert examples.tokens[0, 0].tolist() == list(long.encode())[-(SEQ + 1):]
+    assert examples.mask[0, 0].sum() == SEQ and examples.mask[0, 1].sum() == 1
+    assert (examples.n_chars[0].tolist(), examples.n_bytes[0].tolist()) == ([30, 1], [30, 1])
+
+
+def test_trailing_whitespace_is_scored_with_the_choice(tmp_path):
+    """lm-eval's convention: "on the " + "mat" is scored as "on the" + " mat" (the same bytes, one
+    more of them scored)."""
+    examples = load_examples(write(tmp_path / "mc.jsonl", [{"context": "on the \n", "choices": ["mat"], "label": 0}]),
+                             ByteTokenizer(), SEQ)
+    row = list(b"on the \nmat")
+    assert examples.tokens[0, 0, :len(row)].tolist() == row
+    assert examples.mask[0, 0].tolist().index(1) == len("on the") - 1 and examples.mask[0, 0].sum() == 5

@@ -76,9 +76,11 @@ def straight(corpus, tmp_path_factory) -> Path:
 def test_sigterm_saves_and_resume_is_bit_exact(corpus, straight, tmp_path):
     proc = start_and_interrupt(command(corpus, tmp_path), after_step=4, sig=signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, proc.output[-2000:]
-    assert "checkpoint saved. Resume with: python -m theseus.run" in proc.output
     stopped = max(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
     assert 4 <= stopped < STEPS
+    assert f"theseus: SIGTERM received: stopping after step {stopped}: saving a checkpoint" in proc.output
+    assert f"interrupted by SIGTERM after step {stopped}/{STEPS}; checkpoint {stopped} saved" in proc.output
+    assert f"resume:   python -m theseus.run {' '.join(command(corpus, tmp_path)[3:])}\n" in proc.output
     run(command(corpus, tmp_path))
     assert losses(tmp_path) == losses(straight)  # identical, step by step
     for a, b in zip(final_params(tmp_path), final_params(straight), strict=True):
@@ -158,10 +160,56 @@ def test_resume_with_a_changed_config_is_refused_with_the_diff(corpus, straight,
 
 
 def test_resume_rules():
-    from theseus.training.resume import unsafe_changes
+    from theseus.config import ConfigError
+    from theseus.training.resume import check_resume, unsafe_changes
 
-    saved = {"optimizer": {"schedule": "cosine", "warmup_steps": 10}, "trainer": {"max_steps": 100, "log_every": 5}}
-    extended = {"optimizer": {"schedule": "cosine", "warmup_steps": 10}, "trainer": {"max_steps": 200, "log_every": 1}}
-    assert unsafe_changes(saved, extended) == [("trainer.max_steps", 100, 200)]  # the cosine would change
-    saved["optimizer"]["schedule"] = extended["optimizer"]["schedule"] = "constant"
-    assert unsafe_changes(saved, extended) == []
+    saved = {"optimizer": {"schedule": "cosine"}, "trainer": {"max_steps": 100, "log_every": 5}}
+    extended = {"optimizer": {"schedule": "cosine"}, "trainer": {"max_steps": 200, "log_every": 1}}
+    assert unsafe_changes(saved, extended) == [("trainer.max_steps", 100, 200)]
+    check_resume("RUN", saved, extended, max_steps_problem=None)  # the schedule keeps the past: allowed
+    with pytest.raises(ConfigError, match=r"^cannot continue RUN to trainer.max_steps=200: the past changes$"):
+        check_resume("RUN", saved, extended, max_steps_problem="the past changes")
+
+
+@pytest.mark.parametrize(("schedule", "steps", "allowed"), [
+    ("constant", 40, True), ("wsd", 40, True), ("wsd", 90, False), ("cosine", 40, False)])
+def test_extension_follows_the_schedule(tmp_path, schedule, steps, allowed):
+    """A run stopped at ``steps`` of 100 extends to 200 when its learning rates so far would
+    not change: a constant, wsd before its decay (the last 20%), never a cosine."""
+    from theseus.config.compose import compose
+    from theseus.training.trainer import Trainer
+
+    (tmp_path / "checkpoints" / str(steps)).mkdir(parents=True)
+    cfg = compose(["+experiment=gpt_tiny", f"optimizer.schedule={schedule}", "trainer.max_steps=200"])
+    problem = Trainer(cfg)._extension_problem(tmp_path, saved_steps=100)
+    assert (problem is None) == allowed, problem
+
+
+def test_resume_last_finds_the_newest_run_this_command_continues(tmp_path):
+    import time
+
+    from omegaconf import OmegaConf
+
+    from theseus.config.compose import compose
+    from theseus.training.resume import last_run, runs_root
+
+    def made(name: str, config: dict, steps: tuple[int, ...] = (5,)) -> Path:
+        run_dir = tmp_path / "outputs" / name
+        (run_dir / ".hydra").mkdir(parents=True)
+        OmegaConf.save(OmegaConf.create(config), run_dir / ".hydra" / "config.yaml")
+        for step in steps:
+            (run_dir / "checkpoints" / str(step)).mkdir(parents=True)
+        time.sleep(0.01)  # distinct modification times: the newest wins
+        return run_dir
+
+    lr3 = {"optimizer": {"lr": 3e-3}, "trainer": {"max_steps": 60, "resume": "auto"}}
+    lr1 = {"optimizer": {"lr": 1e-3}, "trainer": {"max_steps": 60, "resume": "auto"}}
+    older, other = made("d1/t1", lr3), made("d1/t2", lr1)
+    newer = made("d2/t1", {**lr3, "logger": {"mode": "disabled"}})  # logging may differ
+    made("d2/t2", lr3, steps=())  # no checkpoint: nothing to continue
+    again = {"optimizer": {"lr": 3e-3}, "trainer": {"max_steps": 90, "resume": "last"}}  # longer: judged later
+    assert last_run(tmp_path / "outputs", again) == newer != older
+    assert last_run(tmp_path / "outputs", {**again, "optimizer": {"lr": 1e-3}}) == other
+    assert last_run(tmp_path / "outputs", {**again, "optimizer": {"lr": 1e-2}}) is None
+    assert runs_root(compose(["+experiment=gpt_tiny"], hydra=True)) == Path("outputs")
+    assert runs_root(compose(["+experiment=gpt_tiny", "hydra.run.dir=runs/a"], hydra=True)) is None

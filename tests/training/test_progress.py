@@ -51,3 +51,22 @@ def test_rich_bar_on_a_terminal(monkeypatch):
     progress.close()
     text = out.getvalue()
     assert "5/10" in text and "loss 0.5" in text and "mfu 25.0%" in text and "a message" in text
+
+
+def test_the_transcript_keeps_what_the_console_showed(tmp_path, capsys):
+    from theseus.training.progress import evaluation_line, show, show_table, transcript
+
+    log = tmp_path / "run" / "run.log"
+    show("before")  # no transcript open: the console only
+    with transcript(log):
+        show("theseus: run directory X")
+        show_table("theseus run", [("model", "GPT: 10 parameters")])
+        progress = Progress(4, console=Console(file=io.StringIO(), width=120))
+        progress.update(2, {"loss": 2.5})
+        progress.print(evaluation_line(2, {"val_loss": 2.25, "val_loss/code": 1.5, "eval/arc/acc": 0.3125}))
+    show("after")
+    text = log.read_text()
+    assert text.startswith("theseus: run directory X\n") and "before" not in text and "after" not in text
+    assert "│ model │ GPT: 10 parameters │" in text
+    assert text.endswith("step 2/4 loss 2.5\neval step 2: val_loss 2.25 val_loss/code 1.5 eval/arc/acc 0.3125\n")
+    assert "theseus: run directory X" in capsys.readouterr().err

@@ -136,3 +136,40 @@ def test_fsdp_gathers_weights_not_activations(corpus):
     for name, r in result.items():
         assert r["gathered"], name
         assert max(r["gathered"]) <= r["largest_param"], (name, sorted(r["gathered"])[-5:])
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_init_optimizer_restarts_the_schedule_and_keeps_the_moments(name):
+    """trainer.init_optimizer: the restored optimizer state's schedule count goes back to 0 (the
+    new run's schedule starts at its step 0); every other leaf (moments, Adam's count) is kept."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from theseus.config import configuration, configure
+    from theseus.training.optimizer import make_optimizer, optimizer_class
+    from theseus.training.trainer import restart_schedule
+
+    cfg = compose([f"optimizer={name}", "optimizer.warmup_steps=0", "optimizer.schedule=cosine"])
+    with configuration(cfg):
+        tx, _ = make_optimizer(configure(optimizer_class(cfg)), total_steps=10)
+    params = {"w": jnp.ones((4, 4)), "b": jnp.ones(4)}
+    state = tx.init(params)
+    for _ in range(3):
+        _, state = tx.update(jax.tree.map(jnp.ones_like, params), state, params)
+    restarted = restart_schedule(state)
+
+    def is_schedule(node) -> bool:
+        return isinstance(node, optax.ScaleByScheduleState)
+
+    def schedules(tree) -> list:
+        return [node for node in jax.tree.leaves(tree, is_leaf=is_schedule) if is_schedule(node)]
+
+    def others(tree) -> list:
+        return jax.tree.leaves(jax.tree.map(lambda node: None if is_schedule(node) else node, tree, is_leaf=is_schedule))
+
+    assert schedules(state) and [int(node.count) for node in schedules(state)] == [3] * len(schedules(state))
+    assert [int(node.count) for node in schedules(restarted)] == [0] * len(schedules(state))
+    assert len(others(state)) > 2
+    assert all(np.array_equal(a, b) for a, b in zip(others(state), others(restarted), strict=True))

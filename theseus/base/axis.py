@@ -40,6 +40,8 @@ HEAD_DIM = "head_dim"  # features per head
 LAYERS = "layers"  # the stacked blocks of architecture.scan_layers (one nn.scan)
 EXPERT_AXIS = "expert"  # the experts of a mixture-of-experts layer (weights, dispatched tokens)
 EXPERT_BATCH = "expert_batch"  # sequences once dispatched to their experts: the batch less the expert axis
+# theseus's own logical axes (a rule of mesh.rules names one of these or one of its model's plan)
+LOGICAL_AXES = (BATCH, SEQ, VOCAB, EMBED, MLP_HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS, EXPERT_AXIS, EXPERT_BATCH)
 
 MeshAxes = str | tuple[str, ...] | None
 

@@ -10,8 +10,9 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 
-from theseus.base.axis import MESH_AXES
+from theseus.base.axis import BATCH_MESH_AXES, LOGICAL_AXES, MESH_AXES, ShardingPlan
 from theseus.config import ConfigError, Configurable, field, register
+from theseus.config.errors import suggest
 
 
 @register("mesh", "default")
@@ -42,6 +43,20 @@ class MeshConfig(Configurable):
             if not isinstance(names, list | tuple) or any(axis not in MESH_AXES for axis in names):
                 raise ConfigError(f"mesh.rules.{logical}={axes!r} is not a mesh axis: use one of "
                                   f"{', '.join(MESH_AXES)}, a list of them, or null (replicated)")
+
+    def apply(self, plan: ShardingPlan) -> ShardingPlan:
+        """The run's plan: the model's ``plan``, the batch over ``BATCH_MESH_AXES``, and
+        ``mesh.rules`` replacing their entries. A rule for a logical axis that neither theseus
+        nor the plan names is a ConfigError: a misspelt axis would silently shard nothing."""
+        plan = plan.merge(ShardingPlan(batch=BATCH_MESH_AXES))
+        known = {*LOGICAL_AXES, *plan}
+        for logical in self.rules:
+            if logical not in known:
+                close = suggest(logical, known, n=1)
+                hint = f"did you mean mesh.rules.{close[0]}?" if close else f"the logical axes: {', '.join(sorted(known))}"
+                raise ConfigError(f"mesh.rules.{logical}: no parameter or activation has the logical axis "
+                                  f"{logical!r}; {hint}")
+        return plan.override(self.rules)
 
     def shape(self, n_devices: int) -> dict[str, int]:
         """``{"data": d, "fsdp": f, "expert": e, "tensor": t}`` with -1 resolved; ConfigError when impossible."""

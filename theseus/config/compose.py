@@ -181,7 +181,10 @@ def explain(exc: BaseException, overrides: Sequence[str] = ()) -> ConfigError:
         return ConfigError(f"unknown {group} {name!r}; available: {', '.join(sorted(exc.options))} "
                            f"(set {group}=NAME){hint}")
     if isinstance(exc, OverrideParseException):
-        key = exc.override.lstrip("+~").partition("=")[0]
+        key, _, value = exc.override.lstrip("+~").partition("=")
+        if value.startswith("~"):  # the shell expands ~ only at the start of a word, not after KEY=
+            return ConfigError(f"override {exc.override!r}: write $HOME instead of ~ ({key}=$HOME{value[1:]}); "
+                               "the shell does not expand ~ after KEY=")
         return ConfigError(f"override {exc.override!r} of {key} does not parse: write KEY=VALUE, quoting a value "
                            f"with special characters, e.g. {key}='...', and give comma-separated values only with "
                            f"--multirun (see {GRAMMAR})")
@@ -197,7 +200,9 @@ def explain(exc: BaseException, overrides: Sequence[str] = ()) -> ConfigError:
                            "key, e.g. ${architecture.d_model}")
     if isinstance(cause, ConfigKeyError | AttributeError) and key:
         return unknown_key(key, where)
-    if isinstance(cause, ValidationError) and key:
+    if isinstance(cause, ConfigTypeError) and not key:  # a value of another shape ({a: 1} for a list)
+        key = next((o.lstrip("+~").partition("=")[0] for o in overrides if f"override {o}" in str(exc)), None)
+    if isinstance(cause, ValidationError | ConfigTypeError) and key:
         spec = registry.every_key().get(key)
         detail = f" ({spec.describe()})" if spec else ""
         if spec and not spec.required and spec.default is not None:

@@ -1,7 +1,9 @@
 """Tokenizers: ``byte``, ``char`` (built from the corpus), ``bpe`` (trained locally with Hugging
 Face ``tokenizers``), or any local ``tokenizer.json``.
 
-Every tokenizer round-trips: ``decode(encode(text)) == text``.
+Every tokenizer round-trips: ``decode(encode(text)) == text``. Each one also exists as a
+Hugging Face ``tokenizers.Tokenizer`` (``as_hf``) that encodes and decodes the same:
+``export_tokenizer`` writes it as a ``tokenizer.json`` that ``transformers.AutoTokenizer`` loads.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from theseus.config import ConfigError
 EOT = "<|endoftext|>"  # the end-of-document token of byte and bpe
 NAMES = ("byte", "char", "bpe")  # data.tokenizer values that are not a tokenizer.json path
 CHARS_FILE, JSON_FILE = "chars.json", "tokenizer.json"
+TRANSFORMERS_CONFIG = "tokenizer_config.json"  # what transformers reads beside tokenizer.json
 
 
 class Tokenizer(abc.ABC):
@@ -30,8 +33,9 @@ class Tokenizer(abc.ABC):
     eot: int | None
 
     @abc.abstractmethod
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """The ids of each text, as 1-D integer arrays."""
+    def encode_batch(self, texts: Sequence[str], special: bool = False) -> list[np.ndarray]:
+        """The ids of each text, as 1-D integer arrays; ``special``: with the tokens the tokenizer
+        adds around a text (a Llama tokenizer's BOS), as ``transformers`` encodes by default."""
 
     @abc.abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
@@ -41,8 +45,19 @@ class Tokenizer(abc.ABC):
     def save(self, folder: Path) -> None:
         """Write what ``load_tokenizer(folder, self.kind)`` reads back."""
 
-    def encode(self, text: str) -> list[int]:
-        return self.encode_batch([text])[0].tolist()
+    @abc.abstractmethod
+    def as_hf(self) -> tokenizers.Tokenizer:
+        """This tokenizer as a Hugging Face one: the same ids for every text, the same text for every id."""
+
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        return self.encode_batch([text], special)[0].tolist()
+
+    @property
+    def prefix_token(self) -> int | None:
+        """The token that stands for an empty context, as lm-eval-harness takes it: the BOS the
+        tokenizer adds, else ``eot``."""
+        added = self.encode("", special=True)
+        return added[0] if added else self.eot
 
 
 class ByteTokenizer(Tokenizer):
@@ -52,7 +67,7 @@ class ByteTokenizer(Tokenizer):
     vocab_size = 257
     eot = 256
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def encode_batch(self, texts: Sequence[str], special: bool = False) -> list[np.ndarray]:
         return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -62,6 +77,15 @@ class ByteTokenizer(Tokenizer):
 
     def save(self, folder: Path) -> None:
         """Nothing to save: the byte vocabulary is fixed."""
+
+    def as_hf(self) -> tokenizers.Tokenizer:
+        """GPT-2's byte-level alphabet with no merges: byte ``b`` is id ``b``; <|endoftext|> is the
+        special token 256 (so, as in GPT-2's tokenizer, that literal text encodes as id 256)."""
+        tokenizer = tokenizers.Tokenizer(models.BPE(vocab=dict(zip(_BYTE_SYMBOLS, range(256))), merges=[]))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.add_special_tokens([EOT])
+        return tokenizer
 
 
 class CharTokenizer(Tokenizer):
@@ -90,7 +114,7 @@ class CharTokenizer(Tokenizer):
             raise ConfigError(f"{path} must hold the char vocabulary as one JSON string: prepare the corpus again")
         return cls(symbols)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def encode_batch(self, texts: Sequence[str], special: bool = False) -> list[np.ndarray]:
         out = []
         for text in texts:
             points = _code_points(text)
@@ -107,6 +131,13 @@ class CharTokenizer(Tokenizer):
 
     def save(self, folder: Path) -> None:
         (folder / CHARS_FILE).write_text(json.dumps(self.symbols), encoding="utf-8")
+
+    def as_hf(self) -> tokenizers.Tokenizer:
+        """One token per character, no merges, decoded by joining (a character outside the
+        vocabulary is dropped, where ``encode`` raises)."""
+        tokenizer = tokenizers.Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(self.symbols)}, merges=[]))
+        tokenizer.decoder = decoders.Fuse()
+        return tokenizer
 
 
 class HFTokenizer(Tokenizer):
@@ -143,8 +174,8 @@ class HFTokenizer(Tokenizer):
             raise ConfigError(f"{path} does not parse as a Hugging Face tokenizer.json ({reason}): "
                               "point data.tokenizer at a file saved by tokenizers.Tokenizer.save") from exc
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+    def encode_batch(self, texts: Sequence[str], special: bool = False) -> list[np.ndarray]:
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=special)
         return [np.asarray(encoding.ids, dtype=np.int64) for encoding in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -152,6 +183,24 @@ class HFTokenizer(Tokenizer):
 
     def save(self, folder: Path) -> None:
         self._tokenizer.save(str(folder / JSON_FILE))
+
+    def as_hf(self) -> tokenizers.Tokenizer:
+        return self._tokenizer
+
+
+def export_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
+    """Write ``tokenizer`` into the Hugging Face folder ``folder`` as transformers reads it:
+    ``tokenizer.json`` and a ``tokenizer_config.json`` naming its end-of-text token (and the BOS
+    it adds, if any), so that ``AutoTokenizer.from_pretrained(folder)`` encodes as theseus does."""
+    hf = tokenizer.as_hf()
+    hf.save(str(folder / JSON_FILE))
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    if tokenizer.eot is not None:
+        settings["eos_token"] = hf.id_to_token(tokenizer.eot)
+    added = tokenizer.encode("", special=True)
+    if added:
+        settings["bos_token"] = hf.id_to_token(added[0])
+    (folder / TRANSFORMERS_CONFIG).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 
 
 def fit_tokenizer(name: str, texts: Iterable[str], bpe_vocab_size: int) -> Tokenizer:
@@ -176,6 +225,16 @@ def _checked(ids: Sequence[int], vocab_size: int) -> np.ndarray:
     if bad.size:
         raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
     return ids
+
+
+def _byte_symbols() -> list[str]:
+    """The printable character GPT-2's byte-level alphabet gives each byte 0..255, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = iter(range(256, 512))
+    return [chr(b if b in printable else next(others)) for b in range(256)]
+
+
+_BYTE_SYMBOLS = _byte_symbols()
 
 
 def _code_points(text: str) -> np.ndarray:

@@ -27,6 +27,12 @@ SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
 # The architecture values a GPT's fields hold (theseus.model.models.gpt.GPT), as interop uses them.
 ARCH_KEYS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "bias", "qkv_bias",
              "norm", "norm_eps", "activation", "positions", "rope_theta", "tie_embeddings", "dropout")
+# The architecture.* keys each model_type's config.json expresses (``architecture`` reads them back,
+# ``hf_config`` writes them); ``model_type`` has checked the layout keys' values. A key outside this
+# table changes what the model computes unless it is at its default.
+_LAYERS = frozenset(ARCH_KEYS) - {"rope_theta", "dropout"}
+EXPRESSED: dict[str, frozenset[str]] = {"gpt2": _LAYERS, "llama": _LAYERS | {"rope_theta"},
+                                        "qwen2": _LAYERS | {"rope_theta"}}
 
 
 def read_config(folder: Path) -> dict[str, Any]:

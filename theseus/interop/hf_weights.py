@@ -153,8 +153,10 @@ def to_theseus(model_type: str, arch: Mapping[str, Any], read: Read) -> dict[str
 
 def to_hf(model_type: str, arch: Mapping[str, Any], params: Params, vocab_size: int) -> dict[str, np.ndarray]:
     """The Hugging Face tensors of a flat param tree, the inverse of ``to_theseus``; the
-    vocabulary is cut to its first ``vocab_size`` rows (the trainer's padding removed)."""
+    vocabulary is cut to its first ``vocab_size`` rows (the trainer's padding removed).
+    ConfigError when the mapping needs a parameter the tree lacks, or leaves one unused."""
     d, heads, kv, hd = _heads(arch)
+    params = _Reads(params, model_type)
     wte = params["wte/embedding"][:vocab_size]
     out: dict[str, np.ndarray] = {}
     if model_type == "gpt2":
@@ -197,7 +199,28 @@ def to_hf(model_type: str, arch: Mapping[str, Any], params: Params, vocab_size: 
         raise ConfigError(f"model_type {model_type!r} has no weight mapping (gpt2, llama, qwen2)")
     if not arch["tie_embeddings"]:
         out["lm_head.weight"] = params["lm_head"][:, :vocab_size].T
+    unused = params.unused()
+    if unused:
+        raise ConfigError(f"parameter {unused[0]} (and {len(unused) - 1} more) has no place in a Hugging Face "
+                          f"{model_type} checkpoint")
     return {key: np.ascontiguousarray(value) for key, value in out.items()}
+
+
+class _Reads:
+    """A flat param tree that records which parameters were read: a mapping drops none unseen."""
+
+    def __init__(self, params: Params, model_type: str):
+        self.params, self.model_type, self.read = params, model_type, set()
+
+    def __getitem__(self, path: str) -> np.ndarray:
+        if path not in self.params:
+            raise ConfigError(f"the Hugging Face {self.model_type} mapping needs parameter {path}, which the "
+                              f"model lacks")
+        self.read.add(path)
+        return self.params[path]
+
+    def unused(self) -> list[str]:
+        return sorted(set(self.params) - self.read)
 
 
 def save(tensors: Mapping[str, np.ndarray], folder: Path) -> None:

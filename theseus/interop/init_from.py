@@ -1,6 +1,13 @@
-"""``trainer.init_from=FOLDER``: a composed config resolved against a Hugging Face folder.
+"""``trainer.init_from=PATH``: a composed config resolved against the run or model it starts from.
 
     cfg = apply_init_from(cfg)  # before the Trainer: a pure function of the composed config
+
+A theseus run directory (or its ``checkpoints/``, or one step's folder) gives the architecture
+it was trained with: every ``architecture.*`` key and ``data.tokenizer`` left at its default
+take the run's value (the trainer then restores that checkpoint's weights); any other key is
+free to change (learning rate, schedule, steps, data).
+
+A Hugging Face folder:
 
 Every ``architecture.*`` key that config.json determines takes its value; one given explicitly
 (an experiment file or the command line: a value other than its field's default) that
@@ -21,6 +28,7 @@ from theseus.config import ConfigError
 from theseus.config.registry import every_key, model_class
 from theseus.data.tokenizer import JSON_FILE, NAMES, ByteTokenizer, HFTokenizer
 from theseus.interop.hf_config import architecture, read_config
+from theseus.interop.hf_weights import Checkpoint
 from theseus.model.models.gpt import GPT
 
 KEY = "trainer.init_from"
@@ -32,7 +40,14 @@ def apply_init_from(cfg: DictConfig) -> DictConfig:
     if given is None:
         return cfg
     folder = Path(given).expanduser().resolve()
+    run = theseus_checkpoint(folder)
+    if run is not None:
+        return _from_run(cfg, run)
     arch = architecture(read_config(folder), where=str(folder / "config.json"))
+    try:
+        Checkpoint(folder)  # its weights are there (safetensors, not pickle), before anything is written
+    except ConfigError as exc:
+        raise ConfigError(f"{KEY}={given}: {exc}") from exc
     if not issubclass(model_class(cfg), GPT):
         raise ConfigError(f"{KEY} loads a GPT, but model={cfg.get('model')}: leave the model at gpt")
     defaults = every_key()
@@ -55,6 +70,46 @@ def apply_init_from(cfg: DictConfig) -> DictConfig:
     if size is not None and size > arch["vocab_size"]:
         raise ConfigError(f"data.tokenizer={tokenizer} has {size} tokens, more than the {arch['vocab_size']} rows of "
                           f"{KEY}={given}: use the checkpoint's own tokenizer.json")
+    return cfg
+
+
+def theseus_checkpoint(path: Path) -> Path | None:
+    """``path`` when it holds theseus checkpoints: a run directory with ``checkpoints/``, that
+    folder, or one step's folder in it; None otherwise."""
+    path = Path(path).expanduser()
+
+    def has_steps(folder: Path) -> bool:
+        return folder.is_dir() and any(child.name.isdigit() and child.is_dir() for child in folder.iterdir())
+
+    if has_steps(path / "checkpoints") or has_steps(path):
+        return path
+    if path.name.isdigit() and (path / "state").is_dir():
+        return path
+    return None
+
+
+def run_of(checkpoint: Path) -> Path | None:
+    """The run directory of a theseus checkpoint path (the folder holding ``.hydra/``)."""
+    for folder in (checkpoint, *checkpoint.parents[:2]):
+        if (folder / ".hydra" / "config.yaml").is_file():
+            return folder
+    return None
+
+
+def _from_run(cfg: DictConfig, checkpoint: Path) -> DictConfig:
+    """``cfg`` with the architecture and tokenizer of the theseus run ``checkpoint`` belongs to,
+    wherever ``cfg`` leaves them at their defaults."""
+    run = run_of(checkpoint)
+    if run is None:
+        raise ConfigError(f"{KEY}={checkpoint} has no .hydra/config.yaml beside its checkpoints: give the run "
+                          f"directory a theseus run wrote")
+    saved = OmegaConf.load(run / ".hydra" / "config.yaml")
+    defaults = every_key()
+    cfg = cfg.copy()
+    for key in (key for key in defaults if key.startswith("architecture.") or key == "data.tokenizer"):
+        value = OmegaConf.select(saved, key)
+        if value is not None and OmegaConf.select(cfg, key) == defaults[key].default:
+            OmegaConf.update(cfg, key, value, force_add=True)
     return cfg
 
 

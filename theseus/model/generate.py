@@ -1,13 +1,12 @@
-"""Autoregressive generation with a KV cache.
+"""Autoregressive generation with a KV cache, for any number of tokens.
 
     tokens = generate(model, params, prompt, max_new_tokens=200, temperature=0.8, top_k=50, rng=key)
 
 The prompt runs through the model once, filling the cache; each new token then runs alone.
-The whole loop is one compiled program per (model, shapes, top_k).
-
-Hook for ``python -m theseus.sample`` (it comes with checkpoints): compose the run's config,
-``configure(GPT, vocab_size=...)`` under it, restore ``params`` from the checkpoint, and call
-``sample_text(model, params, prompt, tokenizer.encode, tokenizer.decode, max_new_tokens, ...)``.
+Once the context (``architecture.seq_len``) is full, each token is drawn from the last
+``seq_len`` tokens alone, as nanoGPT's sample.py does: the window shifts, so every position
+changes (learned and rotary positions alike) and the window is recomputed whole, a full forward
+pass a token. The whole loop is one compiled program per (model, shapes, top_k).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ def generate(
 ) -> jax.Array:
     """``prompt_tokens: int[batch, prompt] -> int32[batch, prompt + max_new_tokens]``.
 
+    Each token is drawn from the last ``model.seq_len`` tokens before it (the prompt's included).
     ``model``: a GPT (a module with ``decode`` and ``seq_len`` fields); ``params``: its
     parameter tree (``variables["params"]``). Each token is drawn from softmax(logits /
     temperature) over the ``top_k`` likeliest (all when None); temperature 0 takes the argmax.
@@ -43,11 +43,8 @@ def generate(
         raise ValueError(f"prompt_tokens must be [batch, prompt], got shape {prompt.shape}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if prompt.shape[1] + max_new_tokens > model.seq_len:
-        raise ValueError(
-            f"prompt ({prompt.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds "
-            f"architecture.seq_len ({model.seq_len})"
-        )
+    if prompt.shape[1] < 1:
+        raise ValueError("the prompt must hold at least one token")
     vocab_size = model.vocab_size if vocab_size is None else vocab_size
     if not 1 <= vocab_size <= model.vocab_size:
         raise ValueError(f"vocab_size must be between 1 and the model's architecture.vocab_size "
@@ -75,8 +72,23 @@ def sample_text(
 
 @functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "top_k", "vocab_size"))
 def _generate(model, params, prompt, max_new_tokens, top_k, vocab_size, temperature, rng):
+    keys = jax.random.split(rng, max_new_tokens)
+    context = prompt[:, -model.seq_len:]  # what the first token is drawn from
+    # cached: the tokens drawn while the window still holds everything before them
+    cached = min(max_new_tokens, model.seq_len - context.shape[1] + 1)
+    new = _cached(model, params, context, keys[:cached], top_k, vocab_size, temperature)
+    if cached < max_new_tokens:
+        window = jnp.concatenate([context, new], axis=1)[:, -model.seq_len:]
+        new = jnp.concatenate([new, _windowed(model, params, window, keys[cached:], top_k, vocab_size,
+                                              temperature)], axis=1)
+    return jnp.concatenate([prompt, new], axis=1)
+
+
+def _cached(model, params, context, keys, top_k, vocab_size, temperature):
+    """``int32[batch, len(keys)]``: the tokens after ``context: [batch, prompt]`` through a KV
+    cache (prompt + len(keys) - 1 <= seq_len: every token sees all those before it)."""
     decoder = model.clone(decode=True)
-    batch, length = prompt.shape[0], prompt.shape[1] + max_new_tokens
+    batch, length = context.shape[0], context.shape[1] + len(keys) - 1
     shapes = jax.eval_shape(decoder.init, jax.random.key(0), jnp.zeros((batch, length), jnp.int32))["cache"]
     cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
@@ -90,11 +102,22 @@ def _generate(model, params, prompt, max_new_tokens, top_k, vocab_size, temperat
         token = _sample(logits, key, temperature, top_k)
         return (cache, token), token
 
-    keys = jax.random.split(rng, max_new_tokens)
-    cache, logits = forward(cache, prompt)
+    cache, logits = forward(cache, context)
     first = _sample(logits, keys[0], temperature, top_k)
-    _, rest = jax.lax.scan(step, (cache, first), keys[1:])  # rest: [max_new_tokens - 1, batch]
-    return jnp.concatenate([prompt, first[:, None], rest.T], axis=1)
+    _, rest = jax.lax.scan(step, (cache, first), keys[1:])  # rest: [len(keys) - 1, batch]
+    return jnp.concatenate([first[:, None], rest.T], axis=1)
+
+
+def _windowed(model, params, window, keys, top_k, vocab_size, temperature):
+    """``int32[batch, len(keys)]``: the tokens after ``window: [batch, seq_len]``, each drawn
+    from a full forward pass over the last seq_len tokens (positions 0 .. seq_len - 1)."""
+
+    def step(window, key):
+        logits = model.apply({"params": params}, window)[:, -1, :vocab_size]
+        token = _sample(logits, key, temperature, top_k)
+        return jnp.concatenate([window[:, 1:], token[:, None]], axis=1), token
+
+    return jax.lax.scan(step, window, keys)[1].T
 
 
 def _sample(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: int | None) -> jax.Array:

@@ -1,11 +1,13 @@
-"""What each evaluation measures: the validation loss (overall and per mixture source) and the
-multiple-choice tasks of ``evaluation.multiple_choice``.
+"""What each evaluation measures: the validation loss (overall and per mixture source), the
+multiple-choice tasks of ``evaluation.multiple_choice`` and the lm-evaluation-harness tasks of
+``evaluation.lm_eval`` (``eval/TASK/METRIC`` as lm-eval names its metrics).
 
     evaluations = load_evaluations(cfg, data, model, seed=0, prefetch=0)   # checks every file first
     metrics = evaluate(params, evaluations, loss=..., sharding=..., rules=..., share=(0, 1),
                        batch_size=16, batches=10)
     # {"val_loss": ..., "val_bpb": ..., "val_loss/NAME": ..., "val_bpb/NAME": ...,
-    #  "eval/TASK/acc": ..., "eval/TASK/acc_norm": ...}
+    #  "eval/TASK/acc": ..., "eval/TASK/acc_stderr": ..., "eval/TASK/acc_norm": ..., "eval/TASK/acc_bytes": ...}
+    evaluations.samples["TASK"]  # the latest evaluation's per-example records
 
 The training loop and ``python -m theseus.evaluate`` (a saved checkpoint) call the same
 ``evaluate``. The overall ``val_loss`` of a mixture is the weighted mean of its sources' losses
@@ -25,12 +27,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
+from omegaconf import OmegaConf
 
 from theseus.base.mesh import on_devices
 from theseus.config import ConfigError, Configurable, configuration, configure, field, register
 from theseus.data.dataset import Dataset
 from theseus.data.mixture import Mixture
-from theseus.tasks.multiple_choice import Examples, accuracy, load_examples, log_likelihoods, score
+from theseus.data.tokenizer import Tokenizer
+from theseus.tasks.multiple_choice import Examples, accuracy, load_examples, log_likelihoods, per_example, score
 
 
 @register("evaluation", "default")
@@ -38,7 +42,16 @@ from theseus.tasks.multiple_choice import Examples, accuracy, load_examples, log
 class EvaluationConfig(Configurable):
     multiple_choice: dict = field("evaluation/multiple_choice", default={},
                                   help='NAME: PATH of a JSONL file of {"context", "choices", "label"}, scored at each '
-                                       "evaluation (eval/NAME/acc, eval/NAME/acc_norm)")
+                                       "evaluation (eval/NAME/acc, acc_norm, acc_bytes and their _stderr)")
+    lm_eval: list = field("evaluation/lm_eval", default=[],
+                          help="lm-evaluation-harness task names run at each evaluation (eval/TASK/METRIC); "
+                               "needs theseus[eval]")
+    lm_eval_include: str | None = field("evaluation/lm_eval_include", default=None,
+                                        help="a folder (or file) of local lm-eval task YAMLs, beside lm-eval's own")
+    lm_eval_fewshot: int | None = field("evaluation/lm_eval_fewshot", default=None,
+                                        help="few-shot examples per lm-eval request (None: each task's own)")
+    lm_eval_limit: int | None = field("evaluation/lm_eval_limit", default=None,
+                                      help="at most this many examples of each lm-eval task (None: all)")
 
     def __post_init__(self):
         for name, path in self.multiple_choice.items():
@@ -48,12 +61,21 @@ class EvaluationConfig(Configurable):
             if not os.path.isfile(os.path.expanduser(path)):
                 raise ConfigError(f"{key}={path}: no such file; give a JSONL file of "
                                   '{"context", "choices", "label"} lines')
+        if not all(isinstance(task, str) and task for task in self.lm_eval):
+            raise ConfigError(f"evaluation.lm_eval must be a list of lm-eval task names, got {list(self.lm_eval)!r}")
+        if self.lm_eval_include is not None and not os.path.exists(os.path.expanduser(self.lm_eval_include)):
+            raise ConfigError(f"evaluation.lm_eval_include={self.lm_eval_include}: no such file or folder; give "
+                              "a folder of lm-eval task YAMLs")
+        if self.lm_eval_fewshot is not None and self.lm_eval_fewshot < 0:
+            raise ConfigError(f"evaluation.lm_eval_fewshot must be 0 or more, got {self.lm_eval_fewshot}")
+        if self.lm_eval_limit is not None and self.lm_eval_limit < 1:
+            raise ConfigError(f"evaluation.lm_eval_limit must be positive, got {self.lm_eval_limit}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Evaluations:
     """A run's evaluation sets, loaded once: validation sources (NAME -> dataset, weight; ``data``
-    alone for a single corpus) and multiple-choice tasks (NAME -> examples)."""
+    alone for a single corpus), multiple-choice tasks (NAME -> examples) and lm-eval's."""
 
     sources: dict[str, tuple[Dataset, float]]
     tasks: dict[str, Examples]
@@ -63,6 +85,12 @@ class Evaluations:
     prefetch: int
     bytes_per_token: float | None  # of the whole (mixed) corpus
     mixed: bool  # a mixture: each source's loss is logged too
+    model: nn.Module
+    tokenizer: Tokenizer
+    vocab_size: int  # the ids scored: the tokenizer's, or an imported checkpoint's own (what an export keeps)
+    harness: EvaluationConfig | None = None  # the lm-eval settings, when evaluation.lm_eval names tasks
+    manager: Any = None  # lm-eval's TaskManager of those tasks (lm-eval's and those of lm_eval_include)
+    samples: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # TASK -> the latest per-example records
 
 
 def load_evaluations(cfg: Any, data: Dataset | Mixture, model: nn.Module, seed: int, prefetch: int) -> Evaluations:
@@ -74,8 +102,22 @@ def load_evaluations(cfg: Any, data: Dataset | Mixture, model: nn.Module, seed: 
                if isinstance(data, Mixture) else {"data": (data, 1.0)})
     tasks = {str(name): load_examples(path, data.tokenizer, model.seq_len)
              for name, path in settings.multiple_choice.items()}
-    return Evaluations(sources, tasks, jax.jit(functools.partial(log_likelihoods, model=model)), model.seq_len,
-                       seed, prefetch, data.bytes_per_token, isinstance(data, Mixture))
+    # an imported checkpoint keeps its vocabulary; a run's own drops the rows padding its tokenizer's
+    imported = OmegaConf.select(OmegaConf.create(cfg), "trainer.init_from")
+    vocab_size = model.vocab_size if imported else data.tokenizer.vocab_size
+    manager = None
+    if settings.lm_eval:
+        if jax.process_count() > 1:
+            raise ConfigError("evaluation.lm_eval runs in one process: evaluate the checkpoint with "
+                              "python -m theseus.evaluate on one host")
+        from theseus.tasks import harness  # lm-eval is optional: ConfigError saying what to install
+
+        include = settings.lm_eval_include and os.path.expanduser(settings.lm_eval_include)
+        manager = harness.task_manager(list(settings.lm_eval), include)
+    score_fn = jax.jit(functools.partial(log_likelihoods, model=model, vocab_size=vocab_size))
+    return Evaluations(sources, tasks, score_fn, model.seq_len, seed, prefetch, data.bytes_per_token,
+                       isinstance(data, Mixture), model=model, tokenizer=data.tokenizer, vocab_size=vocab_size,
+                       harness=settings if settings.lm_eval else None, manager=manager)
 
 
 def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metrics: Callable, sharding: NamedSharding,
@@ -110,5 +152,16 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metri
     with jax.set_mesh(sharding.mesh), nn.logical_axis_rules(rules):
         for name, examples in evaluations.tasks.items():
             scores = score(params, examples, evaluations.score_fn, choices, batch_size, share)
+            evaluations.samples[name] = per_example(scores, examples)
             metrics.update({f"eval/{name}/{key}": value for key, value in accuracy(scores, examples).items()})
+    if evaluations.harness is not None:
+        from theseus.tasks import harness
+
+        settings = evaluations.harness
+        lm = harness.HarnessLM(evaluations.model, params, evaluations.tokenizer, sharding.mesh, rules, batch_size,
+                               evaluations.vocab_size, seed=evaluations.seed)
+        found, samples = harness.run_tasks(lm, list(settings.lm_eval), evaluations.manager,
+                                           settings.lm_eval_fewshot, settings.lm_eval_limit)
+        metrics.update(found)
+        evaluations.samples.update(samples)
     return metrics

@@ -1,9 +1,13 @@
-"""Multiple-choice evaluation, scored the way lm-eval-harness scores HellaSwag or PIQA.
+"""Multiple-choice evaluation, scored as lm-eval-harness scores HellaSwag or PIQA.
 
 A local JSONL file holds one example a line: ``{"context": str, "choices": [str, ...], "label": int}``.
-Each choice is scored by the model's log-likelihood of its tokens given the context: ``acc``
-picks the choice of highest summed log-likelihood, ``acc_norm`` the highest per UTF-8 byte of
-the choice. All choices of a batch of examples run as one jitted forward over padded
+Each choice is scored by the model's log-likelihood of its tokens given the context, encoded
+as lm-eval encodes a request: whitespace ending the context moves into the choice, context and
+choice are encoded as one string (with the tokens the tokenizer adds, such as a BOS) and the
+choice's tokens are those after the context's own encoding; a row longer than the window loses
+its first tokens. ``acc`` picks the choice of highest summed log-likelihood, ``acc_norm`` the
+highest per character of the choice, ``acc_bytes`` per UTF-8 byte; each comes with its standard
+error. All choices of a batch of examples run as one jitted forward over padded
 ``[batch, choices, seq]`` tokens with a mask of the choice positions, sharded over the batch
 axes like a train step.
 """
@@ -32,13 +36,15 @@ class Examples:
     ``tokens``: int32 ``[n, choices, seq + 1]``, context then choice, right-padded with 0;
     ``mask``: float32 ``[n, choices, seq]``, 1 where the target ``tokens[..., 1:]`` is a choice token;
     ``valid``: bool ``[n, choices]``, False for padding choices; ``labels``: int ``[n]``;
-    ``n_bytes``: float ``[n, choices]``, each choice's UTF-8 length (acc_norm's divisor).
+    ``n_chars``, ``n_bytes``: float ``[n, choices]``, each choice's length in characters (acc_norm's
+    divisor) and UTF-8 bytes (acc_bytes').
     """
 
     tokens: np.ndarray
     mask: np.ndarray
     valid: np.ndarray
     labels: np.ndarray
+    n_chars: np.ndarray
     n_bytes: np.ndarray
 
     def __len__(self) -> int:
@@ -48,8 +54,8 @@ class Examples:
 def load_examples(path: str | Path, tokenizer: Tokenizer, seq_len: int) -> Examples:
     """The examples of the JSONL file ``path``; ConfigError ``PATH:LINE: what is wrong`` on bad input.
 
-    A context too long for ``seq_len`` loses its first tokens (lm-eval-harness truncates on the
-    left too); a choice must fit in ``seq_len`` tokens with at least one context token before it.
+    A row longer than ``seq_len + 1`` tokens loses its first ones (lm-eval-harness truncates on
+    the left too); a choice longer than the window is scored on its last ``seq_len`` tokens.
     """
     path = Path(path).expanduser()
     try:
@@ -59,7 +65,7 @@ def load_examples(path: str | Path, tokenizer: Tokenizer, seq_len: int) -> Examp
     rows = []
     for number, line in enumerate(lines, 1):
         if line.strip():
-            rows.append(_example(_record(line), f"{path}:{number}", tokenizer, seq_len))
+            rows.append(_example(_record(line), f"{path}:{number}", tokenizer))
     if not rows:
         raise ConfigError(f"{path} holds no examples: write one JSON object a line, "
                           '{"context": ..., "choices": [...], "label": N}')
@@ -68,15 +74,32 @@ def load_examples(path: str | Path, tokenizer: Tokenizer, seq_len: int) -> Examp
     tokens = np.zeros((n, width, seq_len + 1), np.int32)
     mask = np.zeros((n, width, seq_len), np.float32)
     valid = np.zeros((n, width), bool)
-    n_bytes = np.ones((n, width), np.float64)
+    n_chars, n_bytes = np.ones((n, width), np.float64), np.ones((n, width), np.float64)
     labels = np.array([label for *_, label in rows])
-    for i, (context, choices, _) in enumerate(rows):
-        for c, (ids, size) in enumerate(choices):
+    for i, (_, choices, _) in enumerate(rows):
+        for c, (context, ids, text) in enumerate(choices):
             row = (context + ids)[-(seq_len + 1):]
+            scored = min(len(ids), len(row) - 1)
             tokens[i, c, :len(row)] = row
-            mask[i, c, len(row) - 1 - len(ids):len(row) - 1] = 1
-            valid[i, c], n_bytes[i, c] = True, size
-    return Examples(tokens, mask, valid, labels, n_bytes)
+            mask[i, c, len(row) - 1 - scored:len(row) - 1] = 1
+            valid[i, c], n_chars[i, c], n_bytes[i, c] = True, len(text), len(text.encode("utf-8"))
+    return Examples(tokens, mask, valid, labels, n_chars, n_bytes)
+
+
+def encode_pair(tokenizer: Tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """``(context ids, continuation ids)`` of a request as lm-eval-harness encodes it: the
+    context's trailing whitespace moves into the continuation, the two are encoded as one string
+    with the tokenizer's special tokens, and the continuation is what follows the context's own
+    encoding. An empty context is the tokenizer's ``prefix_token`` (its BOS, else end-of-text)."""
+    stripped = context.rstrip()
+    context, continuation = stripped, context[len(stripped):] + continuation
+    if not context:
+        prefix = tokenizer.prefix_token
+        if prefix is None:
+            raise ConfigError("an empty context needs a BOS or end-of-text token, and this tokenizer has neither")
+        return [prefix], tokenizer.encode(continuation)
+    whole, alone = tokenizer.encode_batch([context + continuation, context], special=True)
+    return alone.tolist(), whole[len(alone):].tolist()
 
 
 def _record(line: str) -> object:
@@ -87,8 +110,8 @@ def _record(line: str) -> object:
         return None
 
 
-def _example(record, where: str, tokenizer: Tokenizer, seq_len: int) -> tuple[list[int], list, int]:
-    """``(context ids, [(choice ids, choice bytes)], label)`` of one line; ConfigError naming ``where``."""
+def _example(record, where: str, tokenizer: Tokenizer) -> tuple[str, list, int]:
+    """``(context, [(context ids, choice ids, choice)], label)`` of one line; ConfigError naming ``where``."""
     form = '{"context": "...", "choices": ["...", "..."], "label": 0}'
     if not isinstance(record, dict) or not {"context", "choices", "label"} <= set(record):
         raise ConfigError(f"{where}: not an example; each line must be a JSON object {form}")
@@ -100,31 +123,58 @@ def _example(record, where: str, tokenizer: Tokenizer, seq_len: int) -> tuple[li
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(choices):
         raise ConfigError(f"{where}: label must be the index of the right choice, 0 to {len(choices) - 1}, "
                           f"got {label!r}")
-    encoded = [(tokenizer.encode(choice), len(choice.encode("utf-8"))) for choice in choices]
-    longest = max(len(ids) for ids, _ in encoded)
-    if longest > seq_len:
-        raise ConfigError(f"{where}: a choice of {longest} tokens does not fit architecture.seq_len={seq_len} "
-                          "after at least one context token: shorten it")
-    return tokenizer.encode(context), encoded, label
+    encoded = []
+    for choice in choices:
+        context_ids, choice_ids = encode_pair(tokenizer, context, choice)
+        if not choice_ids:
+            raise ConfigError(f"{where}: choice {choice!r} adds no token to the context's: give a longer choice")
+        encoded.append((context_ids, choice_ids, choice))
+    return context, encoded, label
 
 
-def log_likelihoods(params, tokens: jax.Array, mask: jax.Array, *, model: nn.Module) -> jax.Array:
-    """Summed log-likelihood of each choice's tokens: ``tokens`` int32 ``[batch, choices, seq + 1]``,
-    ``mask`` ``[batch, choices, seq]`` -> float32 ``[batch, choices]`` (replicated)."""
+def log_likelihoods(params, tokens: jax.Array, mask: jax.Array, *, model: nn.Module,
+                    vocab_size: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """Summed log-likelihood of each choice's tokens, and whether each of them is the model's
+    argmax: ``tokens`` int32 ``[batch, choices, seq + 1]``, ``mask`` ``[batch, choices, seq]`` ->
+    float32 and bool ``[batch, choices]`` (replicated). ``vocab_size``: the softmax runs over the
+    first ``vocab_size`` ids (the model's vocabulary less the padding an export drops; None: all).
+    """
     batch, choices, width = tokens.shape
-    flat = tokens.reshape(batch * choices, width)
+    flat, weights = tokens.reshape(batch * choices, width), mask.reshape(batch * choices, width - 1)
     logits = model.apply({"params": params}, flat[:, :-1], deterministic=True).astype(jnp.float32)
-    picked = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), flat[:, 1:, None], axis=-1)[..., 0]
-    summed = jnp.sum(picked * mask.reshape(batch * choices, width - 1), axis=-1).reshape(batch, choices)
-    return jax.lax.with_sharding_constraint(summed, PartitionSpec())
+    logp = jax.nn.log_softmax(logits[..., :vocab_size], axis=-1)
+    picked = jnp.take_along_axis(logp, flat[:, 1:, None], axis=-1)[..., 0]
+    summed = jnp.sum(picked * weights, axis=-1).reshape(batch, choices)
+    greedy = jnp.all((logp.argmax(-1) == flat[:, 1:]) | (weights == 0), axis=-1).reshape(batch, choices)
+    return jax.lax.with_sharding_constraint((summed, greedy), PartitionSpec())
+
+
+def correct(scores: np.ndarray, examples: Examples) -> dict[str, np.ndarray]:
+    """Per example, whether each metric's pick is the label: ``acc`` (highest summed log-likelihood
+    of ``scores`` ``[n, choices]``), ``acc_norm`` (per character), ``acc_bytes`` (per byte); bool ``[n]``."""
+    divisors = {"acc": 1.0, "acc_norm": examples.n_chars, "acc_bytes": examples.n_bytes}
+    return {name: np.where(examples.valid, scores / divisor, -np.inf).argmax(-1) == examples.labels
+            for name, divisor in divisors.items()}
 
 
 def accuracy(scores: np.ndarray, examples: Examples) -> dict[str, float]:
-    """``acc`` and ``acc_norm`` of ``scores`` ``[n, choices]`` (summed log-likelihoods) on ``examples``."""
-    summed = np.where(examples.valid, scores, -np.inf)
-    normed = np.where(examples.valid, scores / examples.n_bytes, -np.inf)
-    return {"acc": float(np.mean(summed.argmax(-1) == examples.labels)),
-            "acc_norm": float(np.mean(normed.argmax(-1) == examples.labels))}
+    """``acc``, ``acc_norm`` and ``acc_bytes`` of ``scores`` ``[n, choices]`` on ``examples``, each
+    with its standard error (``acc_stderr``, ...: the sample standard deviation over sqrt(n), as
+    lm-eval-harness reports it; omitted for one example)."""
+    metrics = {}
+    for name, hits in correct(scores, examples).items():
+        metrics[name] = float(np.mean(hits))
+        if len(hits) > 1:
+            metrics[f"{name}_stderr"] = float(np.std(hits, ddof=1) / np.sqrt(len(hits)))
+    return metrics
+
+
+def per_example(scores: np.ndarray, examples: Examples) -> list[dict]:
+    """One record per example: its label, each choice's summed log-likelihood and each metric's hit."""
+    hits = correct(scores, examples)
+    return [{"label": int(examples.labels[i]),
+             "scores": [float(x) for x in scores[i][examples.valid[i]]],
+             **{name: bool(hit[i]) for name, hit in hits.items()}} for i in range(len(examples))]
 
 
 def score(params, examples: Examples, score_fn, sharding: NamedSharding, batch_size: int,
@@ -140,5 +190,5 @@ def score(params, examples: Examples, score_fn, sharding: NamedSharding, batch_s
         mine = np.arange(first + index * per, first + (index + 1) * per) % n  # padding repeats examples
         tokens, mask = (on_devices(part[mine], sharding, (batch_size, *part.shape[1:]))
                         for part in (examples.tokens, examples.mask))
-        scores.append(np.asarray(score_fn(params, tokens, mask)))
+        scores.append(np.asarray(score_fn(params, tokens, mask)[0]))
     return np.concatenate(scores)[:n]

@@ -47,10 +47,14 @@ class Fit:
         return [("device memory / device", f"{format_bytes(self.limit)} ({self.source})"),
                 ("fits", f"{'yes' if self.fits else 'NO'}: the step needs {format_bytes(self.needed)}")]
 
-    def message(self) -> str:
-        """One line for a step that does not fit: how much, and what would make it fit."""
-        return (f"theseus: warning: the step needs {format_bytes(self.needed)} per device, more than the "
+    def problem(self) -> str:
+        """A step that does not fit, in one line: how much, and what would make it fit."""
+        return (f"the step needs {format_bytes(self.needed)} per device, more than the "
                 f"{format_bytes(self.limit)} of the device ({self.source}): {self.advice}")
+
+    def message(self) -> str:
+        """The dry run's warning: ``problem`` as a warning."""
+        return f"theseus: warning: {self.problem()}"
 
 
 def check_fit(memory: Mapping[str, int], limit: int, source: str, *, batch_size: int, grad_accum: int,

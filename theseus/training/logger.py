@@ -5,7 +5,9 @@
         logger.summary(params=124e6)
 
 Only the main process writes anything. W&B runs offline by default (no account, no
-network): ``wandb leet RUN_DIR/wandb/latest-run`` browses it, ``wandb sync`` uploads it.
+network): ``wandb leet RUN_DIR/wandb/latest-run`` browses it, ``sync_command`` uploads it:
+each resume of a run writes one more ``offline-run-*`` segment under the same id, and
+``wandb sync`` given them all uploads them in order as that one run.
 
 W&B identity: the run's id is kept in ``RUN_DIR/wandb/run_id``, so a resumed run continues
 the same W&B run; the jobs of a sweep (``-m``) share a W&B group, the sweep's folder, and the
@@ -31,6 +33,8 @@ import numpy as np
 
 from theseus.config import ConfigError, Configurable, field, register
 from theseus.training.progress import Progress
+from theseus.training.runs import RESULT, record_failure
+from theseus.training.tensorboard import TensorBoard, job_hparams
 
 
 @register("logger", "wandb")
@@ -41,6 +45,8 @@ class LoggerConfig(Configurable):
     project: str = field("logger/project", default="theseus", help="W&B project")
     name: str | None = field("logger/name", default=None, help="run name; unset: W&B picks one")
     tags: list[str] = field("logger/tags", default=[], help="W&B tags")
+    tensorboard: bool = field("logger/tensorboard", default=False,
+                              help="also write TensorBoard event files to RUN_DIR/tensorboard (overrides as HParams)")
 
     def __post_init__(self):
         if not self.project.strip() or any(c in self.project for c in "/\\#?%:"):
@@ -100,7 +106,6 @@ class RunLogger:
     def __init__(self, config: LoggerConfig, run_dir: Path, *, resolved_config: Mapping[str, Any],
                  total_steps: int, start_step: int = 0, is_main: bool = True):
         self._open = is_main
-        self._summary: dict[str, Any] = {}
         if not is_main:
             return
         run_dir = Path(run_dir)
@@ -111,14 +116,18 @@ class RunLogger:
         self._run = None
         if config.mode != "disabled":
             self._run = _start_wandb(config.mode, run_dir, {**naming, **identity(run_dir, _sweep_dir())}, wandb_config)
+        self._run_dir = run_dir
+        (run_dir / RESULT).unlink(missing_ok=True)  # a new attempt: not failed (yet)
+        self._tensorboard = TensorBoard(run_dir, job_hparams()) if config.tensorboard else None
         path = run_dir / "metrics.jsonl"
         if path.exists():
             _truncate(path, start_step)
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
         self._progress = Progress(total_steps, start_step)
 
-    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Record ``metrics`` at ``step``: a JSON line (non-finite values as null), W&B, console."""
+    def log(self, step: int, metrics: Mapping[str, Any], *, progress: bool = True) -> None:
+        """Record ``metrics`` at ``step``: a JSON line (non-finite values as null), W&B, and
+        with ``progress`` the console's progress (an evaluation is shown as a line of its own)."""
         if not self._open:
             return
         values = scalars(metrics)
@@ -127,14 +136,16 @@ class RunLogger:
         self._file.flush()
         if self._run is not None:
             self._run.log({section(key): value for key, value in values.items()}, step=int(step))
-        self._progress.update(int(step), values)
+        if self._tensorboard is not None:
+            self._tensorboard.log(int(step), {section(key): value for key, value in values.items()})
+        if progress:
+            self._progress.update(int(step), values)
 
     def summary(self, **values: Any) -> None:
-        """Set W&B run-summary entries; they are also printed when the logger closes."""
+        """Set W&B run-summary entries."""
         if not self._open:
             return
         values = scrub(values, self._hidden)
-        self._summary.update(values)
         if self._run is not None:
             self._run.summary.update(values)
 
@@ -144,23 +155,24 @@ class RunLogger:
             self._progress.print(text)
 
     def close(self, *, failed: bool = False) -> None:
-        """Stop the bar, print the summary, finish the W&B run (marked failed if ``failed``)
-        and close the metrics file. Closing twice is harmless."""
+        """Stop the bar, finish the W&B run (marked failed if ``failed``) and close the
+        metrics file. Closing twice is harmless."""
         if not self._open:
             return
         self._open = False
         self._progress.close()
-        if self._summary:
-            shown = {k: _show(v) for k, v in self._summary.items()}  # long texts stay in W&B only
-            self._progress.print("summary: " + ", ".join(f"{k} {v}" for k, v in shown.items() if len(v) <= 40))
         if self._run is not None:
             _finish_wandb(self._run, exit_code=1 if failed else 0)
+        if self._tensorboard is not None:
+            self._tensorboard.close(failed=failed)
         self._file.close()
 
     def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if self._open and isinstance(exc, Exception):  # not Ctrl-C or a stop: those are resumable
+            record_failure(self._run_dir, exc)
         self.close(failed=exc_type is not None)
 
 
@@ -245,5 +257,8 @@ def _truncate(path: Path, last_step: int) -> None:
         path.write_text("".join(kept), encoding="utf-8")
 
 
-def _show(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+def sync_command(run_dir: Path) -> str | None:
+    """The command that uploads every W&B segment of the run (None: it has none)."""
+    if not any((Path(run_dir) / "wandb").glob("offline-run-*")):
+        return None
+    return f"wandb sync {Path(run_dir) / 'wandb'}/offline-run-*"

@@ -67,7 +67,7 @@ def format_si(value: float, unit: str = "") -> str:
 
 def format_bytes(n: float) -> str:
     """Binary units, three significant digits: ``512 B``, ``1.5 KiB``, ``3.25 GiB``."""
-    scale, unit = next(((s, u) for s, u in _BINARY if abs(n) >= s * 0.9995), (1, "B"))
+    scale, unit = next(((s, u) for s, u in _BINARY if abs(n) >= s * 0.999 * 1000 / 1024), (1, "B"))
     return f"{n / scale:.3g} {unit}"
 
 

@@ -1,14 +1,22 @@
 """Preemption: SIGTERM or SIGINT asks the run to stop at the next step boundary.
 
-The trainer then saves a checkpoint, waits for it and exits with a message saying how to
-resume. A second signal exits at once.
+The first signal is acknowledged at once on the console (``stopping after step N: saving a
+checkpoint``); the trainer then stops after that step, saves a checkpoint, waits for it and
+says how to resume. A second signal exits at once, without saving.
+
+Python runs a signal handler only between bytecodes of the main thread, which may be inside a
+compiled step or a checkpoint wait for a long time. So the C-level handler also writes the
+signal's number to a wakeup pipe (``signal.set_wakeup_fd``) that a watcher thread reads: it
+acknowledges the first signal and ends the process on the second whatever the main thread does.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -18,35 +26,91 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Preemption:
-    """A context manager; ``requested`` is the signal received, or None."""
+    """A context manager; ``requested`` is the signal received, or None.
 
-    def __init__(self):
+    ``stop_step(step)``: the step the run will stop after when a signal arrives while step
+    ``step + 1`` is under way (the trainer's: the next step whose signals are compared).
+    ``step``: the last step whose stop check (``agreed``) has run; a signal and a check are
+    ordered by a lock, so the step acknowledged is the step the run stops after.
+    """
+
+    def __init__(self, stop_step: Callable[[int], int] = lambda step: step + 1, *,
+                 say: Callable[[str], None] | None = None):
         self.requested: int | None = None
+        self.step: int | None = None  # unknown until the trainer has restored its state
+        self._stop_step = stop_step
+        self._say = say or (lambda text: print(text, file=sys.stderr, flush=True))
         self._previous: dict[int, object] = {}
+        self._wakeup: tuple[int, int] | None = None
+        self._previous_fd = -1
+        self._received = 0  # signals seen by the watcher (or by the handler, without one)
+        self._lock = threading.Lock()
+
+    def _signal(self, signum: int) -> None:
+        """A signal arrived: the first is acknowledged, the second exits the process now."""
+        with self._lock:
+            self._received += 1
+            first, step = self._received == 1, self.step
+            if first:
+                self.requested = signum
+        name = signal.Signals(signum).name
+        if first:
+            after = "the first step" if step is None else f"step {self._stop_step(step)}"
+            self._say(f"theseus: {name} received: stopping after {after}: saving a checkpoint "
+                      f"({'Ctrl-C' if signum == signal.SIGINT else name} again exits at once, without saving)")
+        else:
+            self._say(f"theseus: {name} again: exiting now, without saving")
+            os._exit(128 + signum)  # the shell's code for a process ended by that signal
 
     def _handle(self, signum: int, frame) -> None:
-        if self.requested is not None:  # the second signal: no more waiting
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        self.requested = signum
+        if self._wakeup is None:  # no watcher thread: the handler acknowledges
+            self._signal(signum)
+
+    def _watch(self, read_fd: int) -> None:
+        """Read signal numbers off the wakeup pipe until its write end closes."""
+        try:
+            while data := os.read(read_fd, 64):
+                for signum in data:
+                    if signum in SIGNALS:
+                        self._signal(signum)
+        finally:
+            os.close(read_fd)
 
     def __enter__(self) -> Preemption:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in SIGNALS}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in SIGNALS}
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)  # the C handler must never block
+        try:
+            self._previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        except ValueError:
+            os.close(read_fd)
+            os.close(write_fd)
+            return self
+        self._wakeup = (read_fd, write_fd)
+        threading.Thread(target=self._watch, args=(read_fd,), name="theseus-preemption", daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(self._previous_fd)
+            read_fd, write_fd = self._wakeup
+            os.close(write_fd)  # the watcher's read returns empty: it ends
+            self._wakeup = None
 
-    def agreed(self, now: bool) -> int | None:
-        """The signal to stop on, the same in every process (None: go on).
+    def agreed(self, step: int, now: bool) -> int | None:
+        """The signal to stop on after ``step``, the same in every process (None: go on).
 
         With several processes the signals are compared only when ``now`` (the trainer's log
         steps): a collective every step would stall the dispatch of the next one.
         """
+        with self._lock:
+            self.step, requested = step, self.requested
         if jax.process_count() == 1:
-            return self.requested
+            return requested
         if not now:
             return None
-        return int(multihost_utils.process_allgather(np.int32(self.requested or 0)).max()) or None
+        return int(multihost_utils.process_allgather(np.int32(requested or 0)).max()) or None

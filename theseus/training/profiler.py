@@ -7,7 +7,7 @@ README). Unset, ``on_step`` returns at once: no trace, no wait on the device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +22,17 @@ class Profiler:
     the traced steps, and nothing of the step after). ``close(state)`` ends a trace still open.
     """
 
-    def __init__(self, steps: Sequence[int] | None, directory: Path):
-        """``steps``: ``[START, END]`` (TrainerConfig checked them) or None: off."""
+    def __init__(self, steps: Sequence[int] | None, directory: Path, report: Callable[[str], None] = print):
+        """``steps``: ``[START, END]`` (TrainerConfig checked them) or None: off. ``report``
+        says where the trace went once it is written."""
         self.start, self.end = (steps[0], steps[1]) if steps is not None else (0, -1)
         self.directory = directory
         self.tracing = False
+        self._report = report
+        self._last = 0  # the last step dispatched
 
     def on_step(self, step: int, state: Any) -> None:
+        self._last = step
         if step == self.start:
             jax.block_until_ready(state)  # the steps before are not traced
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -42,3 +46,5 @@ class Profiler:
             jax.block_until_ready(state)
             jax.profiler.stop_trace()
             self.tracing = False
+            self._report(f"profile of steps {self.start}-{min(self.end, self._last)} written to {self.directory} "
+                         f"(open it with TensorBoard's profile plugin or Perfetto)")

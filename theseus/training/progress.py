@@ -1,18 +1,72 @@
 """Console progress: a live rich bar on a terminal, plain lines elsewhere (CI, SLURM logs).
 
     step 100/1000 loss 2.345 tok/s 12.3k mfu 4.1% eta 1m23s
+    eval step 100: val_loss 2.4 val_bpb 3.46 val_loss/code 2.1 eval/arc/acc 0.31
+
+Every line shown (progress, evaluations, tables, messages) is also appended as plain text to
+the run's transcript, ``RUN_DIR/run.log``, while ``transcript(path)`` is open.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.progress import Progress as RichProgress
+from rich.table import Table
 
 from theseus.training.metrics import format_duration, format_si
+
+
+_transcript: list[TextIO] = []  # the open run.log, if any
+
+
+@contextlib.contextmanager
+def transcript(path: Path) -> Iterator[None]:
+    """Append every line shown inside to ``path`` (the run's ``run.log``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as file:
+        _transcript.append(file)
+        try:
+            yield
+        finally:
+            _transcript.remove(file)
+
+
+def record(text: str) -> None:
+    """Write ``text`` (one or more lines) to the open transcript."""
+    for file in _transcript:
+        file.write(text.rstrip("\n") + "\n")
+        file.flush()
+
+
+def show(text: str) -> None:
+    """Print ``text`` to stderr and to the transcript."""
+    print(text, file=sys.stderr, flush=True)
+    record(text)
+
+
+def show_table(title: str, rows: Sequence[tuple[str, str]]) -> None:
+    """Print two columns under a title to stderr, and as plain text to the transcript."""
+    table = Table(title=title, show_header=False)
+    for key, value in rows:
+        table.add_row(key, value)
+    Console(stderr=True).print(table)
+    plain = Console(file=io.StringIO(), width=120, color_system=None)
+    plain.print(table)
+    record(plain.file.getvalue())
+
+
+def evaluation_line(step: int, metrics: Mapping[str, float]) -> str:
+    """``eval step 30: val_loss 2.345 val_bpb 3.38 ...``: every metric of one evaluation."""
+    return f"eval step {step}: " + " ".join(f"{key} {value:.4g}" for key, value in metrics.items())
 
 
 def status(metrics: Mapping[str, float], eta: float | None) -> str:
@@ -58,14 +112,17 @@ class Progress:
         done, since = step - self._first[0], now - self._first[1]
         eta = (self.total - step) * since / done if done > 0 else None
         text = status(metrics, eta)
+        line = f"step {step}/{self.total} {text}".rstrip()
         if self._bar is not None:
             self._bar.update(self._task, completed=step, status=text)
+            record(line)
         else:
-            self.print(f"step {step}/{self.total} {text}".rstrip())
+            self.print(line)
 
     def print(self, text: str) -> None:
-        """A line of text, above the bar when there is one."""
+        """A line of text, above the bar when there is one (and in the transcript)."""
         self._console.print(text, markup=False, highlight=False, soft_wrap=True)
+        record(text)
 
     def close(self) -> None:
         """Stop the bar (it stays on screen at its last state)."""

@@ -2,13 +2,22 @@
 
 Changes that would alter shapes, the data order or the optimizer are refused with the diff;
 changes that only affect logging, evaluations and their cadence, checkpoint cadence or the
-device layout (restoring onto another mesh is supported) pass.
+device layout (restoring onto another mesh is supported) pass. ``trainer.max_steps`` may
+change where the learning rates of the steps already taken stay the same (the trainer judges).
+
+``trainer.resume=last`` finds the run a command continues without a copied path: the newest
+run directory under the default run folder's root (``outputs/``) whose saved config it may
+continue.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from theseus.config import ConfigError
 
@@ -31,26 +40,76 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def unsafe_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(key, saved value, new value)`` for every change a resume cannot honour.
+MAX_STEPS = "trainer.max_steps"
 
-    ``trainer.max_steps`` may change (a run extended or cut short) when the learning rate does
-    not depend on it: a constant schedule whose warmup ends before both.
-    """
+
+def unsafe_changes(saved: Mapping[str, Any], new: Mapping[str, Any],
+                   safe: tuple[str, ...] = SAFE) -> list[tuple[str, Any, Any]]:
+    """``(key, saved value, new value)`` for every change a resume cannot honour (keys
+    starting with one of ``safe`` may change)."""
     old, cur = flatten(saved), flatten(new)
-    safe = SAFE
-    warmup = cur.get("optimizer.warmup_steps", 0)
-    if cur.get("optimizer.schedule") == "constant" and warmup <= min(old.get("trainer.max_steps", 0),
-                                                                      cur.get("trainer.max_steps", 0)):
-        safe = (*SAFE, "trainer.max_steps")
     keys = sorted(set(old) | set(cur))
     return [(k, old.get(k), cur.get(k)) for k in keys if old.get(k) != cur.get(k) and not k.startswith(safe)]
 
 
-def check_resume(run_dir: Any, saved: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-    """ConfigError listing the unsafe changes between the saved config and the new one."""
-    changes = unsafe_changes(saved, new)
+def check_resume(run_dir: Any, saved: Mapping[str, Any], new: Mapping[str, Any],
+                 max_steps_problem: str | None = None) -> None:
+    """ConfigError listing the unsafe changes between the saved config and the new one.
+
+    ``max_steps_problem``: why ``trainer.max_steps`` may not change (None: it may).
+    """
+    changes = unsafe_changes(saved, new, (*SAFE, MAX_STEPS))
+    if not changes and max_steps_problem and flatten(saved).get(MAX_STEPS) != flatten(new).get(MAX_STEPS):
+        raise ConfigError(f"cannot continue {run_dir} to {MAX_STEPS}={flatten(new).get(MAX_STEPS)}: "
+                          f"{max_steps_problem}")
     if changes:
         diff = ", ".join(f"{key}: {old!r} -> {cur!r}" for key, old, cur in changes)
         raise ConfigError(f"cannot resume {run_dir} with a changed config ({diff}): these alter shapes, data "
                           f"order or the optimizer; revert them, or use a new hydra.run.dir")
+
+
+def runs_root(composed: DictConfig) -> Path | None:
+    """The folder above every default run directory: ``outputs`` for Hydra's
+    ``outputs/${now:...}/${now:...}`` (None when ``hydra.run.dir`` is a fixed folder)."""
+    template = OmegaConf.to_container(composed.hydra.run, resolve=False)["dir"]
+    parts = Path(template).parts
+    fixed = parts[:next((i for i, part in enumerate(parts) if "${" in part), len(parts))]
+    return Path(*fixed) if len(fixed) < len(parts) and fixed else None
+
+
+def last_run(root: Path, config: Mapping[str, Any]) -> Path | None:
+    """The newest run directory under ``root`` with checkpoints whose saved config ``config``
+    may continue (``trainer.max_steps`` aside: extending is judged on resuming)."""
+    candidates = []
+    for saved in root.glob("**/.hydra/config.yaml"):
+        run_dir = saved.parent.parent
+        if not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*")):
+            continue
+        if unsafe_changes(OmegaConf.to_container(OmegaConf.load(saved), resolve=True), config, (*SAFE, MAX_STEPS)):
+            continue
+        candidates.append((max(p.stat().st_mtime for p in (run_dir / "checkpoints").iterdir()), run_dir))
+    return max(candidates)[1] if candidates else None
+
+
+def continue_last(composed: DictConfig) -> DictConfig:
+    """``composed`` (a single run's, with its ``hydra`` node) with ``hydra.run.dir`` the run that
+    ``trainer.resume=last`` continues; unchanged for any other ``trainer.resume`` or when there
+    is none yet (a new run, said on stderr)."""
+    if OmegaConf.select(composed, "trainer.resume") != "last":
+        return composed
+    root = runs_root(composed)
+    if root is None:  # a fixed hydra.run.dir: that one is continued
+        return composed
+    job = composed.copy()
+    with open_dict(job):
+        del job["hydra"]
+    config = OmegaConf.to_container(job, resolve=True)
+    found = last_run(root, config) if root.is_dir() else None
+    if found is None:
+        print(f"theseus: trainer.resume=last: no run under {root}/ that this command continues; "
+              f"starting a new one", file=sys.stderr)
+        return composed
+    composed = composed.copy()
+    with read_write(composed.hydra):
+        composed.hydra.run.dir = str(found)
+    return composed

@@ -4,25 +4,32 @@ A run directory holds ``.hydra/`` (config.yaml, overrides.yaml), ``metrics.jsonl
 sweep, ``result.json`` (the job's status); a sweep folder holds one run directory per job
 (``0/``, ``1/``, ...). The sweep summary (``theseus.sweep``) and the report
 (``theseus.report``) both read runs through this module, and import nothing heavier: the
-summary is rewritten inside every job.
+summary is rewritten inside every job. ``load(PATH, ...)`` (public as ``theseus.runs.load``)
+reads any mix of runs and sweeps as ``Runs``: labels, differing keys, status (running,
+interrupted, failed, finished), ETA, and the metrics as rows for a notebook.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
+from hydra.errors import CompactHydraException, HydraException
 from omegaconf import OmegaConf
 
 METRICS = "metrics.jsonl"
 RESULT = "result.json"
 SUMMARY_METRICS = ("val_loss", "tokens_per_s", "mfu")  # a job's final values in the sweep summary
 FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "tokens_per_s": "{:,.0f}", "mfu": "{:.2%}"}
+STATUSES = ("running", "interrupted", "failed", "finished")
+STALE_S = 120.0  # a run whose metrics.jsonl has not grown for this long (or 5 log intervals) is not running
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +70,89 @@ class Run:
         """The last logged value of ``key`` (None if never logged)."""
         return next((row[key] for row in reversed(self.metrics) if row.get(key) is not None), None)
 
+    @property
+    def step(self) -> int:
+        """The last logged step (0 before the first log)."""
+        return max((row["step"] for row in self.metrics if "step" in row), default=0)
+
+    @property
+    def max_steps(self) -> int | None:
+        value = self.config.get("trainer", {}).get("max_steps")
+        return value if isinstance(value, int) else None
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """``result.json``: the status and error a job recorded when it ended (empty: none)."""
+        path = self.path / RESULT
+        try:
+            return json.loads(path.read_text()) if path.is_file() else {}
+        except json.JSONDecodeError:
+            return {}
+
+    def elapsed(self) -> dict[int, float]:
+        """Training seconds at each logged step: the sum of ``step_time`` x steps since the
+        previous log (compilation and evaluation left out; the metrics hold no wall clock)."""
+        times, total, previous = {}, 0.0, 0
+        for row in self.metrics:
+            if row.get("step_time") is not None and row.get("step", 0) > previous:
+                total += row["step_time"] * (row["step"] - previous)
+                previous = row["step"]
+                times[previous] = total
+        return times
+
+    def seconds_per_step(self, window: int = 5) -> float | None:
+        """The mean ``step_time`` of the last ``window`` logs."""
+        recent = [row["step_time"] for row in self.metrics if row.get("step_time") is not None][-window:]
+        return sum(recent) / len(recent) if recent else None
+
+    def status(self, now: float | None = None) -> str:
+        """``failed`` (its result says so), ``finished`` (at max_steps, or its result says ok),
+        ``running`` (metrics.jsonl grew lately), else ``interrupted`` (stopped short: resumable)."""
+        recorded = self.result.get("status")
+        if recorded == "failed":
+            return "failed"
+        if recorded == "ok" or (self.max_steps is not None and self.step >= self.max_steps):
+            return "finished"
+        metrics = self.path / METRICS
+        if not metrics.is_file():
+            return "running" if (now or time.time()) - self.path.stat().st_mtime < STALE_S else "interrupted"
+        pace = self.seconds_per_step()
+        steps = sorted({row["step"] for row in self.metrics if "step" in row})
+        interval = pace * (steps[-1] - steps[-2]) if pace and len(steps) > 1 else 0.0
+        quiet = (now or time.time()) - metrics.stat().st_mtime
+        return "running" if quiet < max(STALE_S, 5 * interval) else "interrupted"
+
+    def eta(self, now: float | None = None) -> float | None:
+        """Seconds to max_steps at the recent pace, for a running run (else None)."""
+        pace = self.seconds_per_step()
+        if self.status(now) != "running" or pace is None or self.max_steps is None:
+            return None
+        return max(self.max_steps - self.step, 0) * pace
+
+    @property
+    def name(self) -> str | None:
+        """``logger.name`` when the run was given one."""
+        name = self.config.get("logger", {}).get("name")
+        return str(name) if name else None
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optimizer": {"lr": 1e-3}}`` -> ``{"optimizer.lr": 1e-3}`` (lists stay values)."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def differing(configs: Sequence[dict[str, Any]]) -> list[str]:
+    """The flattened config keys whose values are not the same in every config (in first-seen order)."""
+    flat = [flatten(config) for config in configs]
+    keys = list(dict.fromkeys(key for config in flat for key in config))
+    return [key for key in keys if len({repr(config.get(key)) for config in flat}) > 1] if len(flat) > 1 else []
+
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of ``path``; a line cut short (a job killed mid-write) is skipped."""
@@ -75,6 +165,14 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def error_line(exc: BaseException) -> str:
+    """``ValueError: first line of the message``; a Hydra compact error's message is that line."""
+    message = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    if isinstance(exc, CompactHydraException):
+        return message
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def parse_override(override: str) -> tuple[str, Any] | None:
@@ -90,6 +188,11 @@ def parse_override(override: str) -> tuple[str, Any] | None:
 
 
 _PARSER = OverridesParser.create()
+
+
+def record_failure(run_dir: Path, exc: BaseException) -> None:
+    """Write ``result.json`` saying the run failed with ``exc`` (a run without one has not failed)."""
+    (run_dir / RESULT).write_text(json.dumps({"status": "failed", "error": error_line(exc)}) + "\n")
 
 
 def is_run(path: Path) -> bool:
@@ -150,3 +253,89 @@ def fmt(column: str, value: Any) -> str:
     if column in FORMATS:
         return FORMATS[column].format(value)
     return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def run_paths(path: Path) -> list[Path]:
+    """The run directories at ``path``: itself, a sweep's jobs, or every run below it (``outputs/``)."""
+    if is_run(path):
+        return [path]
+    return job_dirs(path) or sorted(config.parent.parent for config in path.rglob(".hydra/config.yaml"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Runs(Sequence[Run]):
+    """Several runs read together (one run, a sweep, or any mix): each one's label, the config
+    keys in which they differ, and their metrics as rows."""
+
+    runs: tuple[Run, ...]
+
+    def __getitem__(self, index):  # noqa: ANN001 (an int or a slice, as a Sequence takes)
+        return self.runs[index]
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def __iter__(self) -> Iterator[Run]:
+        return iter(self.runs)
+
+    @functools.cached_property
+    def differing(self) -> list[str]:
+        """The config keys whose values differ between the runs, ``logger.*`` aside (where a
+        run logs to does not change what it trains)."""
+        return [key for key in differing([run.config for run in self.runs]) if not key.startswith("logger.")]
+
+    def differences(self, run: Run) -> dict[str, Any]:
+        """``run``'s values of the differing keys."""
+        flat = flatten(run.config)
+        return {key: flat.get(key) for key in self.differing}
+
+    def labels(self) -> list[str]:
+        """A name per run: ``logger.name``, else its differing values (``optimizer.lr=0.001``),
+        else its path below the runs' common folder; a name two runs share gets the path too."""
+        tails = _tails([run.path for run in self.runs])
+        labels = [run.name or ", ".join(f"{k}={fmt(k, v)}" for k, v in self.differences(run).items()) or tail
+                  for run, tail in zip(self.runs, tails)]
+        return [f"{label} ({tail})" if labels.count(label) > 1 and label != tail else label
+                for label, tail in zip(labels, tails)]
+
+    def summary(self, now: float | None = None) -> list[dict[str, Any]]:
+        """One row per run: run (its label), path, status, step, max_steps, eta_s, the
+        differing keys, and the last loss, val_loss, tokens_per_s and mfu."""
+        return [{"run": label, "path": str(run.path), "status": run.status(now), "step": run.step,
+                 "max_steps": run.max_steps, "eta_s": run.eta(now), **self.differences(run),
+                 **{key: run.last(key) for key in ("loss", *SUMMARY_METRICS)}}
+                for label, run in zip(self.labels(), self.runs)]
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every logged row of every run, with ``run`` (its label) and the differing keys."""
+        return [{"run": label, **self.differences(run), **row}
+                for label, run in zip(self.labels(), self.runs) for row in run.metrics]
+
+    def dataframe(self, which: str = "metrics"):  # -> pandas.DataFrame
+        """``metrics()`` (or ``summary()`` for ``which="summary"``) as a pandas DataFrame."""
+        import pandas  # optional: only this method needs it
+
+        return pandas.DataFrame(self.metrics() if which == "metrics" else self.summary())
+
+
+def load(*paths: Path | str, empty_ok: bool = False) -> Runs:
+    """The runs at ``paths`` (run directories, sweep folders, folders of runs), in order.
+    ValueError when a path holds none (unless ``empty_ok``: a sweep whose jobs have not started)."""
+    found = []
+    for path in map(Path, paths):
+        runs = run_paths(path) if path.is_dir() else []
+        if not runs and not (empty_ok and path.is_dir()):
+            raise ValueError(f"{path} is neither a run directory (with .hydra/config.yaml) nor a folder of runs "
+                             "(a sweep's 0/, 1/, ... or outputs/DATE/TIME/)")
+        found.extend(Run.load(run) for run in runs)
+    return Runs(tuple(found))
+
+
+def _tails(paths: Sequence[Path]) -> list[str]:
+    """Each path below the paths' common folder (a lone run: its last two parts, DATE/TIME)."""
+    resolved = [path.resolve() for path in paths]
+    if len(resolved) == 1:
+        return ["/".join(resolved[0].parts[-2:])]
+    shared = itertools.takewhile(lambda parts: len(set(parts)) == 1, zip(*(p.parts for p in resolved)))
+    common = Path(*(parts[0] for parts in shared))
+    return [str(path.relative_to(common)) or path.name for path in resolved]

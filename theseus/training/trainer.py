@@ -7,10 +7,13 @@ evaluates, logs and checkpoints, resuming where the run directory left off.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +23,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
-from rich.table import Table
+from optax import ScaleByScheduleState
 
-from theseus.base.axis import BATCH_MESH_AXES, ShardingPlan
+from theseus.base.axis import BATCH_MESH_AXES
 from theseus.base.hardware import peak_flops
 from theseus.base.mesh import MeshConfig, compiler_options, make_mesh, on_devices, use_cpu_devices
 from theseus.config import ConfigError, configuration, configure
@@ -31,19 +33,20 @@ from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.interop.hf_config import arch_of
-from theseus.interop.init_from import apply_init_from
+from theseus.interop.init_from import apply_init_from, theseus_checkpoint
 from theseus.interop.loading import load_params
 from theseus.tasks.evaluation import evaluate, load_evaluations
 from theseus.tasks.task import LossTask, task_class
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
 from theseus.training.fit_check import Fit, check_fit, device_memory
-from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets
+from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets, sync_command
 from theseus.training.loop import Hook, Loop
-from theseus.training.metrics import format_bytes, memory_report, throughput, xla_flops
-from theseus.training.optimizer import make_optimizer, optimizer_class
+from theseus.training.metrics import format_bytes, format_duration, format_si, memory_report, throughput, xla_flops
+from theseus.training.optimizer import make_optimizer, make_schedule, optimizer_class
 from theseus.training.preemption import Preemption
 from theseus.training.profiler import Profiler
+from theseus.training.progress import evaluation_line, show, show_table, transcript
 from theseus.training.resume import check_resume
 from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
 from theseus.training.step import eval_step, train_step
@@ -112,9 +115,10 @@ class Trainer:
                     f"architecture.seq_len+1={self.seq_len + 1}: lower architecture.seq_len, use more data or "
                     f"raise data.val_fraction"
                 )
-        self.plan = self.model.plan().merge(ShardingPlan(batch=BATCH_MESH_AXES)).override(self.mesh_config.rules)
+        self.plan = self.mesh_config.apply(self.model.plan())
         self.evaluations = load_evaluations(self.cfg, self.dataset, self.model, self.data_config.seed, self.prefetch)
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
+        self._built: Compiled | None = None  # the training build, once the memory check has made it
 
     @property
     def prefetch(self) -> int:
@@ -140,22 +144,56 @@ class Trainer:
         return self.model.flops(self.seq_len) * self.settings.batch_size
 
     def check_run_dir(self, run_dir: Path) -> None:
-        """Refuse what ``trainer.resume`` cannot do with ``run_dir`` (before anything is written).
+        """Refuse what the run cannot do with ``run_dir`` (before anything is written).
 
-        ``never`` refuses a directory with checkpoints; ``auto`` refuses to continue one whose
-        saved config differs in shapes, data order or optimizer; a path must exist.
+        ``trainer.resume``: ``never`` refuses a directory with checkpoints; ``auto`` (and
+        ``last``, which has chosen ``run_dir``) refuses to continue one whose saved config
+        differs in shapes, data order or optimizer, or whose ``trainer.max_steps`` changes the
+        learning rates of steps already taken; a path must hold checkpoints. Then the step is
+        compiled and its memory checked against the device's (not for a dry run, which
+        reports it instead).
         """
         resume, used = self.settings.resume, Checkpointer.exists(run_dir / "checkpoints")
         if resume == "never" and used:
             raise ConfigError(f"{run_dir} already has checkpoints and trainer.resume=never: "
                               f"choose a new hydra.run.dir, or trainer.resume=auto to continue it")
-        if resume not in ("auto", "never") and not Path(resume).exists():
-            raise ConfigError(f"trainer.resume={resume}: no such checkpoint; "
-                              f"give a run directory, its checkpoints/ folder or one step's folder")
+        if resume not in ("auto", "last", "never") and theseus_checkpoint(Path(resume)) is None:
+            raise ConfigError(f"trainer.resume={resume} is not a checkpoint: give a run directory with "
+                              f"checkpoints/, its checkpoints/ folder or one step's folder (or auto, last, never)")
         saved = run_dir / ".hydra" / "config.yaml"
-        if resume == "auto" and used and saved.is_file():
-            check_resume(run_dir, OmegaConf.to_container(OmegaConf.load(saved), resolve=True),
-                         OmegaConf.to_container(self.composed, resolve=True))
+        if resume in ("auto", "last") and used and saved.is_file():
+            old = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
+            check_resume(run_dir, old, OmegaConf.to_container(self.composed, resolve=True),
+                         self._extension_problem(run_dir, old["trainer"]["max_steps"]))
+        if not self.settings.dry_run:
+            self._check_memory()
+
+    def _extension_problem(self, run_dir: Path, saved_steps: int) -> str | None:
+        """Why ``run_dir`` (trained for ``saved_steps``) cannot go on to this run's
+        ``trainer.max_steps``: the steps it has taken would have had other learning rates
+        (a cosine decays over all the steps); None when they keep theirs (a constant
+        schedule, or wsd's stable phase)."""
+        taken = max((int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()), default=0)
+        s = jax.numpy.arange(taken)
+        before = np.asarray(make_schedule(self.optimizer, saved_steps)(s))
+        after = np.asarray(make_schedule(self.optimizer, self.settings.max_steps)(s))
+        changed = np.flatnonzero(~np.isclose(before, after, rtol=1e-6, atol=0))
+        if not changed.size:
+            return None
+        first = int(changed[0])
+        return (f"with optimizer.schedule={self.optimizer.schedule} the learning rate of step {first + 1} (of the "
+                f"{taken} taken) would have been {after[first]:.3g}, not {before[first]:.3g}. Start a new run from "
+                f"its weights instead: trainer.init_from={run_dir} trainer.max_steps={self.settings.max_steps} "
+                f"hydra.run.dir=NEW (trainer.init_optimizer=true keeps its optimizer state); a constant or wsd "
+                f"schedule can be extended in place")
+
+    def _check_memory(self) -> None:
+        """Compile the step (kept for the run) and refuse one that does not fit the device."""
+        self._built = self._built or self.build()
+        if self._built.memory:
+            fit = self.fit(self._built.memory, compile_candidates=False)
+            if not fit.fits:
+                raise ConfigError(fit.problem())
 
     # -- building -------------------------------------------------------------------------
 
@@ -207,11 +245,11 @@ class Trainer:
         peak, source = self.peak()
         abstract_params = compiled.target.params
         rows = self._describe(compiled, peak, source, n_params(abstract_params))
-        rows.append(("step time at 100% MFU", f"{self.flops_per_step / (peak * jax.device_count()) * 1e3:.2f} ms"))
+        rows.append(("step time at 100% MFU", _duration(self.flops_per_step / (peak * jax.device_count()))))
         fit = self.fit(compiled.memory, seconds < REMAT_COMPILE_BUDGET_S) if compiled.memory else None
         rows += fit.rows() if fit else []
         if jax.process_index() == 0:
-            _print_table("theseus dry run", rows)
+            show_table("theseus dry run", rows)
         if fit and not fit.fits:
             _warn(fit.message())
 
@@ -233,34 +271,53 @@ class Trainer:
                          remat_memory=remat_memory if compile_candidates else None)
 
     def run(self, run_dir: Path) -> float:
-        """Train to ``trainer.max_steps``, resuming from checkpoints; returns the final val loss."""
+        """Train to ``trainer.max_steps``, resuming from checkpoints; returns the final val loss.
+
+        What the console shows is also written to ``run_dir/run.log``. SIGINT or SIGTERM stops
+        the run after the step under way, with a checkpoint (a second one exits at once).
+        """
         self.check_run_dir(run_dir)
-        loop = self.start(run_dir)
-        hooks = self.hooks()
-        with loop.logger, Preemption() as loop.preemption:
-            if loop.step >= loop.last_step:
-                loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
-                loop.val_loss = self.evaluation_metrics(loop.compiled, loop.state.params)["val_loss"]
-            while loop.step < loop.last_step and not loop.stop:
-                self.train_step(loop)
-                with loop.window.pause():  # the hooks' time is not step time
-                    for hook in hooks:
-                        hook(loop)
-            loop.profiler.close(loop.state)
-            loop.checkpointer.wait()
-            if loop.stop:
-                self._report_stop(loop)
-            loop.checkpointer.close()
-            loop.logger.summary(final_val_loss=loop.val_loss)
+        main = jax.process_index() == 0
+        with transcript(run_dir / "run.log") if main else contextlib.nullcontext(), \
+                Preemption(self._stop_step, say=_warn) as preemption:
+            _warn(f"theseus: run directory {run_dir}")
+            loop = self.start(run_dir)
+            loop.preemption, preemption.step = preemption, loop.step
+            hooks = self.hooks()
+            with loop.logger:
+                if loop.step >= loop.last_step:
+                    loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
+                    self._evaluate_now(loop, record=False)
+                while loop.step < loop.last_step and not loop.stop:
+                    self.train_step(loop)
+                    with loop.window.pause():  # the hooks' time is not step time
+                        for hook in hooks:
+                            hook(loop)
+                loop.profiler.close(loop.state)
+                loop.checkpointer.wait()
+                loop.checkpointer.close()
+                if loop.evaluation is not None:
+                    loop.logger.summary(final_val_loss=loop.val_loss)
+                loop.logger.summary(status="interrupted" if loop.stop else "complete")
+            if main:
+                self._report_end(loop)
         if loop.stop:
             raise SystemExit(128 + loop.stop)  # the shell's code for a process ended by that signal
         return loop.val_loss
+
+    def _stop_step(self, step: int) -> int:
+        """The step a run stops after when signalled while step ``step + 1`` is under way: that
+        one, or with several processes the next log step (where the signals are compared)."""
+        if jax.process_count() == 1:
+            return step + 1
+        every = self.settings.log_every
+        return min(self.settings.max_steps, (step // every + 1) * every)
 
     def start(self, run_dir: Path) -> Loop:
         """Compile, restore the state (a checkpoint or a fresh init) and the loader, open the
         logger with the run's summary: the loop before its first step."""
         s = self.settings
-        compiled = self.build()
+        compiled, self._built = self._built or self.build(), None
         checkpointer = Checkpointer(run_dir / "checkpoints", s.keep_checkpoints)
         state, start, loader_state = self._restore(checkpointer, compiled)
         index, count = compiled.batch_share
@@ -270,12 +327,13 @@ class Trainer:
             loader.set_state(loader_state)
         peak, source = self.peak()
         if jax.process_index() == 0:
-            _print_table("theseus run", self._describe(compiled, peak, source, n_params(state.params)))
+            show_table("theseus run", self._describe(compiled, peak, source, n_params(state.params)))
         logger = RunLogger(self.logger_config, run_dir, resolved_config=self.resolved, total_steps=s.max_steps,
                            start_step=start, is_main=jax.process_index() == 0)
         logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
         return Loop(run_dir, compiled, state, loader, logger, checkpointer, jax.random.key(s.seed + 1), peak,
-                    step=start, last_step=s.max_steps, profiler=Profiler(s.profile_steps, run_dir / "profile"))
+                    step=start, last_step=s.max_steps,
+                    profiler=Profiler(s.profile_steps, run_dir / "profile", report=_warn))
 
     def hooks(self) -> list[Hook]:
         """What runs after every step, in order; each acts on its own cadence. ``log`` comes
@@ -302,20 +360,27 @@ class Trainer:
         metrics.update(throughput(metrics["step_time"], self.tokens_per_step, self.flops_per_step, loop.peak,
                                   jax.device_count()))
         loop.logger.log(loop.step, metrics)
+        loop.logged = metrics
         self._check_finite(loop.state, loop.checkpointer)
         return metrics
 
     def preempt(self, loop: Loop) -> None:
         """Agree on a stop signal (compared across processes at log steps only)."""
-        loop.stop = loop.preemption.agreed(now=loop.due(self.settings.log_every))
+        loop.stop = loop.preemption.agreed(loop.step, now=loop.due(self.settings.log_every))
 
     def evaluate(self, loop: Loop) -> None:
         """Every ``trainer.eval_every`` steps: the validation loss, logged with the task's metrics."""
         loop.evaluated = loop.due(self.settings.eval_every)
         if loop.evaluated:
-            metrics = self.evaluation_metrics(loop.compiled, loop.state.params)
-            loop.val_loss = metrics["val_loss"]
-            loop.logger.log(loop.step, metrics)
+            self._evaluate_now(loop, record=True)
+
+    def _evaluate_now(self, loop: Loop, record: bool) -> None:
+        """Evaluate the current params and show the numbers; ``record``: also log them."""
+        metrics = self.evaluation_metrics(loop.compiled, loop.state.params)
+        loop.val_loss, loop.evaluation = metrics["val_loss"], (loop.step, metrics)
+        if record:
+            loop.logger.log(loop.step, metrics, progress=False)
+        loop.logger.message(evaluation_line(loop.step, metrics))
 
     def checkpoint(self, loop: Loop) -> None:
         """Every ``trainer.checkpoint_every`` steps, and when stopping: save (asynchronously)."""
@@ -324,10 +389,43 @@ class Trainer:
             loop.checkpointer.save(loop.step, loop.state, loop.loader.get_state(), self.resolved,
                                    loop.val_loss if loop.evaluated else None)
 
-    def _report_stop(self, loop: Loop) -> None:
-        again = [arg for arg in sys.argv[1:] if not arg.startswith("hydra.run.dir=")]
-        loop.logger.message(f"stopped by signal {loop.stop} after step {loop.step}; checkpoint saved. "
-                            f"Resume with: python -m theseus.run {' '.join(again)} hydra.run.dir={loop.run_dir}")
+    def _report_end(self, loop: Loop) -> None:
+        """The session's summary table, then the commands that go on from the run."""
+        run_dir, step = loop.run_dir, loop.step
+        kept = loop.checkpointer.steps()
+        if loop.stop:
+            status = (f"interrupted by {signal.Signals(loop.stop).name} after step {step}/{loop.last_step}; "
+                      f"checkpoint {step} saved")
+        else:
+            status = f"complete: step {step}/{loop.last_step}"
+        rows = [("status", status), ("run directory", str(run_dir))]
+        if "loss" in loop.logged:
+            rows.append(("train loss", f"{loop.logged['loss']:.4f} (last logged window)"))
+        if loop.evaluation is not None:
+            at, metrics = loop.evaluation
+            rows.append(("val_loss", f"{metrics['val_loss']:.4f} at step {at}"))
+        if "tokens_per_s" in loop.logged:
+            rows.append(("throughput", f"{format_si(loop.logged['tokens_per_s'])} tokens/s, "
+                                       f"MFU {100 * loop.logged['mfu']:.1f}% (last logged window)"))
+        rows.append(("wall time", format_duration(time.perf_counter() - loop.began)))
+        rows.append(("checkpoints", ", ".join(map(str, kept)) or "none"))
+        show_table("theseus run summary", rows)
+        lines = [f"  resume:   {resume_command()}"] if loop.stop else []
+        if kept:
+            extendable = self.optimizer.schedule in ("constant", "wsd")  # wsd: before its decay
+            more = (command_line(("trainer.max_steps=", "hydra.run.dir="), [f"hydra.run.dir={run_dir}"])
+                    if extendable else
+                    command_line(("trainer.max_steps=", "hydra.run.dir=", "trainer.init_from="),
+                                 [f"trainer.init_from={run_dir}", f"hydra.run.dir={run_dir}-more"]))
+            lines += [f"  sample:   python -m theseus.sample {run_dir} --prompt \"...\"",
+                      f"  evaluate: python -m theseus.evaluate {run_dir}",
+                      f"  export:   python -m theseus.export {run_dir} {run_dir}-hf",
+                      f"  continue: {more} trainer.max_steps=N"]
+        sync = sync_command(run_dir)
+        if sync:
+            lines.append(f"  W&B:      {sync}")
+        if lines:
+            show("next:\n" + "\n".join(lines))
 
     def _check_finite(self, state: TrainState, checkpointer: Checkpointer) -> None:
         """Stop (TrainingError) once a step's loss or gradients were NaN/Inf, unless skipping them."""
@@ -341,26 +439,46 @@ class Trainer:
                                 f"trainer.skip_nonfinite=true to skip such updates")
 
     def _restore(self, checkpointer: Checkpointer, compiled: Compiled) -> tuple[TrainState, int, dict | None]:
-        """The state to start from: a checkpoint (per ``trainer.resume``) or a fresh init."""
+        """The state to start from: a checkpoint (per ``trainer.resume``) or a fresh one."""
         resume = self.settings.resume
-        source = checkpointer if resume in ("auto", "never") else Checkpointer.at(Path(resume))
+        source = checkpointer if resume in ("auto", "last", "never") else Checkpointer.at(Path(resume))
         restored = source.restore(compiled.target, step=source.requested_step, report=_warn)
         if restored is None:
-            return self._fresh_state(compiled), 0, None
+            return self._fresh_state(compiled)
         state, loader_state, _config, step = restored
         _warn(f"resuming from {source.directory / str(step)} at step {step}")
         return state, step, loader_state
 
-    def _fresh_state(self, compiled: Compiled) -> TrainState:
-        """A new state: initialised, or with ``trainer.init_from``'s weights (optimizer fresh),
-        loaded onto their shards after the initialised params are dropped."""
+    def _fresh_state(self, compiled: Compiled) -> tuple[TrainState, int, dict | None]:
+        """A new state at step 0: initialised, or with ``trainer.init_from``'s weights.
+
+        From a theseus checkpoint: its params and, with ``trainer.init_optimizer``, its
+        optimizer state (the schedule's own count reset: the new run's schedule starts at 0),
+        with ``trainer.init_data`` its data position. From a Hugging Face folder: its weights,
+        loaded onto their shards after the initialised params are dropped.
+        """
+        s = self.settings
         state = compiled.init()
-        if self.settings.init_from is None:
-            return state
-        folder = Path(self.settings.init_from).expanduser()
-        _warn(f"starting from the weights of {folder}")
-        state = state.replace(params=None)
-        return state.replace(params=load_params(folder, arch_of(self.model), compiled.target.params))
+        if s.init_from is None:
+            return state, 0, None
+        path = Path(s.init_from).expanduser()
+        source = theseus_checkpoint(path)
+        if source is None:
+            _warn(f"starting from the weights of {path}")
+            state = state.replace(params=None)
+            return state.replace(params=load_params(path, arch_of(self.model), compiled.target.params)), 0, None
+        checkpoints = Checkpointer.at(source)
+        restored = checkpoints.restore(compiled.target, step=checkpoints.requested_step, report=_warn)
+        if restored is None:
+            raise ConfigError(f"trainer.init_from={s.init_from}: no readable checkpoint there")
+        other, loader_state, _config, step = restored
+        parts = ["weights", *(["optimizer state"] if s.init_optimizer else []),
+                 *(["data position"] if s.init_data else [])]
+        _warn(f"starting from the {', '.join(parts)} of {checkpoints.directory / str(step)}")
+        state = state.replace(params=other.params)
+        if s.init_optimizer:
+            state = state.replace(opt_state=restart_schedule(other.opt_state))
+        return state, 0, loader_state if s.init_data else None
 
     def batch_share(self, mesh: Mesh) -> tuple[int, int]:
         """``(index, count)``: this process reads share ``index`` of ``count`` equal, contiguous
@@ -447,11 +565,33 @@ def with_vocab(cfg: DictConfig, vocab_size: int) -> DictConfig:
     return cfg
 
 
-def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
-    table = Table(title=title, show_header=False)
-    for key, value in rows:
-        table.add_row(key, value)
-    Console(stderr=True).print(table)
+def restart_schedule(opt_state: Any) -> Any:
+    """``opt_state`` with every learning-rate schedule's step count at 0 (the moments kept)."""
+    def reset(node: Any) -> Any:
+        return node._replace(count=jax.numpy.zeros_like(node.count)) if isinstance(node, ScaleByScheduleState) else node
+
+    return jax.tree.map(reset, opt_state, is_leaf=lambda node: isinstance(node, ScaleByScheduleState))
+
+
+def command_line(drop: tuple[str, ...] = (), add: Sequence[str] = ()) -> str:
+    """This process's ``python -m theseus.run`` command line, less the arguments starting with
+    one of ``drop`` (and any ``trainer.resume``), plus ``add``."""
+    kept = [arg for arg in sys.argv[1:] if not arg.startswith((*drop, "trainer.resume="))]
+    return " ".join(["python -m theseus.run", *kept, *add])
+
+
+def resume_command() -> str:
+    """The command line that continues this run: the same one, given ``hydra.run.dir``, or with
+    ``trainer.resume=last`` (which finds the newest run it can continue)."""
+    given = any(arg.startswith("hydra.run.dir=") for arg in sys.argv[1:])
+    return command_line(add=[] if given else ["trainer.resume=last"])
+
+
+def _duration(seconds: float) -> str:
+    """A short span in the unit that reads best: ``2.31 ms``, ``4.5 s``, ``13m05s``."""
+    if seconds < 1:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds:.3g} s" if seconds < 60 else format_duration(seconds)
 
 
 def _timed(fn):
@@ -463,4 +603,4 @@ def _timed(fn):
 
 def _warn(text: str) -> None:
     if jax.process_index() == 0:
-        print(text, file=sys.stderr)
+        show(text)

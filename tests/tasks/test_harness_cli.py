@@ -1,0 +1,121 @@
+"""``python -m theseus.evaluate RUN --tasks ... --include DIR`` and ``evaluation.lm_eval`` at the
+trainer's evaluations, as a user runs them, give lm-eval's own numbers for the run's exported
+model; the run's in-training multiple-choice accuracies equal lm-eval's on contexts that end in
+whitespace or mid-word."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from support import ROOT, run_python
+from tasks.harness_fixtures import write_tasks
+
+lm_eval = pytest.importorskip("lm_eval")
+pytest.importorskip("accelerate")
+
+STEPS = 20
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict[str, Path]:
+    """A gpt_tiny byte-level run that scores the local tasks at its last evaluation, and its export."""
+    base = tmp_path_factory.mktemp("harness")
+    tasks = write_tasks(base / "tasks")
+    corpus = base / "corpus.txt"
+    corpus.write_text((ROOT / "theseus" / "tasks" / "evaluation.py").read_text() * 8)
+    proc = run_python("-m", "theseus.run", "+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}",
+                      f"data.cache_dir={base / 'cache'}", f"trainer.max_steps={STEPS}",
+                      f"trainer.checkpoint_every={STEPS}", f"trainer.eval_every={STEPS}", "trainer.eval_batches=1",
+                      "logger.mode=disabled", f"evaluation.multiple_choice.mc={tasks / 'mc.jsonl'}",
+                      "evaluation.lm_eval=[theseus_ppl]", f"evaluation.lm_eval_include={tasks}",
+                      f"hydra.run.dir={base / 'run'}", cwd=base, env=OFFLINE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_python("-m", "theseus.export", str(base / "run"), str(base / "hf"), cwd=base)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"base": base, "run": base / "run", "hf": base / "hf", "tasks": tasks}
+
+
+@pytest.fixture(scope="module")
+def expected(run) -> dict:
+    """lm-eval's own hf model on the exported folder."""
+    import os
+
+    os.environ.update(OFFLINE)
+    return lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(run["hf"]), "dtype": "float32",
+                                                           "device": "cpu"},
+                                   tasks=["theseus_mc", "theseus_ppl"], batch_size=4, log_samples=True,
+                                   task_manager=lm_eval.tasks.TaskManager(include_path=str(run["tasks"])))
+
+
+def metric(expected: dict, task: str, name: str) -> float:
+    return expected["results"][task][f"{name},none"]
+
+
+@pytest.mark.slow
+def test_the_trainers_evaluation_equals_lm_eval_on_the_export(run, expected):
+    logged = [json.loads(line) for line in (run["run"] / "metrics.jsonl").read_text().splitlines()]
+    final = [row for row in logged if "val_loss" in row][-1]
+    assert final["step"] == STEPS
+    for name in ("acc", "acc_norm", "acc_bytes"):  # theseus's own scorer, in training
+        assert final[f"eval/mc/{name}"] == metric(expected, "theseus_mc", name)
+        assert final[f"eval/mc/{name}_stderr"] == pytest.approx(metric(expected, "theseus_mc", f"{name}_stderr"))
+    for name in ("word_perplexity", "byte_perplexity", "bits_per_byte"):  # lm-eval's task, in training
+        assert final[f"eval/theseus_ppl/{name}"] == pytest.approx(metric(expected, "theseus_ppl", name), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_evaluate_with_tasks_equals_lm_eval_on_the_export(run, expected):
+    """On 4 devices: the run's mesh over all of them splits each batch of requests."""
+    out = run["base"] / "lm_eval.json"
+    proc = run_python("-m", "theseus.evaluate", str(run["run"]), "--tasks", "theseus_mc,theseus_ppl",
+                      "--include", str(run["tasks"]), "--output_path", str(out), cwd=run["base"], env=OFFLINE,
+                      devices=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["mesh"]["data"] == 4
+    metrics = record["metrics"]
+    for name in ("acc", "acc_norm", "acc_bytes"):
+        assert metrics[f"eval/theseus_mc/{name}"] == metric(expected, "theseus_mc", name)
+        assert metrics[f"eval/mc/{name}"] == metric(expected, "theseus_mc", name)
+    assert metrics["eval/theseus_ppl/bits_per_byte"] == pytest.approx(metric(expected, "theseus_ppl", "bits_per_byte"),
+                                                                      rel=1e-5)
+    samples = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
+    ours = [s for s in samples if s["task"] == "theseus_mc"]
+    assert len(ours) == len(expected["samples"]["theseus_mc"])
+    for a, b in zip(ours, expected["samples"]["theseus_mc"]):  # each choice's log-likelihood
+        assert [r[0] for r in a["responses"]] == pytest.approx([r[0] for r in b["filtered_resps"]], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_an_unknown_task_or_a_missing_include_is_one_line(run):
+    proc = run_python("-m", "theseus.evaluate", str(run["run"]), "--tasks", "no_such_task", "--include",
+                      str(run["tasks"]), cwd=run["base"], env=OFFLINE)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"theseus: error: unknown lm-eval task 'no_such_task': give the name of one of lm-eval's tasks or of a "
+        f"task YAML under {run['tasks']}")
+    proc = run_python("-m", "theseus.evaluate", str(run["run"]), "--tasks", "theseus_mc", "--include",
+                      str(run["base"] / "nowhere"), cwd=run["base"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"theseus: error: evaluation.lm_eval_include={run['base']}/nowhere: no such file or folder; give a folder "
+        "of lm-eval task YAMLs")
+
+
+WITHOUT_LM_EVAL = """
+import sys
+sys.modules["lm_eval"] = None  # as if lm-eval were not installed
+from theseus.evaluate import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_without_lm_eval_one_line_says_what_to_install(run):
+    proc = run_python("-c", WITHOUT_LM_EVAL, str(run["run"]), "--tasks", "theseus_mc", cwd=run["base"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "theseus: error: lm-evaluation-harness is not installed: pip install 'theseus[eval]' (or lm-eval)")

@@ -1,0 +1,115 @@
+"""Whether a theseus model is exactly what a Hugging Face model_type computes, checked before export writes it.
+
+    kind = check_expressible(model, params)  # "gpt2", "llama" or "qwen2"; ConfigError naming what is not
+
+A model exports when its config, its parameters and (for a class other than theseus's GPT) its
+behaviour all map:
+
+- every config key of its component tree has an equivalent in that model_type's config.json
+  (``hf_config.EXPRESSED``), does not change the function computed (``UNCHANGED``: dropout,
+  initialisation, kernels, remat, layer layout, dtypes), or is at its default;
+- its parameters are theseus's GPT's, path for path and shape for shape (each of which the
+  weight mapping carries over: ``hf_weights.to_hf``);
+- a subclass (a user's model, whose methods may compute anything) gives the logits theseus's GPT
+  gives from the same parameters on a probe batch: the parity of that GPT with transformers is
+  tested, the subclass's is not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from theseus.config import ConfigError, configuration, configure
+from theseus.config.fields import MISSING
+from theseus.config.schema import schema_of
+from theseus.interop.hf_config import EXPRESSED, arch_of, model_type
+from theseus.model.models.gpt import GPT, unstack_layers
+
+# architecture.* keys that change how a model trains or runs, not the function its weights compute
+UNCHANGED = frozenset({"dropout", "init_std", "attention_impl", "remat", "scan_layers", "dtype.param",
+                       "dtype.activation"})
+PROBE = (2, 32)  # [batch, seq] tokens the behaviour check compares logits on (seq: at most seq_len)
+TOLERANCE = 1e-5  # the largest logit difference allowed, relative to the largest logit (float32)
+
+
+def check_expressible(model: Any, params: Any) -> str:
+    """The model_type whose Hugging Face model computes exactly what ``model`` computes with
+    ``params`` (its param tree, stacked when it scans its layers); ConfigError in one line
+    naming the first thing that has no equivalent."""
+    name = type(model).__name__
+    if not isinstance(model, GPT):
+        raise ConfigError(f"export writes GPT models (theseus.model.models.gpt.GPT and its subclasses); "
+                          f"{type(model).__module__}.{name} is not one")
+    kind = model_type(arch_of(model))
+    _check_keys(model, kind)
+    stock = _stock(model)
+    _check_parameters(model, params, stock, kind)
+    if type(model) is not GPT:
+        _check_behaviour(model, params, stock, kind)
+    return kind
+
+
+def _check_keys(model: GPT, kind: str) -> None:
+    """Every config key of the model's tree is expressed by ``kind``, changes nothing, or is at its default."""
+    values = model.own_configuration()
+    for key, spec in schema_of(type(model)).items():
+        short = key.removeprefix("architecture.")
+        if short in EXPRESSED[kind] or short in UNCHANGED:
+            continue
+        value = values.get(key)
+        if value is not MISSING and value != spec.default:
+            raise ConfigError(f"{key}={value} has no equivalent in a Hugging Face {kind} config.json "
+                              f"(declared by {spec.owner.__name__}; only its default, {spec.default!r}, exports): "
+                              f"export writes only what transformers computes exactly")
+
+
+def _stock(model: GPT) -> GPT:
+    """theseus's own GPT with the model's configuration, unrolled and computing in float32."""
+    with configuration(model.own_configuration()):
+        return configure(GPT, scan_layers=False, activation_dtype="float32")
+
+
+def _check_parameters(model: GPT, params: Any, stock: GPT, kind: str) -> None:
+    """``params`` are the stock GPT's, path for path and shape for shape."""
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    expected = _shapes(nn.unbox(jax.eval_shape(stock.init, jax.random.key(0), tokens))["params"])
+    given = _shapes(_unrolled(model, params))
+    name = type(model).__name__
+    for path in sorted(set(expected) | set(given)):
+        if path not in given:
+            raise ConfigError(f"{name} has no parameter {path}, which a Hugging Face {kind} model has: "
+                              f"export writes only what transformers computes exactly")
+        if path not in expected:
+            raise ConfigError(f"parameter {path} of {name} has no place in a Hugging Face {kind} model: "
+                              f"export writes only what transformers computes exactly")
+        if given[path] != expected[path]:
+            raise ConfigError(f"parameter {path} of {name} is {list(given[path])}, but {list(expected[path])} in a "
+                              f"Hugging Face {kind} model of this config: export writes only what transformers "
+                              f"computes exactly")
+
+
+def _check_behaviour(model: GPT, params: Any, stock: GPT, kind: str) -> None:
+    """The model and the stock GPT give the same logits from the same parameters (float32)."""
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, model.vocab_size, (PROBE[0], min(PROBE[1], model.seq_len))), jnp.int32)
+    ours = jax.jit(model.clone(activation_dtype="float32").apply)({"params": params}, tokens)
+    reference = jax.jit(stock.apply)({"params": _unrolled(model, params)}, tokens)
+    difference = float(jnp.abs(ours - reference).max())
+    if not difference <= TOLERANCE * max(1.0, float(jnp.abs(reference).max())):
+        raise ConfigError(f"{type(model).__name__} computes other logits than theseus's GPT from the same "
+                          f"parameters (by up to {difference:.3g} on a probe batch): a Hugging Face {kind} model "
+                          f"would not compute what it does")
+
+
+def _unrolled(model: GPT, params: Any) -> Any:
+    return unstack_layers(params) if model.scan_layers else params
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    return {path: tuple(leaf.shape) for path, leaf in traverse_util.flatten_dict(tree, sep="/").items()}

@@ -1,0 +1,191 @@
+"""lm-evaluation-harness on a theseus model: its task zoo, scored on the run's mesh.
+
+    lm = HarnessLM(model, params, tokenizer, mesh, rules, batch_size=16)
+    manager = task_manager(["hellaswag", "my_local_task"], include="tasks/")  # checks the names
+    metrics, samples = run_tasks(lm, ["hellaswag", "my_local_task"], manager)
+    # {"eval/hellaswag/acc": ..., "eval/hellaswag/acc_stderr": ..., ...}, {"hellaswag": [per-example records]}
+
+``HarnessLM`` is an ``lm_eval.api.model.TemplateLM``: lm-eval encodes each request itself (its
+whitespace and BOS conventions, through theseus's tokenizer), and theseus scores the tokens:
+``loglikelihood`` and ``loglikelihood_rolling`` as batches of rows sorted by length, each batch
+padded to a power of two (few compiled shapes) and split over the mesh's batch axes;
+``generate_until`` by theseus's KV-cache generation, greedy or sampled, cut at the first stop
+sequence. lm-eval is an optional dependency (``theseus[eval]``): importing this module without
+it raises a ConfigError saying what to install, so import it lazily, where tasks are asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from theseus.base.axis import DATA, FSDP
+from theseus.base.mesh import on_devices
+from theseus.config import ConfigError
+from theseus.data.tokenizer import Tokenizer
+from theseus.model.generate import generate
+from theseus.tasks.multiple_choice import log_likelihoods
+
+try:
+    from lm_eval import simple_evaluate
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ImportError as exc:
+    raise ConfigError("lm-evaluation-harness is not installed: pip install 'theseus[eval]' (or lm-eval)") from exc
+
+
+class HarnessLM(TemplateLM):
+    """A theseus causal LM (``model``, its ``params`` laid out on ``mesh``) as lm-eval's model.
+
+    ``rules``: the model's logical-axis rules; ``batch_size``: rows per forward (a multiple of
+    the mesh's batch axes); ``vocab_size``: the ids scored and generated (the vocabulary an export
+    keeps; None: the model's); ``seed``: of sampled generations.
+    """
+
+    def __init__(self, model: nn.Module, params: Any, tokenizer: Tokenizer, mesh: Mesh, rules: Any,
+                 batch_size: int, vocab_size: int | None = None, seed: int = 0):
+        super().__init__()
+        self.model, self.params, self.tokenizer, self.mesh, self.rules = model, params, tokenizer, mesh, rules
+        self.batch_size, self.seed = batch_size, seed
+        self.vocab_size = model.vocab_size if vocab_size is None else vocab_size
+        self.sharding = NamedSharding(mesh, PartitionSpec((DATA, FSDP), None, None))
+        self._score = jax.jit(functools.partial(log_likelihoods, model=model, vocab_size=self.vocab_size))
+
+    @property
+    def eot_token_id(self) -> int:
+        if self.tokenizer.eot is None:
+            raise ConfigError("this tokenizer has no end-of-text token, which lm-eval needs to stop generations and "
+                              "to begin empty contexts: train with data.tokenizer=byte or bpe")
+        return self.tokenizer.eot
+
+    @property
+    def prefix_token_id(self) -> int:
+        prefix = self.tokenizer.prefix_token
+        return self.eot_token_id if prefix is None else prefix
+
+    @property
+    def max_length(self) -> int:
+        return self.model.seq_len
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        """``string``'s ids, with the tokenizer's special tokens unless ``add_special_tokens`` is False."""
+        return self.tokenizer.encode(string, special=add_special_tokens is not False)
+
+    def tok_decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        """``(summed log-likelihood, greedy)`` of each ``(key, context ids, continuation ids)``: the
+        row ``context + continuation`` keeps its last ``seq_len + 1`` tokens (cut on the left, as
+        lm-eval does) and its last ``len(continuation)`` targets are scored."""
+        rows = [(ctx + cont)[-(self.max_length + 1):] for _, ctx, cont in requests]
+        scored = [min(len(cont), len(row) - 1) for (_, _, cont), row in zip(requests, rows)]
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))  # longest first: batches of like widths
+        out: list[tuple[float, bool]] = [(0.0, False)] * len(rows)
+        for first in range(0, len(order), self.batch_size):
+            batch = order[first:first + self.batch_size]
+            width = min(self.max_length + 1, 1 << (len(rows[batch[0]]) - 1).bit_length())
+            tokens = np.zeros((self.batch_size, 1, width), np.int32)
+            mask = np.zeros((self.batch_size, 1, width - 1), np.float32)
+            for slot, i in enumerate(batch):
+                tokens[slot, 0, :len(rows[i])] = rows[i]
+                mask[slot, 0, len(rows[i]) - 1 - scored[i]:len(rows[i]) - 1] = 1
+            with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+                summed, greedy = self._score(self.params, *(on_devices(x, self.sharding, x.shape)
+                                                            for x in (tokens, mask)))
+            summed, greedy = np.asarray(summed)[:, 0], np.asarray(greedy)[:, 0]
+            for slot, i in enumerate(batch):
+                out[i] = (float(summed[slot]), bool(greedy[slot]))
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Each document's summed log-likelihood over disjoint windows of ``seq_len`` tokens, the
+        first conditioned on ``prefix_token_id`` (lm-eval's perplexity tasks)."""
+        windows, owners = [], []
+        for index, (text,) in enumerate(request.args for request in requests):
+            for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
+                    token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length, context_len=1)):
+                windows.append((None, context, continuation))
+                owners.append(index)
+        totals = np.zeros(len(requests))
+        for owner, (logp, _) in zip(owners, self._loglikelihood_tokens(windows)):
+            totals[owner] += logp
+        return totals.tolist()
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Each ``(context, {"until": [...], "max_gen_toks": N, "do_sample": ..., "temperature": ...})``
+        continued greedily (or sampled when ``do_sample``) and cut before the first stop sequence.
+
+        The first ``min(N, seq_len - 1)`` tokens follow the context's last ``seq_len - N`` tokens,
+        as lm-eval's hf model generates; past the window, generation goes on in steps of
+        ``seq_len // 2`` tokens, each conditioned on the last ``seq_len / 2`` tokens so far.
+        """
+        out = []
+        for index, request in enumerate(requests):
+            context, settings = request.args
+            settings = dict(settings)
+            until = settings.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            if self.tokenizer.eot is not None:
+                until.append(self.tokenizer.decode([self.tokenizer.eot]))
+            budget = max(1, int(settings.pop("max_gen_toks", 256)))
+            temperature = float(settings.pop("temperature", 1.0)) if settings.pop("do_sample", False) else 0.0
+            rng = jax.random.fold_in(jax.random.key(self.seed), index)
+            ids, produced, text = self.tok_encode(context) or [self.prefix_token_id], [], ""
+            while len(produced) < budget and not any(stop and stop in text for stop in until):
+                step = min(budget - len(produced), self.max_length - 1 if not produced else self.max_length // 2)
+                prompt = (ids + produced)[-(self.max_length - step):]
+                with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+                    tokens = generate(self.model, self.params, jnp.asarray([prompt], jnp.int32), step,
+                                      temperature=temperature, rng=jax.random.fold_in(rng, len(produced)),
+                                      vocab_size=self.vocab_size)
+                produced += np.asarray(tokens[0, len(prompt):]).tolist()
+                text = self.tokenizer.decode(produced)
+            out.append(min((text.split(stop)[0] for stop in until if stop), key=len, default=text))
+        return out
+
+
+def task_manager(tasks: list[str], include: str | None = None) -> TaskManager:
+    """lm-eval's index of its own tasks and of the task YAMLs under ``include``; ConfigError
+    naming the first of ``tasks`` that it does not hold."""
+    manager = TaskManager(include_path=include)
+    unknown = [task for task in tasks if task not in manager.all_tasks]
+    if unknown:
+        where = f" or of a task YAML under {include}" if include else " (local task YAMLs: give an include path)"
+        raise ConfigError(f"unknown lm-eval task {unknown[0]!r}: give the name of one of lm-eval's tasks{where}")
+    return manager
+
+
+def run_tasks(lm: HarnessLM, tasks: list[str], manager: TaskManager, num_fewshot: int | None = None,
+              limit: int | None = None) -> tuple[dict[str, float], dict[str, list[dict]]]:
+    """``(metrics, samples)`` of lm-eval's ``tasks`` (names ``manager`` holds) on ``lm``:
+    ``eval/TASK/METRIC`` (lm-eval's ``acc,none`` is ``acc``, another filter ``METRIC/FILTER``) and
+    each task's per-example records."""
+    results = simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, num_fewshot=num_fewshot,
+                              limit=limit, log_samples=True)
+    metrics = {}
+    for task, values in results["results"].items():
+        for key, value in values.items():
+            metric, _, kept = key.partition(",")
+            if kept and isinstance(value, (int, float)) and not isinstance(value, bool):
+                name = metric if kept == "none" else f"{metric}/{kept}"
+                metrics[f"eval/{task}/{name}"] = float(value)
+    samples = {task: [_sample(record) for record in records] for task, records in results["samples"].items()}
+    return metrics, samples
+
+
+def _sample(record: dict) -> dict:
+    """The JSON-able part of one of lm-eval's per-example records: its index, target, responses
+    and metrics."""
+    kept = {"index": record["doc_id"], "target": record.get("target"),
+            "responses": record.get("filtered_resps", record.get("resps"))}
+    kept.update({key: record[key] for key in record.get("metrics", []) if key in record})
+    return jax.tree.map(lambda x: x.item() if isinstance(x, np.generic) else x, kept)
