@@ -3,8 +3,8 @@
 Each ``##`` section of README.md runs as one bash script, in a fresh folder outside the
 checkout, with the files its text names (``corpus.txt``, the JSONL tasks, ``my_notes.txt``, a
 small local Hugging Face model at ``$HOME/models/my-llama``). A ``python`` block whose first line
-names a file (``# myproj/mymodels.py``) is written there; any other ``python`` block runs as a
-script where the shell stands. Long jobs are shortened only by overrides appended to their
+or ``yaml`` block whose first line names a file (``# myproj/mymodels.py``) is written there;
+any other ``python`` block runs as a script where the shell stands. Long jobs are shortened only by overrides appended to their
 command (``SHORTEN``); commands that need another machine are replaced, by name, with the reason
 (``SKIP``). Every command must exit 0, with no traceback.
 """
@@ -41,6 +41,7 @@ SKIP = {
 # words of a command -> overrides appended to every command holding them (the last value of a key wins)
 SHORTEN = {
     "+experiment=gpt_small": "trainer.max_steps=2 trainer.eval_batches=1",
+    "+experiment=moe_small": "trainer.max_steps=2 trainer.eval_batches=1",
     "+sweep=lr_optuna": "hydra.sweeper.n_trials=2 trainer.max_steps=10",
     "+sweep=lr": "trainer.max_steps=10",
     "trainer.init_from=$HOME/models/my-llama": "trainer.max_steps=3 trainer.batch_size=4 trainer.eval_batches=1",
@@ -57,7 +58,7 @@ def sections(text: str) -> dict[str, list[tuple[str, str]]]:
             continue
         blocks = re.findall(r"^```(\w+)\n(.*?)^```", part, flags=re.M | re.S)
         if any(lang == "bash" for lang, _ in blocks):
-            out[title] = [(lang, code) for lang, code in blocks if lang in ("bash", "python")]
+            out[title] = [(lang, code) for lang, code in blocks if lang in ("bash", "python", "yaml")]
     return out
 
 
@@ -101,12 +102,14 @@ def script(blocks: list[tuple[str, str]], used: set[str]) -> str:
     out = ["set -euo pipefail"]
     for lang, code in blocks:
         first = code.splitlines()[0] if code else ""
+        target = re.fullmatch(r"# (\S+\.(py|yaml))", first.strip())
+        if target:  # a file of the user's project, relative to the folder the section starts in
+            out.append(f'mkdir -p "$(dirname "$START/{target.group(1)}")"')
+            out.append(f'cat > "$START/{target.group(1)}" <<\'FILE\'\n{code}FILE')
+            continue
         if lang == "python":
-            target = re.fullmatch(r"# (\S+\.py)", first.strip())
-            if target:  # a file of the user's project, relative to the folder the section starts in
-                out.append(f'cat > "$START/{target.group(1)}" <<\'PYTHON\'\n{code}PYTHON')
-            else:
-                out.append(f"echo '$ python <<PYTHON'\npython - <<'PYTHON'\n{code}PYTHON")
+            out.append(f"echo '$ python <<PYTHON'\npython - <<'PYTHON'\n{code}PYTHON")
+        if lang != "bash":
             continue
         for command in commands(code):
             shown = command.splitlines()[0]
@@ -136,7 +139,9 @@ def project(folder: Path, needs_model: bool) -> dict[str, str]:
         (folder / "models" / "my-llama").mkdir(parents=True)
         save_hf(transformers.LlamaForCausalLM(config), folder / "models" / "my-llama")
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # HF_*_OFFLINE: lm-eval's datasets asks the hub before reading a local file, and this machine has no network
     return {**env, "HOME": str(folder), "START": str(folder), "JAX_PLATFORMS": "cpu", "WANDB_SILENT": "true",
+            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
 
 

@@ -97,10 +97,10 @@ def test_sharding_plan_gives_valid_specs_on_a_2x2x2_mesh(cfg):
         assert len(axes) == len(set(axes))
         used.update(axes)
     assert used == {"fsdp", "tensor"}  # parameters are split over fsdp and tensor, not data
-    assert plan.spec(("batch", "seq", "embed")) == jax.sharding.PartitionSpec(("data", "fsdp"), None, None)
+    assert plan.spec(("batch", "seq", "embed")) == jax.sharding.PartitionSpec(("data", "fsdp", "expert"), None, None)
     assert plan.spec(("embed", "vocab")) == jax.sharding.PartitionSpec("fsdp", "tensor")
     # as Flax's rules (first claim wins) for the activations' constraints
-    assert nn.logical_to_mesh_axes(("batch", "seq", "embed"), plan.rules())[0] == ("data", "fsdp")
+    assert nn.logical_to_mesh_axes(("batch", "seq", "embed"), plan.rules())[0] == ("data", "fsdp", "expert")
 
 
 def test_configured_under_a_context_then_jitted_outside_it():

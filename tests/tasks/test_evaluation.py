@@ -134,7 +134,7 @@ def test_evaluate_a_checkpoint_reproduces_the_logged_evaluation(files, straight,
     written = json.loads((straight / f"eval-{STEPS}.json").read_text())
     logged = [r for r in rows(straight) if "val_loss" in r][-1]
     assert written["step"] == STEPS and set(written["metrics"]) == set(logged) - {"step"}
-    assert written["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert written["mesh"] == {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}
     for key, value in written["metrics"].items():
         assert value == pytest.approx(logged[key], rel=1e-5, abs=1e-9), key
         assert key in proc.stdout

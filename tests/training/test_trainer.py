@@ -89,7 +89,7 @@ def test_gradient_accumulation_equals_the_large_batch(corpus, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["mesh.data=2"], "mesh data=2 x fsdp=1 x tensor=1 needs 2 devices but 1 are present"),
+    (["mesh.data=2"], "mesh data=2 x fsdp=1 x expert=1 x tensor=1 needs 2 devices but 1 are present"),
     (["mesh.data=-1", "mesh.fsdp=-1"], "at most one -1"),
     (["trainer.batch_size=6", "trainer.grad_accum=4"], "trainer.batch_size=6 must divide by trainer.grad_accum=4"),
     (["trainer.max_steps=0"], "trainer.max_steps must be positive"),

@@ -1,7 +1,8 @@
 """Logical axis names and ShardingPlan: how logical axes map onto the device mesh.
 
 Parameters are annotated with logical axes (``("embed", "mlp")``); a plan maps each logical
-axis to mesh axes (``data``, ``fsdp``, ``tensor``, a tuple of them, or None: replicated).
+axis to mesh axes (``data``, ``fsdp``, ``expert``, ``tensor``, a tuple of them, or None:
+replicated).
 Keeping the rules apart from the model is MaxText's convention: the model names axes, the
 config decides where they live.
 """
@@ -19,10 +20,16 @@ from jax.sharding import PartitionSpec
 DATA = "data"
 FSDP = "fsdp"
 TENSOR = "tensor"
-MESH_AXES = (DATA, FSDP, TENSOR)
+EXPERT = "expert"
+# Tensor innermost (the most traffic, the fastest links), experts' all-to-all next to it.
+MESH_AXES = (DATA, FSDP, EXPERT, TENSOR)
+# The mesh axes a batch is split over. The expert axis carries batch too (as in MaxText): outside
+# the mixture-of-experts layers its devices would otherwise repeat each other's work; inside,
+# the tokens of its shards are exchanged (all-to-all) so that each device runs its own experts.
+BATCH_MESH_AXES = (DATA, FSDP, EXPERT)
 
 # Logical axes of activations and parameters.
-BATCH = "batch"  # sequences: split over (data, fsdp)
+BATCH = "batch"  # sequences: split over (data, fsdp, expert)
 SEQ = "seq"  # positions within a sequence
 VOCAB = "vocab"  # token ids / logits
 EMBED = "embed"  # the residual stream, d_model
@@ -31,7 +38,10 @@ HEADS = "heads"  # query heads
 KV_HEADS = "kv_heads"  # key/value heads (grouped-query attention)
 HEAD_DIM = "head_dim"  # features per head
 LAYERS = "layers"  # the stacked blocks of architecture.scan_layers (one nn.scan)
-LOGICAL_AXES = (BATCH, SEQ, VOCAB, EMBED, MLP_HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS)  # theseus's own
+EXPERT_AXIS = "expert"  # the experts of a mixture-of-experts layer (weights, dispatched tokens)
+EXPERT_BATCH = "expert_batch"  # sequences once dispatched to their experts: the batch less the expert axis
+# theseus's own logical axes (a rule of mesh.rules names one of these or one of its model's plan)
+LOGICAL_AXES = (BATCH, SEQ, VOCAB, EMBED, MLP_HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS, EXPERT_AXIS, EXPERT_BATCH)
 
 MeshAxes = str | tuple[str, ...] | None
 
@@ -125,12 +135,13 @@ def gathered_for_use(w: jax.Array, axes: Sequence[str | None]) -> jax.Array:
     FSDP splits weights over the batch's mesh axes at rest only (ZeRO-3). Left to itself, XLA
     may keep them split and move the activations instead: on data x fsdp meshes it then
     replicates a [batch, seq, embed] block ("Involuntary full rematerialization"). Outside a
-    mesh with logical rules (plain ``apply``) this is ``w``.
+    mesh with logical rules (plain ``apply``) this is ``w``. Experts' weights stay split over the
+    mesh axes of the ``expert`` logical axis: the tokens travel to them instead.
     """
     rules = nn.get_logical_axis_rules()
     if not rules:
         return w
-    batch = set(_axes(dict(rules).get(BATCH)))
+    batch = set(_axes(dict(rules).get(BATCH))) - set(_axes(dict(rules).get(EXPERT_AXIS)))
     gathered = tuple((logical, tuple(a for a in _axes(mesh) if a not in batch) or None) for logical, mesh in rules)
     return nn.with_logical_constraint(w, tuple(axes), rules=gathered)
 

@@ -1,4 +1,4 @@
-"""The device mesh from config: axes data, fsdp, tensor."""
+"""The device mesh from config: axes data, fsdp, expert, tensor."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 
-from theseus.base.axis import LOGICAL_AXES, MESH_AXES, ShardingPlan
+from theseus.base.axis import BATCH_MESH_AXES, LOGICAL_AXES, MESH_AXES, ShardingPlan
 from theseus.config import ConfigError, Configurable, field, register
 from theseus.config.errors import suggest
 
@@ -22,6 +22,9 @@ class MeshConfig(Configurable):
 
     data: int = field("mesh/data", default=-1, help="data-parallel size; -1: the remaining devices")
     fsdp: int = field("mesh/fsdp", default=1, help="fully-sharded data-parallel size; -1: the remaining devices")
+    expert: int = field("mesh/expert", default=1,
+                        help="expert-parallel size: mixture-of-experts layers split their experts over it (it also "
+                             "splits the batch); -1: the remaining devices")
     tensor: int = field("mesh/tensor", default=1, help="tensor-parallel size; -1: the remaining devices")
     rules: dict = field("mesh/rules", default={}, help="logical axis -> mesh axes, overriding the model's plan")
     cpu_devices: int | None = field(
@@ -42,9 +45,10 @@ class MeshConfig(Configurable):
                                   f"{', '.join(MESH_AXES)}, a list of them, or null (replicated)")
 
     def apply(self, plan: ShardingPlan) -> ShardingPlan:
-        """``plan`` (the model's) with ``mesh.rules`` replacing its entries. A rule for a logical
-        axis that neither theseus nor the plan names is a ConfigError: a misspelt axis would
-        silently shard nothing."""
+        """The run's plan: the model's ``plan``, the batch over ``BATCH_MESH_AXES``, and
+        ``mesh.rules`` replacing their entries. A rule for a logical axis that neither theseus
+        nor the plan names is a ConfigError: a misspelt axis would silently shard nothing."""
+        plan = plan.merge(ShardingPlan(batch=BATCH_MESH_AXES))
         known = {*LOGICAL_AXES, *plan}
         for logical in self.rules:
             if logical not in known:
@@ -55,7 +59,7 @@ class MeshConfig(Configurable):
         return plan.override(self.rules)
 
     def shape(self, n_devices: int) -> dict[str, int]:
-        """``{"data": d, "fsdp": f, "tensor": t}`` with -1 resolved; ConfigError when impossible."""
+        """``{"data": d, "fsdp": f, "expert": e, "tensor": t}`` with -1 resolved; ConfigError when impossible."""
         sizes = {axis: getattr(self, axis) for axis in MESH_AXES}
         given = " x ".join(f"{axis}={size}" for axis, size in sizes.items())
         free = [axis for axis, size in sizes.items() if size == -1]
@@ -108,7 +112,7 @@ def compiler_options(config: MeshConfig) -> dict[str, bool]:
 
 
 def make_mesh(config: MeshConfig, devices: list | None = None) -> Mesh:
-    """A Mesh over ``devices`` (default: all) with axes (data, fsdp, tensor)."""
+    """A Mesh over ``devices`` (default: all) with axes (data, fsdp, expert, tensor)."""
     devices = jax.devices() if devices is None else devices
     sizes = config.shape(len(devices))
     shape = tuple(sizes[axis] for axis in MESH_AXES)

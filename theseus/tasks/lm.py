@@ -1,7 +1,9 @@
 """The ``lm`` task (the default): next-token prediction.
 
 An example is a window of ``seq + 1`` token ids, ``int32 [seq + 1]``: the model reads
-``tokens[:, :-1]`` and is scored on predicting ``tokens[:, 1:]`` by ``cross_entropy``.
+``tokens[:, :-1]`` and is scored on predicting ``tokens[:, 1:]`` by ``cross_entropy``. Training
+adds the auxiliary losses of a mixture-of-experts model's routers (``theseus.model.moe``);
+evaluations score the cross-entropy alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from theseus.config import register
+from theseus.model.moe import MOE_COLLECTION, moe_losses
 from theseus.tasks.task import LossTask
 
 
@@ -31,6 +34,20 @@ class LanguageModeling(LossTask):
         logits = model.apply({"params": params}, batch[:, :-1], deterministic=rng is None,
                              rngs=None if rng is None else {"dropout": rng})
         return cross_entropy(logits, batch[:, 1:])
+
+    def loss_and_metrics(self, model: nn.Module, params: Any, batch: jax.Array,
+                         rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The next-token loss plus the routers' auxiliary losses (weighted, averaged over MoE
+        layers), and their metrics (``theseus.model.moe.moe_losses``) with ``lm_loss``, the
+        cross-entropy alone; a model without MoE layers gives ``loss`` and no metrics. A subclass
+        that overrides ``loss`` has its own objective: that, with no metrics."""
+        if type(self).loss is not LanguageModeling.loss:
+            return super().loss_and_metrics(model, params, batch, rng)
+        logits, sown = model.apply({"params": params}, batch[:, :-1], deterministic=rng is None,
+                                   rngs=None if rng is None else {"dropout": rng}, mutable=[MOE_COLLECTION])
+        lm_loss = cross_entropy(logits, batch[:, 1:])
+        penalty, metrics = moe_losses(sown)
+        return lm_loss + penalty, {"lm_loss": lm_loss, **metrics} if metrics else {}
 
     def val_metrics(self, val_loss: float, bytes_per_token: float | None) -> dict[str, float]:
         """``val_loss`` (nats per token) and, for byte-sized text, ``val_bpb`` (bits per byte)."""

@@ -41,6 +41,12 @@ class LossTask(Task):
         key while training, None at evaluation (deterministic)."""
         raise NotImplementedError
 
+    def loss_and_metrics(self, model: nn.Module, params: Any, batch: jax.Array,
+                         rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """What a train step descends and what it logs beside it: ``(loss, metrics)``, metrics
+        being float32 scalars (means over the batch). By default ``loss`` and none."""
+        return self.loss(model, params, batch, rng), {}
+
     def val_metrics(self, val_loss: float, bytes_per_token: float | None) -> dict[str, float]:
         """The metrics logged at an evaluation, from the mean validation loss."""
         return {"val_loss": val_loss}

@@ -1,7 +1,8 @@
 """The pure train and eval steps; the trainer jits them once with their shardings.
 
 A batch arrives as ``batch: [grad_accum, micro_batch, *example]`` (the task's example: for
-``lm``, ``int32 [seq + 1]`` token windows); the task's ``loss`` scores one micro-batch.
+``lm``, ``int32 [seq + 1]`` token windows); the task's ``loss_and_metrics`` scores one
+micro-batch (its metrics, such as a mixture of experts' routing, are averaged like the loss).
 Gradients of the micro-batches are summed in a ``lax.scan`` so memory holds one micro-batch of
 activations at a time; each micro-batch's loss is scaled by 1 / grad_accum first, so the sum
 is the mean.
@@ -31,17 +32,22 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
     step_key = jax.random.fold_in(dropout_key, state.step)
     n_micro = tokens.shape[0]
 
-    def micro_loss(params, micro: jax.Array, key: jax.Array) -> jax.Array:
-        return task.loss(model, params, micro, key) / n_micro  # summed over micro-batches: the mean
+    def micro_loss(params, micro: jax.Array, key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        loss, metrics = task.loss_and_metrics(model, params, micro, key)
+        return loss / n_micro, jax.tree.map(lambda m: m / n_micro, metrics)  # summed over micro-batches: the mean
 
     def accumulate(carry, inputs):
-        loss_sum, grad_sum = carry
+        loss_sum, grad_sum, metric_sum = carry
         index, micro = inputs
-        loss, grads = jax.value_and_grad(micro_loss)(state.params, micro, jax.random.fold_in(step_key, index))
-        return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+        (loss, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(
+            state.params, micro, jax.random.fold_in(step_key, index))
+        return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads), jax.tree.map(jnp.add, metric_sum, metrics)), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
-    (loss, grads), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), (jnp.arange(n_micro), tokens))
+    no_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype),
+                              jax.eval_shape(micro_loss, state.params, tokens[0], step_key)[1])
+    (loss, grads, task_metrics), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros, no_metrics),
+                                                  (jnp.arange(n_micro), tokens))
     grad_norm = optax.global_norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -55,7 +61,7 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                            nonfinite=state.nonfinite + (~finite).astype(jnp.int32), first_nonfinite=first)
     metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
-               "nonfinite_skipped": new_state.nonfinite}
+               "nonfinite_skipped": new_state.nonfinite, **task_metrics}
     return new_state, metrics
 
 

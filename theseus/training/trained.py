@@ -38,7 +38,7 @@ from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
 from theseus.training.optimizer import make_optimizer, optimizer_class
 from theseus.training.state import TrainState, sharded_init
-from theseus.training.trainer import BATCH_MESH_AXES, with_vocab
+from theseus.training.trainer import with_vocab
 
 SAVED_CONFIG = Path(".hydra") / "config.yaml"
 
@@ -118,7 +118,7 @@ def load_trained(path: Path, step: int | None = None) -> Trained:
     with configuration(cfg):
         model = configure(model_class(cfg))
     mesh = make_mesh(mesh_config)
-    plan = model.plan().merge(ShardingPlan(batch=BATCH_MESH_AXES)).override(mesh_config.rules)
+    plan = mesh_config.apply(model.plan())
     tx, _ = make_optimizer(optimizer, settings.max_steps)  # a checkpoint's state holds the optimizer's too
     _, target, _ = sharded_init(model, tx, model.seq_len, settings.seed, plan, mesh)
     params, at = trained_params(path, step, model, target)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import signal
 import sys
 import time
@@ -24,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from omegaconf import DictConfig, OmegaConf
 from optax import ScaleByScheduleState
 
-from theseus.base.axis import DATA, FSDP, ShardingPlan
+from theseus.base.axis import BATCH_MESH_AXES
 from theseus.base.hardware import peak_flops
 from theseus.base.mesh import MeshConfig, compiler_options, make_mesh, on_devices, use_cpu_devices
 from theseus.config import ConfigError, configuration, configure
@@ -50,7 +51,6 @@ from theseus.training.resume import check_resume
 from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
 from theseus.training.step import eval_step, train_step
 
-BATCH_MESH_AXES = (DATA, FSDP)  # the mesh axes a batch is split over
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
 REMAT_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each remat policy to advise
 
@@ -92,11 +92,11 @@ class Trainer:
         s = self.settings  # each settings class has checked its own ranges
         use_cpu_devices(self.mesh_config.cpu_devices)  # before anything counts the devices
         self.mesh_shape = self.mesh_config.shape(jax.device_count())
-        parallel = self.mesh_shape[DATA] * self.mesh_shape[FSDP]
+        parallel = self.batch_parallel
         if s.batch_size % (s.grad_accum * parallel):
             raise ConfigError(
                 f"trainer.batch_size={s.batch_size} must divide by trainer.grad_accum={s.grad_accum} x "
-                f"mesh.data x mesh.fsdp={parallel}: use a multiple of {s.grad_accum * parallel}"
+                f"mesh.data x mesh.fsdp x mesh.expert={parallel}: use a multiple of {s.grad_accum * parallel}"
             )
         if s.batch_size % jax.process_count():
             raise ConfigError(f"trainer.batch_size={s.batch_size} must divide by the {jax.process_count()} "
@@ -115,7 +115,7 @@ class Trainer:
                     f"architecture.seq_len+1={self.seq_len + 1}: lower architecture.seq_len, use more data or "
                     f"raise data.val_fraction"
                 )
-        self.plan = self.mesh_config.apply(self.model.plan().merge(ShardingPlan(batch=BATCH_MESH_AXES)))
+        self.plan = self.mesh_config.apply(self.model.plan())
         self.evaluations = load_evaluations(self.cfg, self.dataset, self.model, self.data_config.seed, self.prefetch)
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
         self._built: Compiled | None = None  # the training build, once the memory check has made it
@@ -127,6 +127,11 @@ class Trainer:
         if self.data_config.prefetch is not None:
             return self.data_config.prefetch
         return 0 if jax.default_backend() == "cpu" else 8
+
+    @property
+    def batch_parallel(self) -> int:
+        """The devices a batch is split over: the product of the batch's mesh axes' sizes."""
+        return math.prod(self.mesh_shape[axis] for axis in BATCH_MESH_AXES)
 
     @property
     def tokens_per_step(self) -> int:
@@ -225,7 +230,7 @@ class Trainer:
         return Compiled(mesh, init, target, step, evaluate, measured, memory, batch_share)
 
     def batch_sharding(self, mesh: Mesh, accumulated: bool = False) -> NamedSharding:
-        """Sequences split over (data, fsdp); ``accumulated`` batches lead with grad_accum."""
+        """Sequences split over (data, fsdp, expert); ``accumulated`` batches lead with grad_accum."""
         spec = PartitionSpec(None, BATCH_MESH_AXES, None) if accumulated else PartitionSpec(BATCH_MESH_AXES, None)
         return NamedSharding(mesh, spec)
 
@@ -262,7 +267,7 @@ class Trainer:
             return Trainer(cfg).build().memory
 
         return check_fit(memory, limit, source, batch_size=s.batch_size, grad_accum=s.grad_accum,
-                         parallel=self.mesh_shape[DATA] * self.mesh_shape[FSDP], remat=remat,
+                         parallel=self.batch_parallel, remat=remat,
                          remat_memory=remat_memory if compile_candidates else None)
 
     def run(self, run_dir: Path) -> float:
@@ -489,7 +494,7 @@ class Trainer:
         first, end = min(start for start, _ in held), max(stop for _, stop in held)
         if sum(stop - start for start, stop in held) != end - first or first % (end - first):
             raise ConfigError(f"process {jax.process_index()}'s devices hold sequences {sorted(held)} of each "
-                              f"batch of {micro}, not one contiguous share: give mesh.data x mesh.fsdp a multiple "
+                              f"batch of {micro}, not one contiguous share: give mesh.data x mesh.fsdp x mesh.expert a multiple "
                               f"of the {jax.process_count()} processes, or make it 1")
         return first // (end - first), micro // (end - first)
 

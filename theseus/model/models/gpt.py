@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.base.axis import BATCH, DATA, EMBED, FSDP, HEADS, KV_HEADS, LAYERS, MLP_HIDDEN, SEQ, TENSOR, VOCAB, ShardingPlan
+from theseus.base.axis import BATCH, BATCH_MESH_AXES, EMBED, FSDP, HEADS, KV_HEADS, LAYERS, MLP_HIDDEN, SEQ, TENSOR, VOCAB, ShardingPlan
 from theseus.config import ConfigError, configure, field, register
 from theseus.model.layers import (
     NORMS,
@@ -113,11 +113,11 @@ class GPT(Module):
 
     @property
     def sharding(self) -> ShardingPlan:
-        """Batch over (data, fsdp); weights' embed axis over fsdp (ZeRO-3); vocab, heads and MLP
+        """Batch over (data, fsdp, expert); weights' embed axis over fsdp (ZeRO-3); vocab, heads and MLP
         width over tensor (Megatron). Batch comes first: Flax's rules give a mesh axis to the
         first logical axis that claims it, so activations split batch, not embed, over fsdp."""
         return ShardingPlan({
-            BATCH: (DATA, FSDP), EMBED: FSDP, VOCAB: TENSOR, HEADS: TENSOR, KV_HEADS: TENSOR, MLP_HIDDEN: TENSOR,
+            BATCH: BATCH_MESH_AXES, EMBED: FSDP, VOCAB: TENSOR, HEADS: TENSOR, KV_HEADS: TENSOR, MLP_HIDDEN: TENSOR,
             LAYERS: None,  # scanned layers: every device holds its share of each layer
         })
 
@@ -125,20 +125,28 @@ class GPT(Module):
         self.wte = configure(self.embedding_cls)
         self.wpe = configure(self.position_embedding_cls) if self.positions == "learned" else None
         self.drop = nn.Dropout(self.dropout)
-        block_cls = self.block_cls
-        if self.remat != "none":  # deterministic (argument 3, self being 0) is a Python bool
-            block_cls = nn.remat(block_cls, policy=REMAT_POLICIES[self.remat], static_argnums=(3,),
-                                 prevent_cse=not self.scan_layers)  # a scan body needs no CSE guard
         if self.scan_layers:  # one block, whose variables __call__'s scan stacks n_layers deep
-            self.h = configure(block_cls, decode=self.decode)
+            self.h = configure(self._rematted(self.block_cls), decode=self.decode)
         else:
-            self.h = [configure(block_cls, decode=self.decode) for _ in range(self.n_layers)]
+            self.h = [configure(self._rematted(self.layer_cls(i)), decode=self.decode) for i in range(self.n_layers)]
         self.ln_f = configure(self.norms[self.norm])
         if not self.tie_embeddings:
             init = nn.initializers.normal(self.init_std)
             self.lm_head = param(self, "lm_head", init, (EMBED, VOCAB), (self.d_model, self.vocab_size))
         if self.decode:
             self.index = self.variable("cache", "index", jnp.zeros, (), jnp.int32)  # positions cached so far
+
+    def layer_cls(self, index: int) -> type[Module]:
+        """The block class of layer ``index`` (unrolled layers; a scan repeats ``block_cls``)."""
+        return self.block_cls
+
+    def _rematted(self, block_cls: type[Module]) -> type[Module]:
+        """``block_cls`` recomputed in the backward pass per ``architecture.remat``."""
+        if self.remat == "none":
+            return block_cls
+        # deterministic (argument 3, self being 0) is a Python bool; a scan body needs no CSE guard
+        return nn.remat(block_cls, policy=REMAT_POLICIES[self.remat], static_argnums=(3,),
+                        prevent_cse=not self.scan_layers)
 
     def __call__(self, tokens: jax.Array, deterministic: bool = True) -> jax.Array:
         positions = self._positions(tokens.shape[1])
@@ -162,7 +170,7 @@ class GPT(Module):
         def body(block: Module, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, None]:
             return block(x, positions, deterministic), None
 
-        scan = nn.scan(body, variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True, "dropout": True},
+        scan = nn.scan(body, variable_axes={"params": 0, "cache": 0, "moe": 0}, split_rngs={"params": True, "dropout": True},
                        in_axes=nn.broadcast, length=self.n_layers, metadata_params={nn.PARTITION_NAME: LAYERS})
         return scan(self.h, x, positions)[0]
 

@@ -1,0 +1,46 @@
+"""MoEGPT: a GPT whose feed-forward is a mixture of experts every ``architecture.moe.every``-th
+layer (``model=moe``; the keys ``architecture.moe.*``, see ``theseus.model.moe``).
+
+    with configuration(cfg):
+        model = configure(MoEGPT, vocab_size=256)
+    logits, sown = model.apply({"params": params}, tokens, mutable=["moe"])  # sown: routing statistics
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from theseus.config import ConfigError, field, register
+from theseus.model.layers import Block
+from theseus.model.models.gpt import GPT
+from theseus.model.moe import MoEBlock
+from theseus.model.module import Module
+
+
+@register("model", "moe")
+class MoEGPT(GPT):
+    """GPT with ``moe_block_cls`` at layers ``i`` where ``(i + 1) % every == 0`` (Qwen2-MoE's
+    ``decoder_sparse_step``) and ``dense_block_cls`` elsewhere; ``every=1``: every layer."""
+
+    block_cls: ClassVar[type[Module]] = MoEBlock
+    moe_block_cls: ClassVar[type[Module]] = MoEBlock
+    dense_block_cls: ClassVar[type[Module]] = Block
+
+    every: int = field("architecture/moe/every", default=1,
+                       help="a mixture-of-experts feed-forward every N-th layer (layers N-1, 2N-1, ...), dense between")
+
+    def __post_init__(self):
+        if self.every < 1:
+            raise ConfigError(f"architecture.moe.every must be positive, got {self.every}")
+        if self.every > 1 and self.scan_layers:
+            raise ConfigError(f"architecture.scan_layers=true repeats one block, but architecture.moe.every="
+                              f"{self.every} mixes dense and MoE layers: set architecture.moe.every=1 or "
+                              f"architecture.scan_layers=false")
+        super().__post_init__()
+
+    @classmethod
+    def components(cls) -> list[type]:
+        return [*super().components(), cls.moe_block_cls, cls.dense_block_cls]
+
+    def layer_cls(self, index: int) -> type[Module]:
+        return self.moe_block_cls if (index + 1) % self.every == 0 else self.dense_block_cls

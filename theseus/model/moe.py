@@ -1,0 +1,259 @@
+"""Mixture of experts: a feed-forward layer of ``n_experts`` MLPs, each token sent to ``top_k``.
+
+Routing (in float32): router logits ``x @ W_router``, softmax over the experts, the top-k
+probabilities kept (and renormalised to sum to 1 with ``norm_topk_prob``, as Mixtral always
+does). Every sequence is its own routing group: each expert takes at most ``capacity`` of a
+sequence's tokens (``ceil(capacity_factor x seq x top_k / n_experts)``; every token's first
+choice is served before any second choice, earlier positions first); a choice over capacity is
+dropped (the token's residual carries on) and counted. ``capacity_factor=null`` is dropless:
+the capacity is the whole sequence. Groups of one sequence make routing, drops and losses the
+same on every mesh.
+
+Expert parallelism (GShard's sharding-constraint form): the tokens of a sequence are gathered
+into their experts' slots ``[batch, expert, capacity, d_model]`` on the devices that hold the
+sequence, then a sharding constraint moves the ``expert`` dimension onto the ``expert`` mesh
+axis (XLA emits an all-to-all over it), the experts compute where their weights live, and the
+reverse constraint brings the results back (another all-to-all) to be combined.
+
+The layer sows into the ``moe`` collection (``nn.Module.sow``) what the task adds to the loss
+and logs: ``moe_losses`` reads it back.
+
+Shapes: ``x: [batch, seq, d_model]``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from theseus.base.axis import (
+    BATCH,
+    DATA,
+    EMBED,
+    EXPERT,
+    EXPERT_AXIS,
+    EXPERT_BATCH,
+    FSDP,
+    MLP_HIDDEN,
+    SEQ,
+    ShardingPlan,
+)
+from theseus.config import ConfigError, configure, field
+from theseus.model.layers import MLP, Block, dense, param
+from theseus.model.module import Module
+
+MOE_COLLECTION = "moe"  # the Flax collection the layers sow their routing statistics into
+
+
+class MoE(Module):
+    """Top-k routed experts (SwiGLU or GELU MLPs without biases, as in Mixtral, Qwen2-MoE and
+    DeepSeek), plus an optional shared expert that every token visits (Qwen2-MoE's, with its
+    sigmoid gate; DeepSeek's n shared experts of width f are one of width n x f).
+
+    ``x: [batch, seq, d_model] -> [batch, seq, d_model]``; weights ``w_in: [n_in, expert,
+    d_model, d_ff]``, ``w_out: [expert, d_ff, d_model]``, ``router: [d_model, expert]``.
+    """
+
+    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
+    dense_d_ff: int | None = field("architecture/d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
+    activation: str = field(
+        "architecture/activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
+    )
+    dropout: float = field("architecture/dropout", default=0.0, help="dropout rate (training only)")
+    init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
+    n_experts: int = field("architecture/moe/n_experts", default=8, help="experts per mixture-of-experts layer")
+    top_k: int = field("architecture/moe/top_k", default=2, help="experts each token is sent to")
+    expert_d_ff: int | None = field("architecture/moe/d_ff", default=None,
+                                    help="hidden width of each expert; None: architecture.d_ff")
+    capacity_factor: float | None = field(
+        "architecture/moe/capacity_factor", default=1.25,
+        help="each expert takes at most capacity_factor x seq x top_k / n_experts tokens of a sequence, the rest "
+             "are dropped (and counted); null: dropless (capacity = seq)",
+    )
+    norm_topk_prob: bool = field("architecture/moe/norm_topk_prob", default=True,
+                                 help="renormalise the top-k routing probabilities to sum to 1 (Mixtral: true)")
+    shared_d_ff: int = field("architecture/moe/shared_d_ff", default=0,
+                             help="hidden width of a shared expert every token visits; 0: none")
+    shared_gate: bool = field("architecture/moe/shared_gate", default=False,
+                              help="scale the shared expert by sigmoid(x @ w) (Qwen2-MoE)")
+    aux_loss: float = field("architecture/moe/aux_loss", default=0.01,
+                            help="coefficient of the load-balancing loss (Switch/Mixtral; top_k at perfect balance)")
+    z_loss: float = field("architecture/moe/z_loss", default=0.001,
+                          help="coefficient of the router z-loss, mean logsumexp(router logits)^2 (ST-MoE)")
+
+    shared_cls: ClassVar[type[Module]] = MLP
+
+    def __post_init__(self):
+        if self.n_experts < 1:
+            raise ConfigError(f"architecture.moe.n_experts must be positive, got {self.n_experts}")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ConfigError(f"architecture.moe.top_k must be in [1, architecture.moe.n_experts={self.n_experts}], "
+                              f"got {self.top_k}")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ConfigError(f"architecture.moe.capacity_factor must be positive (or null: dropless), "
+                              f"got {self.capacity_factor}")
+        for key in ("shared_d_ff", "aux_loss", "z_loss"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"architecture.moe.{key} must be >= 0, got {getattr(self, key)}")
+        super().__post_init__()
+
+    @classmethod
+    def components(cls) -> list[type]:
+        return [cls.shared_cls]
+
+    @property
+    def sharding(self) -> ShardingPlan:
+        """Experts over the ``expert`` mesh axis; dispatched sequences over the batch's other axes."""
+        return ShardingPlan({EXPERT_AXIS: EXPERT, EXPERT_BATCH: (DATA, FSDP)})
+
+    @property
+    def hidden(self) -> int:
+        return self.expert_d_ff or self.dense_d_ff or 4 * self.d_model
+
+    @property
+    def n_in(self) -> int:
+        """Input projections: 2 for SwiGLU (gate and value), 1 for GELU."""
+        return 2 if self.activation == "swiglu" else 1
+
+    def capacity(self, seq: int) -> int:
+        """Slots of each expert per sequence of ``seq`` tokens (``seq``: dropless)."""
+        if self.capacity_factor is None:
+            return seq
+        return min(seq, math.ceil(self.capacity_factor * seq * self.top_k / self.n_experts))
+
+    def setup(self):
+        init = nn.initializers.normal(self.init_std)
+        e, d, f = self.n_experts, self.d_model, self.hidden
+        self.router = param(self, "router", init, (EMBED, None), (d, e))
+        self.w_in = param(self, "w_in", init, (None, EXPERT_AXIS, EMBED, MLP_HIDDEN), (self.n_in, e, d, f))
+        self.w_out = param(self, "w_out", init, (EXPERT_AXIS, MLP_HIDDEN, EMBED), (e, f, d))
+        self.shared = configure(self.shared_cls, d_ff=self.shared_d_ff) if self.shared_d_ff else None
+        self.gate = param(self, "shared_gate", init, (EMBED, None), (d, 1)) if self.shared and self.shared_gate else None
+        self.drop = nn.Dropout(self.dropout)
+
+    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+        batch, seq, _ = x.shape
+        e, k, c = self.n_experts, self.top_k, self.capacity(seq)
+        dtype = self._activation_dtype
+        logits = jnp.einsum("bsd,de->bse", x.astype(jnp.float32), self.router.astype(jnp.float32))
+        # routing stays on the devices of its sequences (left free, XLA splits experts here too)
+        logits = nn.with_logical_constraint(logits, (BATCH, SEQ, None))
+        probs = jax.nn.softmax(logits, axis=-1)  # [batch, seq, expert]
+        weights, experts = _top_k(probs, k)  # [batch, seq, k]
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdims=True)
+        slot, kept = _slots(experts, e, c)  # [batch, seq, k]: e * c + position, or e * c when dropped
+
+        # the token in each expert's slots (seq: none, a zero row), then the tokens to their experts
+        token = jnp.repeat(jnp.arange(seq, dtype=jnp.int32), k)  # of each choice, [seq * k]
+        # vmapped over sequences: a scatter whose batch dimension XLA keeps split (not gathered)
+        slot_token = jax.vmap(lambda slots: jnp.full((e * c + 1,), seq, jnp.int32).at[slots].set(token))(
+            slot.reshape(batch, -1))
+        slot_token = nn.with_logical_constraint(slot_token[:, : e * c], (BATCH, None))
+        padded = jnp.concatenate([x.astype(dtype), jnp.zeros((batch, 1, x.shape[-1]), dtype)], axis=1)
+        dispatched = jnp.take_along_axis(padded, slot_token[..., None], axis=1)
+        dispatched = nn.with_logical_constraint(dispatched, (BATCH, None, None)).reshape(batch, e, c, -1)
+        # no embed axis named here: its rule (fsdp, for weights) must not take the batch's mesh axes
+        out = self._experts(nn.with_logical_constraint(dispatched, (EXPERT_BATCH, EXPERT_AXIS, None, None)))
+        out = nn.with_logical_constraint(out, (BATCH, None, None, EMBED)).reshape(batch, e * c, -1)
+
+        out = jnp.concatenate([out, jnp.zeros((batch, 1, out.shape[-1]), dtype)], axis=1)
+        chosen = jnp.take_along_axis(out, slot.reshape(batch, seq * k, 1), axis=1)
+        chosen = nn.with_logical_constraint(chosen, (BATCH, None, None)).reshape(batch, seq, k, -1)
+        y = jnp.einsum("bskd,bsk->bsd", chosen, jnp.where(kept, weights, 0.0).astype(dtype))
+        if self.shared is not None:
+            shared = self.shared(x, deterministic)
+            if self.gate is not None:
+                shared = shared * jax.nn.sigmoid(dense("bsd,do->bso", x, self.gate, None, jnp.float32)).astype(dtype)
+            y = y + shared
+        self._sow(logits, probs, experts, kept)
+        y = nn.with_logical_constraint(y, (BATCH, None, EMBED))
+        return self.drop(y, deterministic=deterministic)
+
+    def _experts(self, x: jax.Array) -> jax.Array:
+        """Each expert's MLP on its slots: ``x: [batch, expert, capacity, d_model]`` -> the same shape."""
+        dtype = self._activation_dtype
+        h = [dense("becd,edf->becf", x, self.w_in[i], None, dtype) for i in range(self.n_in)]
+        h = jax.nn.silu(h[0]) * h[1] if self.activation == "swiglu" else jax.nn.gelu(h[0], approximate=True)
+        h = nn.with_logical_constraint(h, (EXPERT_BATCH, EXPERT_AXIS, None, MLP_HIDDEN))
+        out = dense("becf,efd->becd", h, self.w_out, None, dtype)
+        return nn.with_logical_constraint(out, (EXPERT_BATCH, EXPERT_AXIS, None, None))
+
+    def _sow(self, logits: jax.Array, probs: jax.Array, experts: jax.Array, kept: jax.Array) -> None:
+        """Record this layer's routing: the weighted auxiliary loss and what the log shows.
+
+        ``load``: each expert's share of the top-k choices (before capacity; sums to 1);
+        ``balance``: Switch/Mixtral's ``n_experts x sum_e (choices_e / tokens) x mean prob_e``;
+        ``z``: mean ``logsumexp(logits)^2``; ``dropped``: the fraction of choices over capacity.
+        """
+        chosen = jax.nn.one_hot(experts, self.n_experts, dtype=jnp.float32).sum(-2)  # [batch, seq, expert]
+        per_token = chosen.mean((0, 1))
+        balance = self.n_experts * jnp.sum(per_token * probs.mean((0, 1)))
+        z = jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+        self.sow(MOE_COLLECTION, "routing", {
+            "penalty": self.aux_loss * balance + self.z_loss * z, "balance": balance, "z": z,
+            "dropped": (~kept).astype(jnp.float32).mean(), "load": per_token / self.top_k,
+        })
+
+    def flops(self, seq: int) -> int:
+        """The router (d_model x experts) for every token, the ``top_k`` experts each token
+        visits (not all of them; capacity's empty slots are not counted), the shared expert."""
+        router = 6 * self.d_model * self.n_experts * seq
+        experts = 6 * (self.n_in + 1) * self.d_model * self.hidden * self.top_k * seq
+        shared = self.shared.flops(seq) + (6 * self.d_model * seq if self.gate is not None else 0) if self.shared else 0
+        return router + experts + shared
+
+
+def _top_k(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """``jax.lax.top_k`` over the last axis by ``k`` argmaxes (ties: the lower index first, as
+    top_k): XLA partitions an argmax over the batch's devices, whereas CPU's TopK is gathered."""
+    values, indices = [], []
+    for _ in range(k):
+        index = jnp.argmax(probs, axis=-1)
+        values.append(jnp.take_along_axis(probs, index[..., None], axis=-1)[..., 0])
+        indices.append(index)
+        probs = jnp.where(jax.nn.one_hot(index, probs.shape[-1], dtype=bool), -jnp.inf, probs)
+    return jnp.stack(values, -1), jnp.stack(indices, -1).astype(jnp.int32)
+
+
+def _slots(experts: jax.Array, n_experts: int, capacity: int) -> tuple[jax.Array, jax.Array]:
+    """Each choice's slot among its expert's ``capacity``: ``experts: int[batch, seq, k]`` ->
+    ``(slot, kept)``, ``slot = expert x capacity + position`` (``n_experts x capacity`` when
+    over capacity) and ``kept: bool``. Every token's first choice comes before any second
+    choice (GShard's priority), then positions in order."""
+    batch, seq, k = experts.shape
+    ordered = jax.nn.one_hot(experts.transpose(0, 2, 1).reshape(batch, k * seq), n_experts, dtype=jnp.int32)
+    position = ((jnp.cumsum(ordered, axis=1) - 1) * ordered).sum(-1)  # [batch, k * seq]
+    position = position.reshape(batch, k, seq).transpose(0, 2, 1)
+    kept = position < capacity
+    return jnp.where(kept, experts * capacity + position, n_experts * capacity), kept
+
+
+class MoEBlock(Block):
+    """A Block whose feed-forward is a mixture of experts."""
+
+    mlp_cls: ClassVar[type[Module]] = MoE
+
+
+def moe_losses(sown: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The auxiliary loss and routing metrics from a model's ``moe`` collection, averaged over
+    its MoE layers (a scan's stacked layers included): ``(penalty, metrics)``, ``(0, {})``
+    for a model without them. Metrics: ``moe/aux_loss`` (load balance), ``moe/z_loss``,
+    ``moe/dropped`` (fraction of choices over capacity), ``moe/load_e{i}`` (expert i's share)."""
+    layers = jax.tree.leaves(sown, is_leaf=lambda node: isinstance(node, dict) and "penalty" in node)
+    if not layers:
+        return jnp.zeros((), jnp.float32), {}
+
+    def mean(name: str, trailing: int = 0) -> jax.Array:  # over layers (and scanned layers' leading axis)
+        values = [jnp.reshape(layer[name], (-1, *jnp.shape(layer[name])[jnp.ndim(layer[name]) - trailing:]))
+                  for layer in layers]
+        return jnp.concatenate(values).mean(0)
+
+    load = mean("load", trailing=1)
+    metrics = {"moe/aux_loss": mean("balance"), "moe/z_loss": mean("z"), "moe/dropped": mean("dropped"),
+               **{f"moe/load_e{i}": load[i] for i in range(load.shape[0])}}
+    return mean("penalty"), metrics
