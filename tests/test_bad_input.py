@@ -166,6 +166,8 @@ from pathlib import Path
 import hydra
 import theseus.run
 
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
+
 class Started(Exception):
     pass
 

@@ -8,7 +8,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from support import ROOT, bare_env, fresh_python, run_python, site_of
+
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
 # what a lent GPU machine's Python has (and what these require): no Hydra, no W&B, no theseus
 ON_DEVICE = ["jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "tokenizers", "transformers"]

@@ -19,6 +19,8 @@ from theseus.base.distributed import DistributedConfig, join_arguments
 from theseus.config import ConfigError
 from theseus.launch import free_port, pin_output_dirs
 
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
+
 STEPS = 10
 RESUME_AT = 5
 

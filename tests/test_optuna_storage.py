@@ -7,8 +7,11 @@ time (pyproject.toml pins both); with SQLAlchemy 2 its SQLite storage fails on a
 from __future__ import annotations
 
 import optuna
+import pytest
 from omegaconf import OmegaConf
 from support import ROOT, run_python
+
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
 APP = str(ROOT / "tests" / "sweep_app.py")  # fake training: val_loss is least at lr=3e-3
 

@@ -150,6 +150,8 @@ COUNT_COMPOSITIONS = """
 import atexit, sys
 from hydra._internal.hydra import Hydra
 from theseus.run import main
+
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 composed = []
 original = Hydra.compose_config
 Hydra.compose_config = lambda self, *a, **k: composed.append(1) or original(self, *a, **k)

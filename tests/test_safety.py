@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 from support import ROOT, run_python
 
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
+
 PACKAGE = ROOT / "theseus"
 
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "cloudpickle", "dill", "shelve", "marshal", "jsonpickle"}

@@ -11,6 +11,8 @@ import pytest
 
 from support import ROOT, run_python
 
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
+
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:

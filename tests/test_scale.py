@@ -10,6 +10,8 @@ import pytest
 
 from support import ROOT, run_python
 
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
+
 TINY = ["+experiment=gpt_tiny", "trainer.max_steps=4", "trainer.log_every=1", "trainer.eval_every=0",
         "trainer.eval_batches=1", "trainer.checkpoint_every=2", "trainer.batch_size=4", "logger.mode=disabled",
         "optimizer.schedule=constant", "optimizer.warmup_steps=2"]  # constant: max_steps may grow on resume

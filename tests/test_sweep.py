@@ -14,6 +14,8 @@ from support import ROOT, run_python, wandb_records
 from theseus.config.compose import compose
 from theseus.sweep import RESULT, Job, SweepSummary, error_line, swept
 
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
+
 APP = str(ROOT / "tests" / "sweep_app.py")  # fake training: val_loss is least at lr=3e-3; lr >= 0.1 raises
 
 

@@ -12,6 +12,8 @@ import pytest
 
 from support import ROOT, run_python
 
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
+
 MODELS = Path(__file__).parent / "examples" / "mymodels.py"  # the README's example
 
 

@@ -9,7 +9,11 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 from support import ROOT, bare_env, fresh_python
+
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
 
 def test_wheel_installs_and_runs_gpt_tiny_from_another_folder(tmp_path):

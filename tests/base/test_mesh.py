@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from support import run_python
 
 SCRIPT = r"""
@@ -24,6 +25,7 @@ except ConfigError as exc:
 """
 
 
+@pytest.mark.slow
 def test_cpu_devices_make_the_backend_once_and_a_later_count_is_refused():
     fresh = run_python("-c", SCRIPT, "fresh")
     assert fresh.returncode == 0, fresh.stderr[-2000:]

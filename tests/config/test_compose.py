@@ -57,6 +57,7 @@ def test_suggest_prefers_siblings():
     assert suggest("optimizer.lrr", known) == ["optimizer.lr"]
 
 
+@pytest.mark.slow
 def test_a_composed_config_is_checked_once_and_configure_takes_its_values(monkeypatch):
     """compose() checks each value (OmegaConf's typed nodes, then validate) and marks the config;
     building a model from it, children included, converts nothing again. A plain dict is

@@ -70,6 +70,7 @@ def test_subclass_hooks_are_followed_by_components():
     assert ScaledMLP in ScaledGPT.gather() and MLP not in ScaledGPT.gather()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("llama", [False, True])
 def test_root_keyword_reaches_the_child_that_declares_it_under_jit(llama):
     """configure(ScaledGPT, ff_scale=3.0) sets architecture.ff_scale: the MLPs scale by 3, also

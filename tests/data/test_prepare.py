@@ -191,6 +191,7 @@ def test_settings_are_checked_where_they_are_made(config):
         config(tokenizer="bpe", bpe_vocab_size=200)
 
 
+@pytest.mark.slow
 def test_command_line(corpus, tmp_path):
     args = ["-m", "theseus.data.prepare", "data.source=text", f"data.path={corpus}", f"data.cache_dir={tmp_path / 'c'}"]
     first, second = run_python(*args, timeout=120), run_python(*args, timeout=120)

@@ -13,6 +13,8 @@ from interop.hf_models import CORPUS, hf_logits, torch, transformers
 
 from support import run_python
 
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
+
 
 def train_args(folder: Path, tmp: Path, *extra: str) -> list[str]:
     corpus = tmp / "mine.txt"

@@ -150,6 +150,7 @@ def test_sequence_longer_than_seq_len_is_refused():
         abstract_params(model, tokens(seq=17))
 
 
+@pytest.mark.slow
 def test_dropout_uses_the_dropout_stream_only_when_not_deterministic():
     model = build({**TINY, "architecture.dropout": 0.2})
     x = tokens()
@@ -162,6 +163,7 @@ def test_dropout_uses_the_dropout_stream_only_when_not_deterministic():
     assert not np.allclose(noisy[0], clean) and not np.allclose(noisy[0], noisy[2])
 
 
+@pytest.mark.slow
 def test_loss_decreases_with_gradient_steps():
     model = build(LLAMA)
     x = tokens(seq=9)

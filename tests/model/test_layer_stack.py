@@ -59,6 +59,7 @@ def max_diff(a: dict, b: dict) -> float:
     return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(jnp.max(jnp.abs(x - y))), a, b)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan, remat", [(False, "full"), (True, "dots")])
 def test_remat_changes_neither_loss_nor_gradients_dropout_included(scan, remat):
     cfg = {**TINY, "architecture.n_layers": 2, "architecture.dropout": 0.1}
@@ -89,6 +90,7 @@ def temp_bytes(model: GPT, batch: int) -> int:
     return compiled.memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow
 def test_temporary_memory_falls_from_none_to_dots_to_full():
     """On a model whose activations dominate (4 layers, d_model 128, 128 positions, batch 8).
 
@@ -100,6 +102,7 @@ def test_temporary_memory_falls_from_none_to_dots_to_full():
     assert none > 1.5 * dots and dots > 1.1 * full, (none, dots, full)
 
 
+@pytest.mark.slow
 def test_scanned_layers_equal_the_unrolled_model_given_the_same_parameters():
     cfg = LLAMA
     unrolled = build(cfg)

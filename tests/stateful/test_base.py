@@ -237,6 +237,7 @@ PRECISION_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("x64", [False, True])
 def test_set_precision_64_depends_on_jax_enable_x64(x64):
     result = run_python("-c", PRECISION_SCRIPT, env={"JAX_ENABLE_X64": "1" if x64 else "0"}, timeout=120)
@@ -457,6 +458,7 @@ LOAD_ELSEWHERE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_users_module_trains_saves_and_loads_elsewhere(tmp_path, monkeypatch):
     (tmp_path / "user_shift.py").write_text(USER_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -97,6 +97,7 @@ def test_fit_settings_are_config_fields():
         compose(["+experiment=pmm_regression", "fit.epoch=3"])
 
 
+@pytest.mark.slow
 def test_pmm_regression_experiment_reports_test_mse():
     cfg = compose(["+experiment=pmm_regression", "fit.epochs=30", "architecture.pmm.n=3", "regression.mlp_hidden=8"])
     results = run_regression(cfg)

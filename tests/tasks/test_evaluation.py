@@ -84,6 +84,7 @@ def straight(files, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_a_mixture_run_logs_each_source_and_task_and_resumes_bit_for_bit(files, straight, tmp_path):
     train(*command(files, tmp_path, "trainer.max_steps=5"))  # stopped after step 5 (checkpoint 5)...
     train(*command(files, tmp_path))  # ...and resumed to the end
@@ -127,6 +128,7 @@ def test_each_source_s_loss_equals_that_source_evaluated_alone(files, straight):
     assert mixed["val_loss"] == pytest.approx(logged["val_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_evaluate_a_checkpoint_reproduces_the_logged_evaluation(files, straight, tmp_path):
     """On 8 devices (the run's mesh over all of them) as the run logged on one; then on one."""
     proc = run_python("-m", "theseus.evaluate", str(straight), cwd=tmp_path, devices=8)
@@ -192,6 +194,7 @@ def test_evaluate_refuses_other_keys_and_missing_steps(straight):
                                    "saved steps are 6, 9, 12")  # the newest 3 kept
 
 
+@pytest.mark.slow
 def test_a_tiny_model_learns_the_toy_task_well_above_chance(files, tmp_path):
     """60 steps on runs of the alphabet: the right continuation wins far above chance (1/4), and
     the same examples labelled with a wrong choice score far below it."""

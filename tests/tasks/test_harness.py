@@ -119,6 +119,7 @@ class Request:
         self.args = args
 
 
+@pytest.mark.slow
 def test_generate_until_stops_at_the_first_stop_sequence_and_samples_by_seed():
     """Greedy: theseus's own greedy continuation, cut before the earliest stop sequence; the
     context keeps its last tokens to leave room for max_gen_toks; sampled: seeded per request."""

@@ -37,6 +37,7 @@ def train(tmp_path, name: str, *overrides: str) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_users_task_is_what_the_trainer_optimises(tmp_path):
     lm = train(tmp_path, "lm")
     doubled = train(tmp_path, "doubled", "task=doubled_lm")

@@ -73,6 +73,7 @@ def straight(corpus, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_resume_is_bit_exact(corpus, straight, tmp_path):
     proc = start_and_interrupt(command(corpus, tmp_path), after_step=4, sig=signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, proc.output[-2000:]
@@ -87,6 +88,7 @@ def test_sigterm_saves_and_resume_is_bit_exact(corpus, straight, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_kill_9_at_any_moment_then_the_same_command_finishes_identically(corpus, straight, tmp_path):
     cmd = command(corpus, tmp_path, "trainer.checkpoint_every=1")  # a write is nearly always under way
     for after in (2, 5, 9):
@@ -98,6 +100,7 @@ def test_kill_9_at_any_moment_then_the_same_command_finishes_identically(corpus,
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_damaged_latest_checkpoint_falls_back_to_the_previous(corpus, straight, tmp_path):
     import shutil
 
@@ -122,6 +125,7 @@ def test_resume_never_refuses_a_used_directory(corpus, straight):
     assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == before
 
 
+@pytest.mark.slow
 def test_restore_onto_other_meshes(corpus, tmp_path):
     """Saved sharded with fsdp=8, its step-6 checkpoint restored on one device: the same run."""
     import shutil
@@ -142,6 +146,7 @@ def test_restore_onto_other_meshes(corpus, tmp_path):
                                                                       rel=1e-4)
 
 
+@pytest.mark.slow
 def test_resume_with_a_changed_config_is_refused_with_the_diff(corpus, straight, tmp_path):
     import shutil
 

@@ -139,6 +139,7 @@ def test_the_git_commit_of_the_working_directory_is_recorded(tmp_path, monkeypat
     assert _run_record(log).git.commit == commit
 
 
+@pytest.mark.slow
 def test_sweep_jobs_share_a_wandb_group_and_job_type(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(open(json.__file__, encoding="utf-8").read() * 4)

@@ -38,6 +38,7 @@ def losses(tmp_path, name: str, trainer_cls: type[Trainer], *overrides: str) -> 
     return trainer, {row["step"]: row["loss"] for row in rows if "loss" in row}
 
 
+@pytest.mark.slow
 def test_the_logged_loss_is_the_mean_over_the_log_window_and_hooks_plug_in(tmp_path):
     _, every_step = losses(tmp_path, "every", Trainer, "trainer.log_every=1")
     trainer, windows = losses(tmp_path, "windows", Profiled, "trainer.log_every=4")

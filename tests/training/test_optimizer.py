@@ -179,6 +179,7 @@ def corpus(tmp_path_factory):
     return path, path.parent / "cache"  # tokenized once for every optimizer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(LR))
 def test_each_optimizer_trains_gpt_tiny(name, corpus, tmp_path):
     text, cache = corpus

@@ -56,6 +56,7 @@ def corpus(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_meshes_reproduce_single_device_losses(corpus):
     """The 8 devices are made by mesh.cpu_devices (no XLA flag), each compiled single-threaded."""
     single = losses(corpus, {"one": ["mesh.data=1"]})
@@ -82,6 +83,7 @@ def train_losses(corpus, tmp_path, *overrides: str) -> list[float]:
             if "loss" in json.loads(line)]
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_the_large_batch(corpus, tmp_path):
     large = train_losses(corpus, tmp_path, "trainer.batch_size=8", "trainer.grad_accum=1")
     accumulated = train_losses(corpus, tmp_path, "trainer.batch_size=8", "trainer.grad_accum=4")
@@ -125,6 +127,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_fsdp_gathers_weights_not_activations(corpus):
     """ZeRO-3: the step all-gathers parameters (at most the largest one) and never activations
     (a [batch, seq, ...] block is at least 4x larger here); and XLA never falls back to
