@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from support import run_python
 
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
+
 EXPERIMENT = "+experiment=gpt_tiny"
 
 
@@ -126,7 +128,7 @@ CASES = [
           "JAX's CPU backend has started with 2 devices", "set JAX_NUM_CPU_DEVICES=3"),
     _case("mesh_two_free_axes", ["mesh.fsdp=-1"], "mesh.data=-1 and mesh.fsdp=-1", "give the other mesh axes a size"),
     _case("mesh_rule_not_an_axis", ["+mesh.rules.vocab=bogus"], "mesh.rules.vocab='bogus' is not a mesh axis",
-          "use one of data, fsdp, tensor"),
+          "use one of data, fsdp, expert, tensor"),
     _case("mesh_rule_misspelt_logical_axis", ["+mesh.rules.emebd=fsdp"], "mesh.rules.emebd",
           "no parameter or activation has the logical axis 'emebd'", "did you mean mesh.rules.embed?"),
     _case("batch_not_divisible_by_data_parallel", ["trainer.batch_size=15"], "trainer.batch_size=15",
@@ -165,8 +167,6 @@ import contextlib, io, json, sys, traceback
 from pathlib import Path
 import hydra
 import theseus.run
-
-pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
 class Started(Exception):
     pass

@@ -12,6 +12,8 @@ import pytest
 
 from support import ROOT, run_python
 
+pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
+
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
 METRICS = ("loss", "lr", "grad_norm", "step_time", "tokens_per_s", "flops_per_s", "mfu", "data_wait")
 
@@ -150,8 +152,6 @@ COUNT_COMPOSITIONS = """
 import atexit, sys
 from hydra._internal.hydra import Hydra
 from theseus.run import main
-
-pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 composed = []
 original = Hydra.compose_config
 Hydra.compose_config = lambda self, *a, **k: composed.append(1) or original(self, *a, **k)

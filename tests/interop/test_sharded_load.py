@@ -11,7 +11,6 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import jax, numpy as np, optax
-    from theseus.base.axis import DATA, FSDP, ShardingPlan
     from theseus.base.mesh import MeshConfig, make_mesh
     from theseus.config import configuration, configure
     from theseus.interop.hf_config import arch_of, architecture, read_config
@@ -25,8 +24,8 @@ SCRIPT = textwrap.dedent("""
     arch = architecture(read_config(folder))
     with configuration({f"architecture.{k}": v for k, v in arch.items()}):
         model = configure(GPT)
-    mesh = make_mesh(MeshConfig(data=1, fsdp=8))
-    plan = model.plan().merge(ShardingPlan(batch=(DATA, FSDP)))
+    mesh_config = MeshConfig(data=1, fsdp=8)
+    mesh, plan = make_mesh(mesh_config), mesh_config.apply(model.plan())
     _, target, _ = sharded_init(model, optax.sgd(0.1), 8, 0, plan, mesh)
     params = load_params(folder, arch_of(model), target.params)
     with Checkpoint(folder) as ckpt:

@@ -90,7 +90,8 @@ def test_the_adapter_and_the_multiple_choice_scorer_give_lm_evals_numbers(tmp_pa
                 continue
             logp = [r[0] if isinstance(r, (list, tuple)) else r for r in a["responses"]]
             ref = [r[0] if isinstance(r, (list, tuple)) else r for r in b["filtered_resps"]]
-            np.testing.assert_allclose(logp, ref, atol=1e-4, rtol=0)
+            # rtol: a rolling document sums ~1000 nats, of which float32 keeps about 7 digits
+            np.testing.assert_allclose(logp, ref, atol=1e-4, rtol=1e-6)
         for key, value in expected["results"][task].items():
             metric, _, kept = key.partition(",")
             if kept == "none" and isinstance(value, float):

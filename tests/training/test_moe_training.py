@@ -54,13 +54,6 @@ def train(corpus, runs: dict[str, list[str]]) -> dict:
     return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("".join(open(m.__file__).read() for m in (json, pytest) if m.__file__))
-    return path
-
-
 @pytest.mark.slow
 def test_expert_parallel_meshes_reproduce_one_device(corpus):
     single = train(corpus, {"none": [NO_DROPS], "drops": [DROPS]})

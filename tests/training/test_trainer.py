@@ -49,13 +49,6 @@ def losses(corpus, meshes: dict[str, list[str]], devices: int | None = None) -> 
     return json.loads(line[len("RESULT"):])
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("".join(open(m.__file__).read() for m in (json, pytest) if m.__file__))
-    return path
-
-
 @pytest.mark.slow
 def test_meshes_reproduce_single_device_losses(corpus):
     """The 8 devices are made by mesh.cpu_devices (no XLA flag), each compiled single-threaded."""

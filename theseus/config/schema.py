@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import omegaconf
@@ -146,3 +146,15 @@ def _omegaconf_type(tp: Any) -> Any:
     except Exception:
         return Any
     return tp
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as its dotted keys: ``{"optimizer": {"lr": 1e-3}} -> {"optimizer.lr": 1e-3}``
+    (lists stay values)."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from theseus.config import ConfigError
+from theseus.config.schema import flatten
 
 SAFE = (
     "logger.", "mesh.", "distributed.", "evaluation.", "data.cache_dir", "trainer.log_every", "trainer.eval_every",
@@ -27,17 +28,6 @@ SAFE = (
     "trainer.dry_run", "trainer.peak_flops", "trainer.profile_steps",
     "architecture.remat",  # the same numbers, another memory/compute trade (scan_layers changes the tree)
 )
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}} -> {"a.b": 1}``."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 MAX_STEPS = "trainer.max_steps"

@@ -24,6 +24,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import CompactHydraException, HydraException
 from omegaconf import OmegaConf
 
+from theseus.config.schema import flatten
+
 METRICS = "metrics.jsonl"
 RESULT = "result.json"
 SUMMARY_METRICS = ("val_loss", "tokens_per_s", "mfu")  # a job's final values in the sweep summary
@@ -134,17 +136,6 @@ class Run:
         """``logger.name`` when the run was given one."""
         name = self.config.get("logger", {}).get("name")
         return str(name) if name else None
-
-
-def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"optimizer": {"lr": 1e-3}}`` -> ``{"optimizer.lr": 1e-3}`` (lists stay values)."""
-    out = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def differing(configs: Sequence[dict[str, Any]]) -> list[str]:
