@@ -144,6 +144,9 @@ CASES = [
     _case("folder_without_files", ["data.path={ws}/emptydir"], "data.path={ws}/emptydir matches no files"),
     _case("corpus_not_utf8", ["data.path={ws}/binary.dat"], "{ws}/binary.dat is not UTF-8 text",
           "convert it to UTF-8"),
+    _case("multiple_choice_file_missing",  # a fresh cache: refused before the corpus is prepared
+          ["+evaluation.multiple_choice.x={ws}/nope.jsonl", "data.cache_dir={ws}/fresh"],
+          "evaluation.multiple_choice.x={ws}/nope.jsonl: no such file"),
     _case("tokenizer_file_does_not_parse", ["data.tokenizer={ws}/bad_tokenizer.json"],
           "{ws}/bad_tokenizer.json does not parse as a Hugging Face tokenizer.json", "point data.tokenizer at"),
     _case("tokenizer_file_missing", ["data.tokenizer={ws}/nope.json"], "{ws}/nope.json does not exist",

@@ -93,11 +93,14 @@ class Evaluations:
     samples: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # TASK -> the latest per-example records
 
 
-def load_evaluations(cfg: Any, data: Dataset | Mixture, model: nn.Module, seed: int, prefetch: int) -> Evaluations:
-    """The evaluations ``cfg`` (its ``evaluation.*`` keys) asks for on ``data``; ConfigError, naming
-    the file and line, for a multiple-choice file that does not load."""
-    with configuration(cfg):
-        settings = configure(EvaluationConfig)
+def load_evaluations(cfg: Any, data: Dataset | Mixture, model: nn.Module, seed: int, prefetch: int,
+                     settings: EvaluationConfig | None = None) -> Evaluations:
+    """The evaluations ``cfg`` (its ``evaluation.*`` keys, or ``settings`` configured from them
+    already) asks for on ``data``; ConfigError, naming the file and line, for a multiple-choice
+    file that does not load."""
+    if settings is None:
+        with configuration(cfg):
+            settings = configure(EvaluationConfig)
     sources = ({name: (data.sources[name], weight) for name, weight in data.weights.items()}
                if isinstance(data, Mixture) else {"data": (data, 1.0)})
     tasks = {str(name): load_examples(path, data.tokenizer, model.seq_len)

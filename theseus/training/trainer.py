@@ -35,7 +35,7 @@ from theseus.data.dataset import open_dataset
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import apply_init_from, theseus_checkpoint
 from theseus.interop.loading import load_params
-from theseus.tasks.evaluation import evaluate, load_evaluations
+from theseus.tasks.evaluation import EvaluationConfig, evaluate, load_evaluations
 from theseus.tasks.task import LossTask, task_class
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
@@ -86,6 +86,7 @@ class Trainer:
             self.mesh_config = configure(MeshConfig)
             self.logger_config = configure(LoggerConfig)
             self.task = configure(task_class(cfg))
+            self.evaluation = configure(EvaluationConfig)  # its files checked before the data is prepared
         if not isinstance(self.task, LossTask):
             raise ConfigError(f"task={cfg.get('task')} runs its job itself, not in the trainer: "
                               f"run it with python -m theseus.run")
@@ -116,7 +117,8 @@ class Trainer:
                     f"raise data.val_fraction"
                 )
         self.plan = self.mesh_config.apply(self.model.plan())
-        self.evaluations = load_evaluations(self.cfg, self.dataset, self.model, self.data_config.seed, self.prefetch)
+        self.evaluations = load_evaluations(self.cfg, self.dataset, self.model, self.data_config.seed, self.prefetch,
+                                            self.evaluation)
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
         self._built: Compiled | None = None  # the training build, once the memory check has made it
 
