@@ -35,8 +35,8 @@ from theseus.training.resume import continue_last
 INFO_FLAGS = {"--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve", "-p", "--package"}
 VALUED = {"--cfg", "-c", "--shell-completion", "-sc", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
           "--config-dir", "-cd", "--experimental-rerun"}
-OPTIONAL_VALUE = {"--info": {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"},
-                  "-i": {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}}
+INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}  # what --info may be followed by
+OPTIONAL_VALUE = {"--info": INFO_VALUES, "-i": INFO_VALUES}  # flags whose value is optional, and its choices
 USAGE = """usage: python -m theseus.run [+experiment=NAME] [KEY=VALUE ...]          train
        python -m theseus.run -m +experiment=NAME [+sweep=NAME | KEY=A,B ...]  sweep
        python -m theseus.run ... --cfg job                                   print the composed config

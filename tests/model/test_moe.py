@@ -211,6 +211,7 @@ def test_bad_settings_are_config_errors(moe, extra, message):
     assert message in str(err.value)
 
 
+@pytest.mark.slow
 def test_dropless_decoding_through_the_cache_equals_the_full_pass():
     """Generation: a token routes alone, so dropless chunks through the KV cache give the full
     pass's logits, and greedy generation is the argmax of full passes."""
