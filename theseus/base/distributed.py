@@ -34,10 +34,10 @@ KEYS = {"coordinator_address": "coordinator", "num_processes": "num_processes", 
 class DistributedConfig(Configurable):
     """Multi-host settings for ``jax.distributed``; unset: detected, or a single process."""
 
-    coordinator: str | None = field("distributed/coordinator", default=None, help="HOST:PORT of process 0; unset: detected")
-    num_processes: int | None = field("distributed/num_processes", default=None, help="number of processes; unset: detected")
-    process_id: int | None = field("distributed/process_id", default=None, help="this process's index; unset: detected")
-    timeout: int = field("distributed/timeout", default=300, help="seconds to wait for every process to join")
+    coordinator: str | None = field("distributed.coordinator", default=None, help="HOST:PORT of process 0; unset: detected")
+    num_processes: int | None = field("distributed.num_processes", default=None, help="number of processes; unset: detected")
+    process_id: int | None = field("distributed.process_id", default=None, help="this process's index; unset: detected")
+    timeout: int = field("distributed.timeout", default=300, help="seconds to wait for every process to join")
 
 
 def detected_processes() -> int | None:

@@ -20,15 +20,15 @@ from theseus.config.errors import suggest
 class MeshConfig(Configurable):
     """The shape of the device mesh; its product must equal the device count."""
 
-    data: int = field("mesh/data", default=-1, help="data-parallel size; -1: the remaining devices")
-    fsdp: int = field("mesh/fsdp", default=1, help="fully-sharded data-parallel size; -1: the remaining devices")
-    expert: int = field("mesh/expert", default=1,
+    data: int = field("mesh.data", default=-1, help="data-parallel size; -1: the remaining devices")
+    fsdp: int = field("mesh.fsdp", default=1, help="fully-sharded data-parallel size; -1: the remaining devices")
+    expert: int = field("mesh.expert", default=1,
                         help="expert-parallel size: mixture-of-experts layers split their experts over it (it also "
                              "splits the batch); -1: the remaining devices")
-    tensor: int = field("mesh/tensor", default=1, help="tensor-parallel size; -1: the remaining devices")
-    rules: dict = field("mesh/rules", default={}, help="logical axis -> mesh axes, overriding the model's plan")
+    tensor: int = field("mesh.tensor", default=1, help="tensor-parallel size; -1: the remaining devices")
+    rules: dict = field("mesh.rules", default={}, help="logical axis -> mesh axes, overriding the model's plan")
     cpu_devices: int | None = field(
-        "mesh/cpu_devices", default=None,
+        "mesh.cpu_devices", default=None,
         help="on a CPU: this many devices of the host's cores, one thread each (set it to the cores); None: JAX's",
     )
 

@@ -3,7 +3,7 @@
 A hyperparameter is declared once, as a field in the code::
 
     class Block(Module):
-        n_heads: int = field("architecture/n_heads", default=12, help="attention heads")
+        n_heads: int = field("architecture.n_heads", default=12, help="attention heads")
 
 Its key, type, default and help live there; the Hydra schema is derived from it.
 """
@@ -53,7 +53,7 @@ def field(
     choices: Sequence | None = None,
     kw_only: bool = False,
 ) -> Any:
-    """Bind a dataclass attribute to the config key ``key`` (slashes nest: "trainer/max_steps").
+    """Bind a dataclass attribute to the config key ``key`` (dotted: "trainer.max_steps"; the slash form "trainer/max_steps" is accepted too).
 
     Without a default the field is required (``???`` in the schema) and keyword-only.
     ``choices`` restricts the legal values. ``kw_only`` suits a base class's fields, so that
@@ -61,7 +61,7 @@ def field(
     """
     parts = key.replace(".", "/").split("/")
     if not all(part.isidentifier() for part in parts):
-        raise ValueError(f"config key {key!r} must be identifiers joined by '/'")
+        raise ValueError(f"config key {key!r} must be identifiers joined by '.' (e.g. \"architecture.d_model\")")
     metadata = {_META: {"key": ".".join(parts), "help": help, "choices": tuple(choices) if choices else None}}
     if default is MISSING:
         return dataclasses.field(kw_only=True, metadata=metadata)

@@ -18,21 +18,21 @@ MIXTURE_KEYS = ("source", "path", "weight")
 @register("data", "default")
 @dataclasses.dataclass(frozen=True)
 class DataConfig(Configurable):
-    source: str = field("data/source", default="stdlib", choices=SOURCES,
+    source: str = field("data.source", default="stdlib", choices=SOURCES,
                         help="stdlib: this Python's own source files; text: local files (data.path); shards: pre-tokenized .bin files")
-    path: str | None = field("data/path", default=None, help="a file, folder or glob (text), or a shard folder (shards)")
-    tokenizer: str = field("data/tokenizer", default="byte", help="byte, char, bpe, or a path to a tokenizer.json")
-    val_fraction: float = field("data/val_fraction", default=0.01, help="fraction of the corpus held out for validation")
-    seed: int = field("data/seed", default=0, help="seed of the train/val split and the batch order")
-    cache_dir: str = field("data/cache_dir", default="~/.cache/theseus", help="where prepared shards are kept")
-    bpe_vocab_size: int = field("data/bpe_vocab_size", default=8192,
+    path: str | None = field("data.path", default=None, help="a file, folder or glob (text), or a shard folder (shards)")
+    tokenizer: str = field("data.tokenizer", default="byte", help="byte, char, bpe, or a path to a tokenizer.json")
+    val_fraction: float = field("data.val_fraction", default=0.01, help="fraction of the corpus held out for validation")
+    seed: int = field("data.seed", default=0, help="seed of the train/val split and the batch order")
+    cache_dir: str = field("data.cache_dir", default="~/.cache/theseus", help="where prepared shards are kept")
+    bpe_vocab_size: int = field("data.bpe_vocab_size", default=8192,
                                 help="vocabulary size the bpe tokenizer is trained to")
-    max_files: int | None = field("data/max_files", default=None,
+    max_files: int | None = field("data.max_files", default=None,
                                   help="use only the first N files of the corpus (stdlib, text)")
-    mixture: dict = field("data/mixture", default={},
+    mixture: dict = field("data.mixture", default={},
                           help="NAME: {source, path, weight}: train on several corpora, drawn by weight "
                                "(data.source and data.path then only serve interpolations)")
-    prefetch: int | None = field("data/prefetch", default=None,
+    prefetch: int | None = field("data.prefetch", default=None,
                                  help="batches a thread gathers ahead; None: 8 on accelerators, 0 on CPU (no thread)")
 
     def __post_init__(self):

@@ -72,9 +72,9 @@ class Embedding(Module):
     ``attend`` is the tied output head; its matmul is counted by the model that uses it.
     """
 
-    vocab_size: int | None = field("architecture/vocab_size", default=None, help="vocabulary; None: the tokenizer's")
-    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
-    init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
+    vocab_size: int | None = field("architecture.vocab_size", default=None, help="vocabulary; None: the tokenizer's")
+    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
+    init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
 
     def setup(self):
         check_vocab_size(self.vocab_size)
@@ -92,9 +92,9 @@ class Embedding(Module):
 class PositionEmbedding(Module):
     """Learned absolute positions: ``positions: int32[seq] -> [seq, d_model]``."""
 
-    seq_len: int = field("architecture/seq_len", default=1024, help="context length; data windows use it")
-    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
-    init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
+    seq_len: int = field("architecture.seq_len", default=1024, help="context length; data windows use it")
+    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
+    init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
 
     def setup(self):
         init = nn.initializers.normal(self.init_std)
@@ -112,7 +112,7 @@ class RoPE(Module):
     ``x: [batch, seq, heads, head_dim], positions: int32[seq] -> x rotated`` (float32 inside).
     """
 
-    rope_theta: float = field("architecture/rope_theta", default=10000.0, help="RoPE base wavelength")
+    rope_theta: float = field("architecture.rope_theta", default=10000.0, help="RoPE base wavelength")
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         half = x.shape[-1] // 2
@@ -155,9 +155,9 @@ normalize.defvjp(_normalize_forward, _normalize_backward)
 class LayerNorm(Module):
     """``(x - mean) / sqrt(var + eps) * scale + bias`` over d_model, in float32 (``normalize``)."""
 
-    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
-    bias: bool = field("architecture/bias", default=True, help="add biases to linear layers and norms")
-    norm_eps: float = field("architecture/norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
+    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
+    bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
+    norm_eps: float = field("architecture.norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
 
     def setup(self):
         self.scale = param(self, "scale", nn.initializers.ones, (EMBED,), (self.d_model,))
@@ -173,8 +173,8 @@ class LayerNorm(Module):
 class RMSNorm(Module):
     """``x / sqrt(mean(x^2) + eps) * scale`` over d_model, in float32."""
 
-    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
-    norm_eps: float = field("architecture/norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
+    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
+    norm_eps: float = field("architecture.norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
 
     def setup(self):
         self.scale = param(self, "scale", nn.initializers.ones, (EMBED,), (self.d_model,))
@@ -194,14 +194,14 @@ class MLP(Module):
     GELU: ``W_out gelu(W_in x)``; SwiGLU: ``W_out (silu(W_gate x) * W_in x)``.
     """
 
-    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
-    d_ff: int | None = field("architecture/d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
+    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
+    d_ff: int | None = field("architecture.d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
     activation: str = field(
-        "architecture/activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
+        "architecture.activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
     )
-    bias: bool = field("architecture/bias", default=True, help="add biases to linear layers and norms")
-    dropout: float = field("architecture/dropout", default=0.0, help="dropout rate (training only)")
-    init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
+    bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
+    dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
+    init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
 
     @property
     def hidden(self) -> int:
@@ -265,19 +265,19 @@ class Attention(Module):
     to their own.
     """
 
-    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
-    n_heads: int = field("architecture/n_heads", default=12, help="attention (query) heads")
-    n_kv_heads: int | None = field("architecture/n_kv_heads", default=None, help="key/value heads; None: n_heads")
-    bias: bool = field("architecture/bias", default=True, help="add biases to linear layers and norms")
-    qkv_bias: bool = field("architecture/qkv_bias", default=False,
+    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
+    n_heads: int = field("architecture.n_heads", default=12, help="attention (query) heads")
+    n_kv_heads: int | None = field("architecture.n_kv_heads", default=None, help="key/value heads; None: n_heads")
+    bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
+    qkv_bias: bool = field("architecture.qkv_bias", default=False,
                            help="biases on the query, key and value projections even with bias=false (Qwen2)")
-    dropout: float = field("architecture/dropout", default=0.0, help="dropout rate (training only)")
-    init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
+    dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
+    init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
     positions: str = field(
-        "architecture/positions", default="learned", choices=("learned", "rope"), help="position encoding"
+        "architecture.positions", default="learned", choices=("learned", "rope"), help="position encoding"
     )
     attention_impl: str | None = field(
-        "architecture/attention_impl", default=None, choices=(None, "xla", "cudnn"),
+        "architecture.attention_impl", default=None, choices=(None, "xla", "cudnn"),
         help="jax.nn.dot_product_attention implementation; None: JAX chooses",
     )
     decode: bool = False  # not a config key: attend through a KVCache (generation)
@@ -349,7 +349,7 @@ class Block(Module):
     mlp_cls: ClassVar[type[Module]] = MLP
     norms: ClassVar[Mapping[str, type[Module]]] = NORMS
 
-    norm: str = field("architecture/norm", default="layernorm", help="normalisation layer: layernorm or rmsnorm")
+    norm: str = field("architecture.norm", default="layernorm", help="normalisation layer: layernorm or rmsnorm")
     decode: bool = False  # not a config key: attend through a KVCache (generation)
 
     def __post_init__(self):

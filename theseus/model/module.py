@@ -28,11 +28,11 @@ class Module(nn.Module, Configurable):
     """Base class of theseus model components (see the seed "Extend a Module")."""
 
     param_dtype: str = field(
-        "architecture/dtype/param", default="float32", choices=DTYPES, kw_only=True,
+        "architecture.dtype.param", default="float32", choices=DTYPES, kw_only=True,
         help="dtype of the stored (master) parameters",
     )
     activation_dtype: str = field(
-        "architecture/dtype/activation", default="auto", choices=("auto", *DTYPES), kw_only=True,
+        "architecture.dtype.activation", default="auto", choices=("auto", *DTYPES), kw_only=True,
         help="dtype of activations and matmuls; auto: bfloat16 on GPU/TPU, float32 on CPU",
     )
     # The configuration in force when this module was built (None: defaults). A dataclass

@@ -58,31 +58,31 @@ class MoE(Module):
     d_model, d_ff]``, ``w_out: [expert, d_ff, d_model]``, ``router: [d_model, expert]``.
     """
 
-    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
-    dense_d_ff: int | None = field("architecture/d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
+    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
+    dense_d_ff: int | None = field("architecture.d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
     activation: str = field(
-        "architecture/activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
+        "architecture.activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
     )
-    dropout: float = field("architecture/dropout", default=0.0, help="dropout rate (training only)")
-    init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
-    n_experts: int = field("architecture/moe/n_experts", default=8, help="experts per mixture-of-experts layer")
-    top_k: int = field("architecture/moe/top_k", default=2, help="experts each token is sent to")
-    expert_d_ff: int | None = field("architecture/moe/d_ff", default=None,
+    dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
+    init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
+    n_experts: int = field("architecture.moe.n_experts", default=8, help="experts per mixture-of-experts layer")
+    top_k: int = field("architecture.moe.top_k", default=2, help="experts each token is sent to")
+    expert_d_ff: int | None = field("architecture.moe.d_ff", default=None,
                                     help="hidden width of each expert; None: architecture.d_ff")
     capacity_factor: float | None = field(
-        "architecture/moe/capacity_factor", default=1.25,
+        "architecture.moe.capacity_factor", default=1.25,
         help="each expert takes at most capacity_factor x seq x top_k / n_experts tokens of a sequence, the rest "
              "are dropped (and counted); null: dropless (capacity = seq)",
     )
-    norm_topk_prob: bool = field("architecture/moe/norm_topk_prob", default=True,
+    norm_topk_prob: bool = field("architecture.moe.norm_topk_prob", default=True,
                                  help="renormalise the top-k routing probabilities to sum to 1 (Mixtral: true)")
-    shared_d_ff: int = field("architecture/moe/shared_d_ff", default=0,
+    shared_d_ff: int = field("architecture.moe.shared_d_ff", default=0,
                              help="hidden width of a shared expert every token visits; 0: none")
-    shared_gate: bool = field("architecture/moe/shared_gate", default=False,
+    shared_gate: bool = field("architecture.moe.shared_gate", default=False,
                               help="scale the shared expert by sigmoid(x @ w) (Qwen2-MoE)")
-    aux_loss: float = field("architecture/moe/aux_loss", default=0.01,
+    aux_loss: float = field("architecture.moe.aux_loss", default=0.01,
                             help="coefficient of the load-balancing loss (Switch/Mixtral; top_k at perfect balance)")
-    z_loss: float = field("architecture/moe/z_loss", default=0.001,
+    z_loss: float = field("architecture.moe.z_loss", default=0.001,
                           help="coefficient of the router z-loss, mean logsumexp(router logits)^2 (ST-MoE)")
 
     shared_cls: ClassVar[type[Module]] = MLP

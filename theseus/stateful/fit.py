@@ -26,12 +26,12 @@ Loss = Callable[[jax.Array, jax.Array], jax.Array]
 class FitSettings(Configurable):
     """Settings of ``Model.fit``."""
 
-    epochs: int = field("fit/epochs", default=200, help="passes over the training data (at most)")
-    batch_size: int = field("fit/batch_size", default=32, help="samples per optimizer step")
-    lr: float = field("fit/lr", default=1e-2, help="Adam learning rate")
-    val_fraction: float = field("fit/val_fraction", default=0.2, help="fraction of the samples held out to validate; 0: none")
-    patience: int = field("fit/patience", default=20, help="epochs without a better validation loss before stopping; 0: never")
-    seed: int = field("fit/seed", default=0, help="seed of the validation split, shuffling and initialisation")
+    epochs: int = field("fit.epochs", default=200, help="passes over the training data (at most)")
+    batch_size: int = field("fit.batch_size", default=32, help="samples per optimizer step")
+    lr: float = field("fit.lr", default=1e-2, help="Adam learning rate")
+    val_fraction: float = field("fit.val_fraction", default=0.2, help="fraction of the samples held out to validate; 0: none")
+    patience: int = field("fit.patience", default=20, help="epochs without a better validation loss before stopping; 0: never")
+    seed: int = field("fit.seed", default=0, help="seed of the validation split, shuffling and initialisation")
 
 
 @dataclasses.dataclass(frozen=True)

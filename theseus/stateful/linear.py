@@ -18,8 +18,8 @@ class Linear(Parametric):
     W starts LeCun-normal (variance 1/F), b at zero.
     """
 
-    width: int = field("architecture/linear/width", default=1, help="output features of a Linear module")
-    bias: bool = field("architecture/linear/bias", default=True, help="add a bias to a Linear module's output")
+    width: int = field("architecture.linear.width", default=1, help="output features of a Linear module")
+    bias: bool = field("architecture.linear.bias", default=True, help="add a bias to a Linear module's output")
 
     def get_output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         if len(input_shape) != 1:

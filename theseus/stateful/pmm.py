@@ -25,8 +25,8 @@ class AffineEigenvaluePMM(Parametric):
     """``x: [N, p] -> the k smallest eigenvalues of M(x): [N, k]``; params ``(A0 [n, n], A [p, n, n])``,
     with ``M0 = hermitian(A0)`` and ``M_i = hermitian(A[i])``. Entries start normal with variance 1/n."""
 
-    n: int = field("architecture/pmm/n", default=4, help="size of the PMM's Hermitian matrices")
-    k: int = field("architecture/pmm/k", default=1, help="eigenvalues the PMM outputs, smallest first (k <= n)")
+    n: int = field("architecture.pmm.n", default=4, help="size of the PMM's Hermitian matrices")
+    k: int = field("architecture.pmm.k", default=1, help="eigenvalues the PMM outputs, smallest first (k <= n)")
 
     def __post_init__(self) -> None:
         self.check_sizes()

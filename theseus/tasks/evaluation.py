@@ -40,17 +40,17 @@ from theseus.tasks.multiple_choice import Examples, accuracy, load_examples, log
 @register("evaluation", "default")
 @dataclasses.dataclass(frozen=True)
 class EvaluationConfig(Configurable):
-    multiple_choice: dict = field("evaluation/multiple_choice", default={},
+    multiple_choice: dict = field("evaluation.multiple_choice", default={},
                                   help='NAME: PATH of a JSONL file of {"context", "choices", "label"}, scored at each '
                                        "evaluation (eval/NAME/acc, acc_norm, acc_bytes and their _stderr)")
-    lm_eval: list = field("evaluation/lm_eval", default=[],
+    lm_eval: list = field("evaluation.lm_eval", default=[],
                           help="lm-evaluation-harness task names run at each evaluation (eval/TASK/METRIC); "
                                "needs theseus[eval]")
-    lm_eval_include: str | None = field("evaluation/lm_eval_include", default=None,
+    lm_eval_include: str | None = field("evaluation.lm_eval_include", default=None,
                                         help="a folder (or file) of local lm-eval task YAMLs, beside lm-eval's own")
-    lm_eval_fewshot: int | None = field("evaluation/lm_eval_fewshot", default=None,
+    lm_eval_fewshot: int | None = field("evaluation.lm_eval_fewshot", default=None,
                                         help="few-shot examples per lm-eval request (None: each task's own)")
-    lm_eval_limit: int | None = field("evaluation/lm_eval_limit", default=None,
+    lm_eval_limit: int | None = field("evaluation.lm_eval_limit", default=None,
                                       help="at most this many examples of each lm-eval task (None: all)")
 
     def __post_init__(self):

@@ -27,8 +27,8 @@ class PMMRegression(JobTask):
     """The pmm_regression experiment: an AffineEigenvaluePMM (with a linear read-out of its
     eigenvalues) and an MLP fitted to scikit-learn's diabetes data, compared by test MSE."""
 
-    test_fraction: float = field("regression/test_fraction", default=0.2, help="fraction of the samples held out to test")
-    mlp_hidden: int = field("regression/mlp_hidden", default=32, help="hidden width of the MLP baseline")
+    test_fraction: float = field("regression.test_fraction", default=0.2, help="fraction of the samples held out to test")
+    mlp_hidden: int = field("regression.mlp_hidden", default=32, help="hidden width of the MLP baseline")
 
     @classmethod
     def components(cls) -> list[type]:

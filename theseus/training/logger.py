@@ -40,12 +40,12 @@ from theseus.training.tensorboard import TensorBoard, job_hparams
 @register("logger", "wandb")
 @dataclasses.dataclass(frozen=True)
 class LoggerConfig(Configurable):
-    mode: str = field("logger/mode", default="offline", choices=("offline", "online", "disabled"),
+    mode: str = field("logger.mode", default="offline", choices=("offline", "online", "disabled"),
                       help="offline: local W&B run (no account); online: sync live; disabled: no W&B")
-    project: str = field("logger/project", default="theseus", help="W&B project")
-    name: str | None = field("logger/name", default=None, help="run name; unset: W&B picks one")
-    tags: list[str] = field("logger/tags", default=[], help="W&B tags")
-    tensorboard: bool = field("logger/tensorboard", default=False,
+    project: str = field("logger.project", default="theseus", help="W&B project")
+    name: str | None = field("logger.name", default=None, help="run name; unset: W&B picks one")
+    tags: list[str] = field("logger.tags", default=[], help="W&B tags")
+    tensorboard: bool = field("logger.tensorboard", default=False,
                               help="also write TensorBoard event files to RUN_DIR/tensorboard (overrides as HParams)")
 
     def __post_init__(self):

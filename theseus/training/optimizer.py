@@ -24,7 +24,7 @@ from theseus.config.registry import options
 
 def _name(option: str) -> Any:
     """The ``optimizer.name`` field of one option: its own name, so a composed config names it."""
-    return field("optimizer/name", default=option, choices=(option,),
+    return field("optimizer.name", default=option, choices=(option,),
                  help="the chosen optimizer: choose another with optimizer=NAME (the config group)")
 
 
@@ -41,18 +41,18 @@ class OptimizerConfig(Configurable):
     moments: ClassVar[tuple[str, ...]] = ()  # the option's decay rates, each in [0, 1)
 
     name: str = _name("adamw")
-    lr: float = field("optimizer/lr", default=3e-4, help="peak learning rate")
+    lr: float = field("optimizer.lr", default=3e-4, help="peak learning rate")
     weight_decay: float = field(
-        "optimizer/weight_decay", default=0.1,
+        "optimizer.weight_decay", default=0.1,
         help="decoupled weight decay x lr, on weight matrices only (not norms, biases, embeddings)",
     )
-    clip_norm: float | None = field("optimizer/clip_norm", default=1.0, help="global gradient-norm clip; null: off")
-    schedule: str = field("optimizer/schedule", default="cosine", choices=("constant", "cosine", "wsd"),
+    clip_norm: float | None = field("optimizer.clip_norm", default=1.0, help="global gradient-norm clip; null: off")
+    schedule: str = field("optimizer.schedule", default="cosine", choices=("constant", "cosine", "wsd"),
                           help="learning-rate schedule")
-    warmup_steps: int = field("optimizer/warmup_steps", default=100, help="linear warmup steps")
-    min_lr_ratio: float = field("optimizer/min_lr_ratio", default=0.1,
+    warmup_steps: int = field("optimizer.warmup_steps", default=100, help="linear warmup steps")
+    min_lr_ratio: float = field("optimizer.min_lr_ratio", default=0.1,
                                 help="final lr as a fraction of lr (cosine, wsd)")
-    decay_fraction: float = field("optimizer/decay_fraction", default=0.2, help="wsd: fraction of steps spent decaying")
+    decay_fraction: float = field("optimizer.decay_fraction", default=0.2, help="wsd: fraction of steps spent decaying")
 
     def __post_init__(self):
         """Each setting within its range, so a bad value fails before a run starts."""
@@ -94,9 +94,9 @@ class AdamW(OptimizerConfig):
 
     moments = ("b1", "b2")
     name: str = _name("adamw")
-    b1: float = field("optimizer/b1", default=0.9, help="Adam first-moment decay")
-    b2: float = field("optimizer/b2", default=0.95, help="Adam second-moment decay")
-    eps: float = field("optimizer/eps", default=1e-8, help="Adam epsilon")
+    b1: float = field("optimizer.b1", default=0.9, help="Adam first-moment decay")
+    b2: float = field("optimizer.b2", default=0.95, help="Adam second-moment decay")
+    eps: float = field("optimizer.eps", default=1e-8, help="Adam epsilon")
 
     def __post_init__(self):
         super().__post_init__()
@@ -113,8 +113,8 @@ class Lion(OptimizerConfig):
 
     moments = ("b1", "b2")
     name: str = _name("lion")
-    b1: float = field("optimizer/b1", default=0.9, help="Lion: interpolation of momentum and gradient")
-    b2: float = field("optimizer/b2", default=0.99, help="Lion: momentum decay")
+    b1: float = field("optimizer.b1", default=0.9, help="Lion: interpolation of momentum and gradient")
+    b2: float = field("optimizer.b2", default=0.99, help="Lion: momentum decay")
 
     def direction(self) -> optax.GradientTransformation:
         return optax.scale_by_lion(b1=self.b1, b2=self.b2)
@@ -126,14 +126,14 @@ class Adafactor(OptimizerConfig):
     """Adafactor (Shazeer & Stern 2018): factored second moments, update clipping, relative steps."""
 
     name: str = _name("adafactor")
-    decay_rate: float = field("optimizer/decay_rate", default=0.8, help="Adafactor: second-moment decay exponent")
-    clipping_threshold: float | None = field("optimizer/clipping_threshold", default=1.0,
+    decay_rate: float = field("optimizer.decay_rate", default=0.8, help="Adafactor: second-moment decay exponent")
+    clipping_threshold: float | None = field("optimizer.clipping_threshold", default=1.0,
                                              help="Adafactor: clip each update's RMS to this; null: off")
-    multiply_by_parameter_scale: bool = field("optimizer/multiply_by_parameter_scale", default=True,
+    multiply_by_parameter_scale: bool = field("optimizer.multiply_by_parameter_scale", default=True,
                                               help="Adafactor: scale updates by each parameter block's RMS")
-    min_dim_size_to_factor: int = field("optimizer/min_dim_size_to_factor", default=128,
+    min_dim_size_to_factor: int = field("optimizer.min_dim_size_to_factor", default=128,
                                         help="Adafactor: factor the moments of dimensions at least this large")
-    momentum: float | None = field("optimizer/momentum", default=None, help="Adafactor: first-moment decay; null: none")
+    momentum: float | None = field("optimizer.momentum", default=None, help="Adafactor: first-moment decay; null: none")
 
     def __post_init__(self):
         super().__post_init__()
@@ -160,8 +160,8 @@ class SGD(OptimizerConfig):
     """Stochastic gradient descent with heavy-ball or Nesterov momentum."""
 
     name: str = _name("sgd")
-    momentum: float = field("optimizer/momentum", default=0.9, help="SGD momentum; 0: plain SGD")
-    nesterov: bool = field("optimizer/nesterov", default=False, help="SGD: Nesterov momentum")
+    momentum: float = field("optimizer.momentum", default=0.9, help="SGD momentum; 0: plain SGD")
+    nesterov: bool = field("optimizer.nesterov", default=False, help="SGD: Nesterov momentum")
 
     def __post_init__(self):
         super().__post_init__()
@@ -180,11 +180,11 @@ class Muon(OptimizerConfig):
 
     moments = ("beta", "adam_b1", "adam_b2")
     name: str = _name("muon")
-    beta: float = field("optimizer/beta", default=0.95, help="Muon momentum decay")
-    ns_steps: int = field("optimizer/ns_steps", default=5, help="Muon: Newton-Schulz orthogonalisation steps")
-    nesterov: bool = field("optimizer/nesterov", default=True, help="Muon: Nesterov momentum")
-    adam_b1: float = field("optimizer/adam_b1", default=0.9, help="Muon: first-moment decay of the Adam part")
-    adam_b2: float = field("optimizer/adam_b2", default=0.999, help="Muon: second-moment decay of the Adam part")
+    beta: float = field("optimizer.beta", default=0.95, help="Muon momentum decay")
+    ns_steps: int = field("optimizer.ns_steps", default=5, help="Muon: Newton-Schulz orthogonalisation steps")
+    nesterov: bool = field("optimizer.nesterov", default=True, help="Muon: Nesterov momentum")
+    adam_b1: float = field("optimizer.adam_b1", default=0.9, help="Muon: first-moment decay of the Adam part")
+    adam_b2: float = field("optimizer.adam_b2", default=0.999, help="Muon: second-moment decay of the Adam part")
 
     def __post_init__(self):
         super().__post_init__()

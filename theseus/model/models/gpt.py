@@ -58,38 +58,38 @@ class GPT(Module):
 
     # The whole architecture, so that a GPT's fields alone determine its network: its children
     # take these values (Module.own_configuration), whatever configuration they are built under.
-    vocab_size: int | None = field("architecture/vocab_size", default=None, help="vocabulary; None: the tokenizer's")
-    seq_len: int = field("architecture/seq_len", default=1024, help="context length; data windows use it")
-    n_layers: int = field("architecture/n_layers", default=12, help="transformer blocks")
-    d_model: int = field("architecture/d_model", default=768, help="width of the residual stream")
-    n_heads: int = field("architecture/n_heads", default=12, help="attention (query) heads")
-    n_kv_heads: int | None = field("architecture/n_kv_heads", default=None, help="key/value heads; None: n_heads")
-    d_ff: int | None = field("architecture/d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
-    dropout: float = field("architecture/dropout", default=0.0, help="dropout rate (training only)")
-    bias: bool = field("architecture/bias", default=True, help="add biases to linear layers and norms")
-    qkv_bias: bool = field("architecture/qkv_bias", default=False,
+    vocab_size: int | None = field("architecture.vocab_size", default=None, help="vocabulary; None: the tokenizer's")
+    seq_len: int = field("architecture.seq_len", default=1024, help="context length; data windows use it")
+    n_layers: int = field("architecture.n_layers", default=12, help="transformer blocks")
+    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
+    n_heads: int = field("architecture.n_heads", default=12, help="attention (query) heads")
+    n_kv_heads: int | None = field("architecture.n_kv_heads", default=None, help="key/value heads; None: n_heads")
+    d_ff: int | None = field("architecture.d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
+    dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
+    bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
+    qkv_bias: bool = field("architecture.qkv_bias", default=False,
                            help="biases on the query, key and value projections even with bias=false (Qwen2)")
-    norm: str = field("architecture/norm", default="layernorm", help="normalisation layer: layernorm or rmsnorm")
+    norm: str = field("architecture.norm", default="layernorm", help="normalisation layer: layernorm or rmsnorm")
     activation: str = field(
-        "architecture/activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
+        "architecture.activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
     )
     positions: str = field(
-        "architecture/positions", default="learned", choices=("learned", "rope"), help="position encoding"
+        "architecture.positions", default="learned", choices=("learned", "rope"), help="position encoding"
     )
-    rope_theta: float = field("architecture/rope_theta", default=10000.0, help="RoPE base wavelength")
-    norm_eps: float = field("architecture/norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
-    tie_embeddings: bool = field("architecture/tie_embeddings", default=True, help="output head = token embedding")
-    init_std: float = field("architecture/init_std", default=0.02, help="stddev of the normal initialiser")
+    rope_theta: float = field("architecture.rope_theta", default=10000.0, help="RoPE base wavelength")
+    norm_eps: float = field("architecture.norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
+    tie_embeddings: bool = field("architecture.tie_embeddings", default=True, help="output head = token embedding")
+    init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
     attention_impl: str | None = field(
-        "architecture/attention_impl", default=None, choices=(None, "xla", "cudnn"),
+        "architecture.attention_impl", default=None, choices=(None, "xla", "cudnn"),
         help="jax.nn.dot_product_attention implementation; None: JAX chooses",
     )
     remat: str = field(
-        "architecture/remat", default="none", choices=("none", *REMAT_POLICIES),
+        "architecture.remat", default="none", choices=("none", *REMAT_POLICIES),
         help="recompute block activations in the backward pass: none, dots (keep matmul outputs), full",
     )
     scan_layers: bool = field(
-        "architecture/scan_layers", default=False,
+        "architecture.scan_layers", default=False,
         help="the blocks as one nn.scan, parameters stacked on a 'layers' axis (compile time flat in depth)",
     )
     decode: bool = False  # not a config key: one chunk at a time through a KV cache (theseus.model.generate)

@@ -26,7 +26,7 @@ class MoEGPT(GPT):
     moe_block_cls: ClassVar[type[Module]] = MoEBlock
     dense_block_cls: ClassVar[type[Module]] = Block
 
-    every: int = field("architecture/moe/every", default=1,
+    every: int = field("architecture.moe.every", default=1,
                        help="a mixture-of-experts feed-forward every N-th layer (layers N-1, 2N-1, ...), dense between")
 
     def __post_init__(self):
