@@ -218,3 +218,28 @@ def test_resume_last_finds_the_newest_run_this_command_continues(tmp_path):
     assert last_run(tmp_path / "outputs", {**again, "optimizer": {"lr": 1e-2}}) is None
     assert runs_root(compose(["+experiment=gpt_tiny"], hydra=True)) == Path("outputs")
     assert runs_root(compose(["+experiment=gpt_tiny", "hydra.run.dir=runs/a"], hydra=True)) is None
+
+
+def test_resumable_keys_are_declared_with_their_fields(monkeypatch):
+    """Which keys a resume lets change is read off the declarations: a field's ``resumable``,
+    else its class's ``RESUMABLE`` (every key of the logger, mesh, ... groups); an option a
+    user registers takes part as theseus's own do."""
+    import dataclasses
+
+    from theseus.config import Configurable, field, register, registry
+    from theseus.training.resume import resumable_keys, unsafe_changes
+
+    registry.load()
+    monkeypatch.setitem(registry._OPTIONS, "probe", {})  # gone after the test
+    @register("probe", "resumable")
+    @dataclasses.dataclass(frozen=True)
+    class Probe(Configurable):
+        cadence: int = field("probe.cadence", default=1, resumable=True)
+        width: int = field("probe.width", default=1)
+
+    keys = resumable_keys()
+    assert {"trainer.log_every", "architecture.remat", "mesh.fsdp", "logger.mode", "probe.cadence"} <= keys
+    assert not {"trainer.batch_size", "architecture.d_model", "optimizer.lr", "probe.width"} & keys
+    saved = {"probe": {"cadence": 1, "width": 1}, "mesh": {"rules": {"embed": "fsdp"}}}
+    new = {"probe": {"cadence": 5, "width": 2}, "mesh": {"rules": {"embed": None}}}
+    assert unsafe_changes(saved, new) == [("probe.width", 1, 2)]

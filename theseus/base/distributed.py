@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 from jax._src import clusters  # JAX's own detection: what initialize() with no arguments reads
@@ -33,6 +33,8 @@ KEYS = {"coordinator_address": "coordinator", "num_processes": "num_processes", 
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig(Configurable):
     """Multi-host settings for ``jax.distributed``; unset: detected, or a single process."""
+
+    RESUMABLE: ClassVar[bool] = True  # every key may change on resuming: none alters the numbers
 
     coordinator: str | None = field("distributed.coordinator", default=None, help="HOST:PORT of process 0; unset: detected")
     num_processes: int | None = field("distributed.num_processes", default=None, help="number of processes; unset: detected")

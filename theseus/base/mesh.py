@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 import math
 
 import jax
@@ -19,6 +20,8 @@ from theseus.config.errors import suggest
 @dataclasses.dataclass(frozen=True)
 class MeshConfig(Configurable):
     """The shape of the device mesh; its product must equal the device count."""
+
+    RESUMABLE: ClassVar[bool] = True  # every key may change on resuming: none alters the numbers
 
     data: int = field("mesh.data", default=-1, help="data-parallel size; -1: the remaining devices")
     fsdp: int = field("mesh.fsdp", default=1, help="fully-sharded data-parallel size; -1: the remaining devices")

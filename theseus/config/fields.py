@@ -32,6 +32,7 @@ class FieldSpec:
     help: str
     choices: tuple | None
     owner: type  # the class whose body declares it
+    resumable: bool = False  # may change when a run resumes (logging, cadence, layout: not shapes or data)
 
     @property
     def required(self) -> bool:
@@ -52,17 +53,21 @@ def field(
     help: str = "",
     choices: Sequence | None = None,
     kw_only: bool = False,
+    resumable: bool | None = None,
 ) -> Any:
     """Bind a dataclass attribute to the config key ``key`` (dotted: "trainer.max_steps"; the slash form "trainer/max_steps" is accepted too).
 
     Without a default the field is required (``???`` in the schema) and keyword-only.
     ``choices`` restricts the legal values. ``kw_only`` suits a base class's fields, so that
-    subclasses may still declare positional ones. Works on Flax modules and plain dataclasses.
+    subclasses may still declare positional ones. ``resumable``: the key may change when a run
+    resumes, as it leaves the numbers alone (None: the declaring class's ``RESUMABLE``, False
+    unless it sets one). Works on Flax modules and plain dataclasses.
     """
     parts = key.replace(".", "/").split("/")
     if not all(part.isidentifier() for part in parts):
         raise ValueError(f"config key {key!r} must be identifiers joined by '.' (e.g. \"architecture.d_model\")")
-    metadata = {_META: {"key": ".".join(parts), "help": help, "choices": tuple(choices) if choices else None}}
+    metadata = {_META: {"key": ".".join(parts), "help": help, "choices": tuple(choices) if choices else None,
+                        "resumable": resumable}}
     if default is MISSING:
         return dataclasses.field(kw_only=True, metadata=metadata)
     if isinstance(default, list | dict | set):
@@ -84,6 +89,8 @@ def specs(cls: type) -> tuple[FieldSpec, ...]:
         default = f.default
         if default is MISSING and f.default_factory is not MISSING:
             default = f.default_factory()
+        owner = _owner(cls, f.name)
+        resumable = meta["resumable"] if meta["resumable"] is not None else getattr(owner, "RESUMABLE", False)
         out.append(
             FieldSpec(
                 key=meta["key"],
@@ -92,7 +99,8 @@ def specs(cls: type) -> tuple[FieldSpec, ...]:
                 default=default,
                 help=meta["help"],
                 choices=meta["choices"],
-                owner=_owner(cls, f.name),
+                owner=owner,
+                resumable=bool(resumable),
             )
         )
     return tuple(out)

@@ -24,7 +24,8 @@ class DataConfig(Configurable):
     tokenizer: str = field("data.tokenizer", default="byte", help="byte, char, bpe, or a path to a tokenizer.json")
     val_fraction: float = field("data.val_fraction", default=0.01, help="fraction of the corpus held out for validation")
     seed: int = field("data.seed", default=0, help="seed of the train/val split and the batch order")
-    cache_dir: str = field("data.cache_dir", default="~/.cache/theseus", help="where prepared shards are kept")
+    cache_dir: str = field("data.cache_dir", default="~/.cache/theseus", help="where prepared shards are kept",
+                           resumable=True)
     bpe_vocab_size: int = field("data.bpe_vocab_size", default=8192,
                                 help="vocabulary size the bpe tokenizer is trained to")
     max_files: int | None = field("data.max_files", default=None,

@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -40,6 +40,8 @@ from theseus.tasks.multiple_choice import Examples, accuracy, load_examples, log
 @register("evaluation", "default")
 @dataclasses.dataclass(frozen=True)
 class EvaluationConfig(Configurable):
+    RESUMABLE: ClassVar[bool] = True  # every key may change on resuming: none alters the numbers
+
     multiple_choice: dict = field("evaluation.multiple_choice", default={},
                                   help='NAME: PATH of a JSONL file of {"context", "choices", "label"}, scored at each '
                                        "evaluation (eval/NAME/acc, acc_norm, acc_bytes and their _stderr)")

@@ -27,7 +27,7 @@ import subprocess
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -40,6 +40,8 @@ from theseus.training.tensorboard import TensorBoard, job_hparams
 @register("logger", "wandb")
 @dataclasses.dataclass(frozen=True)
 class LoggerConfig(Configurable):
+    RESUMABLE: ClassVar[bool] = True  # every key may change on resuming: none alters the numbers
+
     mode: str = field("logger.mode", default="offline", choices=("offline", "online", "disabled"),
                       help="offline: local W&B run (no account); online: sync live; disabled: no W&B")
     project: str = field("logger.project", default="theseus", help="W&B project")

@@ -19,27 +19,31 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from theseus.config import ConfigError
+from theseus.config import ConfigError, registry
 from theseus.config.schema import flatten
-
-SAFE = (
-    "logger.", "mesh.", "distributed.", "evaluation.", "data.cache_dir", "trainer.log_every", "trainer.eval_every",
-    "trainer.eval_batches", "trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.resume",
-    "trainer.dry_run", "trainer.peak_flops", "trainer.profile_steps",
-    "architecture.remat",  # the same numbers, another memory/compute trade (scan_layers changes the tree)
-)
-
 
 MAX_STEPS = "trainer.max_steps"
 
 
+def resumable_keys() -> frozenset[str]:
+    """The keys declared ``resumable`` (by their field or its class) by any registered option."""
+    registry.load()
+    return frozenset(key for key, spec in registry.every_key().items() if spec.resumable)
+
+
 def unsafe_changes(saved: Mapping[str, Any], new: Mapping[str, Any],
-                   safe: tuple[str, ...] = SAFE) -> list[tuple[str, Any, Any]]:
-    """``(key, saved value, new value)`` for every change a resume cannot honour (keys
-    starting with one of ``safe`` may change)."""
+                   also: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """``(key, saved value, new value)`` for every change a resume cannot honour: any but of a
+    resumable key (or of an entry of one: ``mesh.rules.embed``) or of a key in ``also``."""
     old, cur = flatten(saved), flatten(new)
+    safe = resumable_keys() | set(also)
+
+    def may_change(key: str) -> bool:
+        parts = key.split(".")
+        return any(".".join(parts[:n]) in safe for n in range(1, len(parts) + 1))
+
     keys = sorted(set(old) | set(cur))
-    return [(k, old.get(k), cur.get(k)) for k in keys if old.get(k) != cur.get(k) and not k.startswith(safe)]
+    return [(k, old.get(k), cur.get(k)) for k in keys if old.get(k) != cur.get(k) and not may_change(k)]
 
 
 def check_resume(run_dir: Any, saved: Mapping[str, Any], new: Mapping[str, Any],
@@ -48,7 +52,7 @@ def check_resume(run_dir: Any, saved: Mapping[str, Any], new: Mapping[str, Any],
 
     ``max_steps_problem``: why ``trainer.max_steps`` may not change (None: it may).
     """
-    changes = unsafe_changes(saved, new, (*SAFE, MAX_STEPS))
+    changes = unsafe_changes(saved, new, (MAX_STEPS,))
     if not changes and max_steps_problem and flatten(saved).get(MAX_STEPS) != flatten(new).get(MAX_STEPS):
         raise ConfigError(f"cannot continue {run_dir} to {MAX_STEPS}={flatten(new).get(MAX_STEPS)}: "
                           f"{max_steps_problem}")
@@ -75,7 +79,7 @@ def last_run(root: Path, config: Mapping[str, Any]) -> Path | None:
         run_dir = saved.parent.parent
         if not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*")):
             continue
-        if unsafe_changes(OmegaConf.to_container(OmegaConf.load(saved), resolve=True), config, (*SAFE, MAX_STEPS)):
+        if unsafe_changes(OmegaConf.to_container(OmegaConf.load(saved), resolve=True), config, (MAX_STEPS,)):
             continue
         candidates.append((max(p.stat().st_mtime for p in (run_dir / "checkpoints").iterdir()), run_dir))
     return max(candidates)[1] if candidates else None

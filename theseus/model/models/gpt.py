@@ -87,6 +87,7 @@ class GPT(Module):
     remat: str = field(
         "architecture.remat", default="none", choices=("none", *REMAT_POLICIES),
         help="recompute block activations in the backward pass: none, dots (keep matmul outputs), full",
+        resumable=True,  # the same numbers, another memory/compute trade (scan_layers changes the tree)
     )
     scan_layers: bool = field(
         "architecture.scan_layers", default=False,
