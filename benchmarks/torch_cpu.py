@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 from pathlib import Path
 
@@ -118,12 +117,12 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=SHAKESPEARE)
     parser.add_argument("--rounds", type=int, default=6, help="timed windows per side")
     parser.add_argument("--steps", type=int, default=20, help="steps per window")
-    parser.add_argument("--cpu-devices", type=int, default=len(os.sched_getaffinity(0)),
-                        help="mesh.cpu_devices (default: this process's cores; 0: JAX's one device)")
+    parser.add_argument("--cpu-devices", type=int, default=None,
+                        help="mesh.cpu_devices (default: unset, theseus's own choice: a device per core)")
     parser.add_argument("--extra", nargs="*", default=[], help="more theseus overrides (e.g. XLA-side knobs)")
     args = parser.parse_args()
     data = ["data.source=text", f"data.path={args.data}", "data.tokenizer=char"] if args.data.is_file() else []
-    devices = [f"mesh.cpu_devices={args.cpu_devices}"] if args.cpu_devices else []
+    devices = [f"mesh.cpu_devices={args.cpu_devices}"] if args.cpu_devices is not None else []
     trainer = make_trainer(["+experiment=gpt_tiny", *data, *CONFIG, *devices, *args.extra])
     loader = trainer.dataset.loader("train", trainer.seq_len, trainer.settings.batch_size, seed=0)
     batches = [next(loader) for _ in range(8)]  # [1, batch, seq + 1] each

@@ -17,6 +17,12 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_opti
 
 from support import ROOT, SHARED, run_python  # noqa: F401  (re-exported for tests)
 
+import jax  # noqa: E402
+
+# In this process, one CPU device whichever test starts the backend first (a run's automatic
+# count would otherwise depend on the order); the subprocesses the tests start choose their own.
+jax.config.update("jax_num_cpu_devices", 1)
+
 
 @pytest.fixture
 def shakespeare() -> Path:

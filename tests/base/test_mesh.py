@@ -13,7 +13,7 @@ from theseus.config import ConfigError
 
 if sys.argv[1] == "fresh":
     use_cpu_devices(3)
-    print(len(jax.devices()), compiler_options(MeshConfig(cpu_devices=3)), compiler_options(MeshConfig()))
+    print(len(jax.devices()), compiler_options())
     use_cpu_devices(3)  # the same again: nothing to change
 else:  # started by XLA_FLAGS' two devices before any mesh.cpu_devices
     print(len(jax.devices()))
@@ -30,9 +30,40 @@ def test_cpu_devices_make_the_backend_once_and_a_later_count_is_refused():
     fresh = run_python("-c", SCRIPT, "fresh")
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     lines = fresh.stdout.splitlines()
-    assert lines[0] == "3 {'xla_cpu_multi_thread_eigen': False} {}"
+    assert lines[0] == "3 {'xla_cpu_multi_thread_eigen': False}"
     assert lines[1].startswith("mesh.cpu_devices=5, but JAX's CPU backend has started with 3 devices")
     flagged = run_python("-c", SCRIPT, "flagged", devices=2)
     assert flagged.returncode == 0, flagged.stderr[-2000:]
     assert flagged.stdout.splitlines()[0] == "2"
     assert "has started with 2 devices" in flagged.stdout.splitlines()[1]
+
+
+AUTO = r"""
+import os, sys, tempfile
+import jax
+from theseus.base.mesh import MeshConfig, auto_cpu_devices
+from theseus.config.compose import compose
+from theseus.training.trainer import Trainer
+
+print(auto_cpu_devices(MeshConfig(), 12, cores=4), auto_cpu_devices(MeshConfig(), 6, cores=4),
+      auto_cpu_devices(MeshConfig(), 7, cores=4), auto_cpu_devices(MeshConfig(data=1), 12, cores=4),
+      auto_cpu_devices(MeshConfig(fsdp=2), 12, cores=4), auto_cpu_devices(MeshConfig(cpu_devices=1), 12, cores=4))
+trainer = Trainer(compose(["+experiment=gpt_tiny", "data.source=text", f"data.path={sys.argv[1]}",
+                           f"data.cache_dir={tempfile.mkdtemp()}", "trainer.batch_size=12", "logger.mode=disabled"]))
+print(jax.device_count(), len(os.sched_getaffinity(0)))
+"""
+
+
+@pytest.mark.slow
+def test_a_cpu_run_gets_a_device_per_core_when_nothing_chose_a_count(corpus):
+    """Unset mesh.cpu_devices on a data-parallel mesh: the most devices, one per core at most,
+    that split the micro-batch; any mesh size, count or XLA flag given leaves the choice to it."""
+    proc = run_python("-c", AUTO, str(corpus))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    choices, made = proc.stdout.splitlines()[-2:]
+    assert choices == "4 3 1 None None None"
+    devices, cores = map(int, made.split())
+    assert devices == max(n for n in range(1, cores + 1) if 12 % n == 0)
+    flagged = run_python("-c", AUTO, str(corpus), devices=3)  # XLA_FLAGS' count stands
+    assert flagged.returncode == 0, flagged.stderr[-2000:]
+    assert flagged.stdout.splitlines()[-1].split()[0] == "3"

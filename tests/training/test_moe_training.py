@@ -56,7 +56,7 @@ def train(corpus, runs: dict[str, list[str]]) -> dict:
 
 @pytest.mark.slow
 def test_expert_parallel_meshes_reproduce_one_device(corpus):
-    single = train(corpus, {"none": [NO_DROPS], "drops": [DROPS]})
+    single = train(corpus, {"none": [NO_DROPS, "mesh.cpu_devices=1"], "drops": [DROPS, "mesh.cpu_devices=1"]})
     assert single["devices"] == 1
     meshes = {"expert4_data2": ["mesh.data=2", "mesh.expert=4"],
               "expert2_fsdp2_tensor2": ["mesh.data=1", "mesh.expert=2", "mesh.fsdp=2", "mesh.tensor=2"]}

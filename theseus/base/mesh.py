@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 import math
+import os
 
 import jax
 import numpy as np
@@ -32,7 +33,8 @@ class MeshConfig(Configurable):
     rules: dict = field("mesh.rules", default={}, help="logical axis -> mesh axes, overriding the model's plan")
     cpu_devices: int | None = field(
         "mesh.cpu_devices", default=None,
-        help="on a CPU: this many devices of the host's cores, one thread each (set it to the cores); None: JAX's",
+        help="on a CPU: this many devices of the host's cores, one thread each; None: chosen from the cores and "
+             "the batch when the mesh is left data-parallel (1: one device on every core, JAX's default)",
     )
 
     def __post_init__(self):
@@ -86,13 +88,13 @@ class MeshConfig(Configurable):
         return sizes
 
 
-def use_cpu_devices(n: int | None) -> None:
+def use_cpu_devices(n: int | None, given: bool = True) -> None:
     """Make JAX's CPU backend ``n`` devices (``jax_num_cpu_devices``); None leaves JAX's default.
 
     One CPU device runs its many small ops one after another on one core; a device per core,
     with the batch split over them, keeps every core busy (their steps compiled with
     ``compiler_options``). The backend starts once per process: after that, ``n`` must be
-    the devices it has.
+    the devices it has, if ``given`` (by mesh.cpu_devices; an automatic count yields).
     """
     if n is None:
         return
@@ -100,17 +102,32 @@ def use_cpu_devices(n: int | None) -> None:
         jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:  # started already (by XLA_FLAGS' count, or another mesh.cpu_devices)
         have = len(jax.devices("cpu"))
-        if have == n:
+        if have == n or not given:
             return
         raise ConfigError(f"mesh.cpu_devices={n}, but JAX's CPU backend has started with {have} devices, and it "
                           f"starts once per process: use the same mesh.cpu_devices for every job of the process "
                           f"and run no JAX work before the trainer (or set JAX_NUM_CPU_DEVICES={n})") from None
 
 
-def compiler_options(config: MeshConfig) -> dict[str, bool]:
-    """XLA options for the steps: with ``cpu_devices``, each device's matrix products on one
-    thread (the other cores are the other devices'; sharing them costs more than it gives)."""
-    on_cpu = config.cpu_devices is not None and jax.default_backend() == "cpu"
+def auto_cpu_devices(config: MeshConfig, examples: int, cores: int | None = None) -> int | None:
+    """The CPU device count a run gets when ``mesh.cpu_devices`` is unset: the most devices, at
+    most one per core, that split ``examples`` (a micro-batch) evenly. None (JAX's default)
+    where the choice is not theseus's to make: a mesh given sizes, a count set by
+    ``XLA_FLAGS`` or ``JAX_NUM_CPU_DEVICES``, several processes. On a GPU or TPU the count is
+    the idle CPU backend's: the mesh is made of the accelerator's devices."""
+    pinned = "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+    laid_out = any(getattr(config, axis) != getattr(MeshConfig, axis) for axis in MESH_AXES)  # not the defaults
+    if (config.cpu_devices is not None or pinned or laid_out or jax.config.jax_num_cpu_devices != -1
+            or jax.distributed.is_initialized()):
+        return None
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(n for n in range(1, cores + 1) if examples % n == 0)
+
+
+def compiler_options() -> dict[str, bool]:
+    """XLA options for the steps: with several CPU devices, each device's matrix products on
+    one thread (the other cores are the other devices'; sharing them costs more than it gives)."""
+    on_cpu = jax.default_backend() == "cpu" and len(jax.local_devices()) > 1
     return {"xla_cpu_multi_thread_eigen": False} if on_cpu else {}
 
 

@@ -27,7 +27,7 @@ from optax import ScaleByScheduleState
 
 from theseus.base.axis import BATCH_MESH_AXES
 from theseus.base.hardware import peak_flops
-from theseus.base.mesh import MeshConfig, compiler_options, make_mesh, on_devices, use_cpu_devices
+from theseus.base.mesh import MeshConfig, auto_cpu_devices, compiler_options, make_mesh, on_devices, use_cpu_devices
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
@@ -91,7 +91,9 @@ class Trainer:
             raise ConfigError(f"task={cfg.get('task')} runs its job itself, not in the trainer: "
                               f"run it with python -m theseus.run")
         s = self.settings  # each settings class has checked its own ranges
-        use_cpu_devices(self.mesh_config.cpu_devices)  # before anything counts the devices
+        micro = s.batch_size // s.grad_accum if s.batch_size % s.grad_accum == 0 else 1
+        given = self.mesh_config.cpu_devices  # else a device per core, when the batch splits so
+        use_cpu_devices(given or auto_cpu_devices(self.mesh_config, micro), given=given is not None)
         self.mesh_shape = self.mesh_config.shape(jax.device_count())
         parallel = self.batch_parallel
         if s.batch_size % (s.grad_accum * parallel):
@@ -222,7 +224,7 @@ class Trainer:
         evaluate = jax.jit(functools.partial(eval_step, model=self.model, task=self.task),
                            out_shardings=replicated)
         with jax.set_mesh(mesh), nn.logical_axis_rules(self.plan.rules()):
-            options = compiler_options(self.mesh_config)
+            options = compiler_options()
             step = step.lower(target, tokens, key).compile(options) if train else None
             evaluate = evaluate.lower(target.params, eval_tokens).compile(options)
         measured = xla_flops(step) if train else None
