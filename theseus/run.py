@@ -31,6 +31,7 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose, conf_dir, validate
 from theseus.config.context import is_checked
 from theseus.config.registry import load
+from theseus.training.preemption import BeforeStart
 from theseus.training.resume import continue_last
 
 # Hydra's flags that print instead of running; the value after each of VALUED is not an override
@@ -310,7 +311,8 @@ def main(argv: list[str] | None = None) -> None:
             checked = None, []
         else:
             use_compilation_cache()
-            checked = preflight(argv)
+            with BeforeStart():  # a signal while compiling: one line, the signal's exit code
+                checked = preflight(argv)
     except ConfigError as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -167,3 +167,21 @@ def test_start_stop_continue(corpus, tmp_path):
     dry = subprocess.run(f"{Path(sys.executable).parent / 'wandb'} sync --dry-run {sync[len('wandb sync '):]}",
                          shell=True, capture_output=True, text=True, env=env(), timeout=120)
     assert dry.returncode == 0 and f"Would sync {len(segments)} run(s)" in dry.stdout + dry.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_compiling_exits_in_one_line_writing_nothing(corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "theseus.run", *base(corpus), f"hydra.run.dir={run_dir}"],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=tmp_path,
+                            env={**env(), "JAX_LOG_COMPILES": "1", "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax")})
+    lines = []
+    for line in proc.stderr:  # JAX logs each compilation: the preflight's build is under way
+        lines.append(line)
+        if "Compiling " in line:
+            os.kill(proc.pid, signal.SIGINT)
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 128 + signal.SIGINT, "".join(lines) + rest
+    assert rest.strip().splitlines()[-1:] == ["theseus: interrupted by SIGINT before the first step: nothing saved"], rest
+    assert "Traceback" not in rest and not run_dir.exists()
