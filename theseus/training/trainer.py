@@ -33,11 +33,11 @@ from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.interop.hf_config import arch_of
-from theseus.interop.init_from import apply_init_from, theseus_checkpoint
+from theseus.interop.init_from import apply_init_from, run_of, theseus_checkpoint
 from theseus.interop.loading import load_params
 from theseus.tasks.evaluation import EvaluationConfig, evaluate, load_evaluations
 from theseus.tasks.task import LossTask, task_class
-from theseus.training.checkpoint import Checkpointer
+from theseus.training.checkpoint import Checkpointer, path_shapes
 from theseus.training.config import TrainerConfig
 from theseus.training.fit_check import Fit, check_fit, device_memory
 from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets, sync_command
@@ -47,7 +47,7 @@ from theseus.training.optimizer import make_optimizer, make_schedule, optimizer_
 from theseus.training.preemption import Preemption
 from theseus.training.profiler import Profiler
 from theseus.training.progress import evaluation_line, show, show_table, transcript
-from theseus.training.resume import check_resume
+from theseus.training.resume import check_resume, init_from_problem
 from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
 from theseus.training.step import eval_step, train_step
 
@@ -169,6 +169,7 @@ class Trainer:
                          self._extension_problem(run_dir, old["trainer"]["max_steps"]))
         if not self.settings.dry_run:
             self._check_memory()
+            self._check_init_from(self._built.target)
 
     def _extension_problem(self, run_dir: Path, saved_steps: int) -> str | None:
         """Why ``run_dir`` (trained for ``saved_steps``) cannot go on to this run's
@@ -188,6 +189,28 @@ class Trainer:
                 f"its weights instead: trainer.init_from={run_dir} trainer.max_steps={self.settings.max_steps} "
                 f"hydra.run.dir=NEW (trainer.init_optimizer=true keeps its optimizer state); a constant or wsd "
                 f"schedule can be extended in place")
+
+    def _init_source(self) -> tuple[Checkpointer, Any, str | None] | None:
+        """``trainer.init_from`` when a theseus checkpoint: its checkpoints, the layout of the
+        state it holds and its optimizer (None: unknown); None for a Hugging Face folder or none."""
+        source = self.settings.init_from and theseus_checkpoint(Path(self.settings.init_from))
+        if not source:
+            return None
+        checkpoints, run = Checkpointer.at(source), run_of(source)
+        optimizer = OmegaConf.select(OmegaConf.load(run / ".hydra" / "config.yaml"), "optimizer.name") if run else None
+        return checkpoints, checkpoints.saved_layout(checkpoints.requested_step), optimizer
+
+    def _check_init_from(self, target: TrainState) -> None:
+        """ConfigError when ``trainer.init_from`` (a theseus checkpoint) cannot start this run:
+        another optimizer's state asked for, a parameter of another shape."""
+        source = self._init_source()
+        if source is None:
+            return
+        _, layout, optimizer = source
+        problem = init_from_problem(self.settings.init_from, optimizer, self.optimizer.name, self.settings.init_optimizer,
+                                    path_shapes(layout["params"]), path_shapes(target.params))
+        if problem:
+            raise ConfigError(problem)
 
     def _check_memory(self) -> None:
         """Compile the step (kept for the run) and refuse one that does not fit the device."""
@@ -464,13 +487,19 @@ class Trainer:
         if s.init_from is None:
             return state, 0, None
         path = Path(s.init_from).expanduser()
-        source = theseus_checkpoint(path)
+        source = self._init_source()
         if source is None:
             _warn(f"starting from the weights of {path}")
             state = state.replace(params=None)
             return state.replace(params=load_params(path, arch_of(self.model), compiled.target.params)), 0, None
-        checkpoints = Checkpointer.at(source)
-        restored = checkpoints.restore(compiled.target, step=checkpoints.requested_step, report=_warn)
+        self._check_init_from(compiled.target)
+        checkpoints, layout, optimizer = source
+        target = compiled.target
+        if optimizer not in (None, self.optimizer.name):  # another optimizer's state: read as saved, then dropped
+            replicated = NamedSharding(compiled.mesh, PartitionSpec())
+            target = target.replace(opt_state=jax.tree.map(
+                lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated), layout["opt_state"]))
+        restored = checkpoints.restore(target, step=checkpoints.requested_step, report=_warn)
         if restored is None:
             raise ConfigError(f"trainer.init_from={s.init_from}: no readable checkpoint there")
         other, loader_state, _config, step = restored
