@@ -46,7 +46,7 @@ from theseus.training.metrics import format_bytes, format_duration, format_si, m
 from theseus.training.optimizer import make_optimizer, make_schedule, optimizer_class
 from theseus.training.preemption import Preemption
 from theseus.training.profiler import Profiler
-from theseus.training.progress import evaluation_line, show, show_table, transcript
+from theseus.training.progress import RunConsole, evaluation_line
 from theseus.training.resume import check_resume, init_from_problem
 from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
 from theseus.training.step import eval_step, train_step
@@ -121,6 +121,12 @@ class Trainer:
                                             self.evaluation)
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
         self._built: Compiled | None = None  # the training build, once the memory check has made it
+        self.console = RunConsole()  # what the run shows; its transcript is open while it runs
+
+    def _say(self, text: str) -> None:
+        """A line on the console (and in the transcript), from process 0 only."""
+        if jax.process_index() == 0:
+            self.console.show(text)
 
     @property
     def prefetch(self) -> int:
@@ -274,9 +280,9 @@ class Trainer:
         fit = self.fit(compiled.memory, seconds < REMAT_COMPILE_BUDGET_S) if compiled.memory else None
         rows += fit.rows() if fit else []
         if jax.process_index() == 0:
-            show_table("theseus dry run", rows)
+            self.console.show_table("theseus dry run", rows)
         if fit and not fit.fits:
-            _warn(fit.message())
+            self._say(fit.message())
 
     def fit(self, memory: dict[str, int], compile_candidates: bool) -> Fit:
         """Whether the step (XLA ``memory`` per device) fits the device (``trainer.memory_limit``
@@ -303,9 +309,9 @@ class Trainer:
         """
         self.check_run_dir(run_dir)
         main = jax.process_index() == 0
-        with transcript(run_dir / "run.log") if main else contextlib.nullcontext(), \
-                Preemption(self._stop_step, say=_warn) as preemption:
-            _warn(f"theseus: run directory {run_dir}")
+        with self.console.transcript(run_dir / "run.log") if main else contextlib.nullcontext(), \
+                Preemption(self._stop_step, say=self._say) as preemption:
+            self._say(f"theseus: run directory {run_dir}")
             loop = self.start(run_dir)
             loop.preemption, preemption.step = preemption, loop.step
             hooks = self.hooks()
@@ -352,13 +358,13 @@ class Trainer:
             loader.set_state(loader_state)
         peak, source = self.peak()
         if jax.process_index() == 0:
-            show_table("theseus run", self._describe(compiled, peak, source, n_params(state.params)))
+            self.console.show_table("theseus run", self._describe(compiled, peak, source, n_params(state.params)))
         logger = RunLogger(self.logger_config, run_dir, resolved_config=self.resolved, total_steps=s.max_steps,
-                           start_step=start, is_main=jax.process_index() == 0)
+                           start_step=start, is_main=jax.process_index() == 0, record=self.console.record)
         logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
         return Loop(run_dir, compiled, state, loader, logger, checkpointer, jax.random.key(s.seed + 1), peak,
                     step=start, last_step=s.max_steps,
-                    profiler=Profiler(s.profile_steps, run_dir / "profile", report=_warn))
+                    profiler=Profiler(s.profile_steps, run_dir / "profile", report=self._say))
 
     def hooks(self) -> list[Hook]:
         """What runs after every step, in order; each acts on its own cadence. ``log`` comes
@@ -434,7 +440,7 @@ class Trainer:
                                        f"MFU {100 * loop.logged['mfu']:.1f}% (last logged window)"))
         rows.append(("wall time", format_duration(time.perf_counter() - loop.began)))
         rows.append(("checkpoints", ", ".join(map(str, kept)) or "none"))
-        show_table("theseus run summary", rows)
+        self.console.show_table("theseus run summary", rows)
         lines = [f"  resume:   {resume_command()}"] if loop.stop else []
         if kept:
             extendable = self.optimizer.schedule in ("constant", "wsd")  # wsd: before its decay
@@ -450,7 +456,7 @@ class Trainer:
         if sync:
             lines.append(f"  W&B:      {sync}")
         if lines:
-            show("next:\n" + "\n".join(lines))
+            self.console.show("next:\n" + "\n".join(lines))
 
     def _check_finite(self, state: TrainState, checkpointer: Checkpointer) -> None:
         """Stop (TrainingError) once a step's loss or gradients were NaN/Inf, unless skipping them."""
@@ -467,11 +473,11 @@ class Trainer:
         """The state to start from: a checkpoint (per ``trainer.resume``) or a fresh one."""
         resume = self.settings.resume
         source = checkpointer if resume in ("auto", "last", "never") else Checkpointer.at(Path(resume))
-        restored = source.restore(compiled.target, step=source.requested_step, report=_warn)
+        restored = source.restore(compiled.target, step=source.requested_step, report=self._say)
         if restored is None:
             return self._fresh_state(compiled)
         state, loader_state, _config, step = restored
-        _warn(f"resuming from {source.directory / str(step)} at step {step}")
+        self._say(f"resuming from {source.directory / str(step)} at step {step}")
         return state, step, loader_state
 
     def _fresh_state(self, compiled: Compiled) -> tuple[TrainState, int, dict | None]:
@@ -489,7 +495,7 @@ class Trainer:
         path = Path(s.init_from).expanduser()
         source = self._init_source()
         if source is None:
-            _warn(f"starting from the weights of {path}")
+            self._say(f"starting from the weights of {path}")
             state = state.replace(params=None)
             return state.replace(params=load_params(path, arch_of(self.model), compiled.target.params)), 0, None
         self._check_init_from(compiled.target)
@@ -499,13 +505,13 @@ class Trainer:
             replicated = NamedSharding(compiled.mesh, PartitionSpec())
             target = target.replace(opt_state=jax.tree.map(
                 lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated), layout["opt_state"]))
-        restored = checkpoints.restore(target, step=checkpoints.requested_step, report=_warn)
+        restored = checkpoints.restore(target, step=checkpoints.requested_step, report=self._say)
         if restored is None:
             raise ConfigError(f"trainer.init_from={s.init_from}: no readable checkpoint there")
         other, loader_state, _config, step = restored
         parts = ["weights", *(["optimizer state"] if s.init_optimizer else []),
                  *(["data position"] if s.init_data else [])]
-        _warn(f"starting from the {', '.join(parts)} of {checkpoints.directory / str(step)}")
+        self._say(f"starting from the {', '.join(parts)} of {checkpoints.directory / str(step)}")
         state = state.replace(params=other.params)
         if s.init_optimizer:
             state = state.replace(opt_state=restart_schedule(other.opt_state))
@@ -550,7 +556,7 @@ class Trainer:
         analytic = self.flops_per_step
         ratio = compiled.xla_flops / analytic if compiled.xla_flops else None
         if ratio is not None and abs(ratio - 1) > 0.25:
-            _warn(f"warning: analytic FLOPs/step {analytic:.3e} differ from XLA's {compiled.xla_flops:.3e} "
+            self._say(f"warning: analytic FLOPs/step {analytic:.3e} differ from XLA's {compiled.xla_flops:.3e} "
                   f"by more than 25%")
         return {"n_params": params, "flops_per_step": analytic, "xla_flops_per_step": compiled.xla_flops,
                 "flops_ratio_xla": ratio, "peak_flops": peak, "peak_flops_source": source,
@@ -630,8 +636,3 @@ def _timed(fn):
     began = time.perf_counter()
     result = fn()
     return time.perf_counter() - began, result
-
-
-def _warn(text: str) -> None:
-    if jax.process_index() == 0:
-        show(text)
