@@ -64,6 +64,8 @@ def test_two_processes_train_as_one(runs):
     assert list(two) == list(range(1, STEPS + 1))  # process 1 wrote none: each step once
     assert list(two.values()) == pytest.approx(list(one.values()), rel=1e-5)
     assert two[STEPS] < two[1]
+    shown = runs["launched"].stdout + runs["launched"].stderr
+    assert "[Gloo]" not in shown and f"step {STEPS}/{STEPS}" in shown  # gloo's connection lines dropped
 
 
 def test_only_process_0_writes_the_record_and_every_process_its_shards(runs):

@@ -115,6 +115,8 @@ def test_joblib_sweep_over_the_users_key(project, tmp_path):
     assert len(jobs) == 2 and all(job["status"] == "ok" for job in jobs)
     losses = [job["val_loss"] for job in jobs]
     assert losses[0] != losses[1]
+    shown = proc.stdout + proc.stderr  # the parallel jobs' lines, told apart
+    assert "[job 0] step 2/4 " in shown and "[job 1] step 2/4 " in shown and "\nstep " not in shown, shown[-3000:]
 
 
 def test_sampling_the_users_model(project, trained):

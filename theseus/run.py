@@ -12,6 +12,7 @@ From Python, ``train(overrides_or_cfg, run_dir)`` runs one job with the same che
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -25,10 +26,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from theseus.base.devices import check_enough, claim_devices, parallel_jobs, visible_gpus
 from theseus.base.distributed import initialize
+from theseus.base.line_prefix import prefixed_output
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose, conf_dir, validate
 from theseus.config.context import is_checked
 from theseus.config.registry import load
+from theseus.training.preemption import BeforeStart
 from theseus.training.resume import continue_last
 
 # Hydra's flags that print instead of running; the value after each of VALUED is not an override
@@ -214,12 +217,18 @@ def execute(cfg: DictConfig, run_dir: Path, trainer=None) -> float:
 
 def hydra_task(trainer=None):
     """Hydra's task function: runs the job in its output directory, reporting a ConfigError or
-    TrainingError in one line. ``trainer``: the preflight's, reused by a single run."""
+    TrainingError in one line; jobs run in parallel (joblib) prefix their lines with ``[job N]``.
+    ``trainer``: the preflight's, reused by a single run."""
 
     def task(cfg: DictConfig) -> float:
+        hydra_config = HydraConfig.get()
+        parallel = hydra_config.mode == RunMode.MULTIRUN and parallel_jobs(hydra_config.launcher) > 1
+        with prefixed_output(f"[job {hydra_config.job.num}] ") if parallel else contextlib.nullcontext():
+            return job(cfg, hydra_config)
+
+    def job(cfg: DictConfig, hydra_config) -> float:
         from theseus.training.trainer import TrainingError
 
-        hydra_config = HydraConfig.get()
         try:
             claim_devices(hydra_config)  # parallel jobs on one host: each its own GPUs, before JAX starts
             load()  # a fresh worker process (joblib, submitit) registers the user's modules here
@@ -302,7 +311,8 @@ def main(argv: list[str] | None = None) -> None:
             checked = None, []
         else:
             use_compilation_cache()
-            checked = preflight(argv)
+            with BeforeStart():  # a signal while compiling: one line, the signal's exit code
+                checked = preflight(argv)
     except ConfigError as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -140,6 +140,17 @@ def test_start_stop_continue(corpus, tmp_path):
     assert new[0]["lr"] == pytest.approx(1e-3) and new[2]["lr"] < 1e-3  # lr of step 1: the cosine's start
     trained = next(r["loss"] for r in metrics(run_dir) if r["step"] == 20 and "loss" in r)
     assert new[0]["loss"] < trained + 0.3 < 5.0  # a fresh model's loss is about ln(256) = 5.5
+    # another optimizer takes the weights alone; its state, or weights of other shapes, are refused in one line
+    lion = theseus(tmp_path, *new_run, "trainer.max_steps=1", "optimizer=lion", f"hydra.run.dir={tmp_path / 'lion'}")
+    assert lion.returncode == 0 and f"starting from the weights of {source}" in lion.stderr, lion.stderr[-3000:]
+    for change, problem in (["optimizer=lion", "trainer.init_optimizer=true"], "its optimizer is adamw, this run's is "
+                            "lion: drop trainer.init_optimizer or use optimizer=adamw"), (["architecture.n_heads=2"], (
+                            "parameter h_0/attn/bk is (2, 32) in this run but is (4, 16) there: start from a run of "
+                            "the same architecture (or drop the architecture.* overrides)")):
+        refused = theseus(tmp_path, *new_run, *change, f"hydra.run.dir={tmp_path / 'refused'}")
+        assert refused.stderr.splitlines() == [f"theseus: error: trainer.init_from={source}: {problem}"]
+        assert refused.returncode == 2 and not (tmp_path / "refused").exists()
+
     # extending its cosine would change the learning rates already used: refused, saying what works
     cosine = theseus(tmp_path, *new_run, "trainer.max_steps=6")
     assert cosine.returncode == 2
@@ -167,3 +178,21 @@ def test_start_stop_continue(corpus, tmp_path):
     dry = subprocess.run(f"{Path(sys.executable).parent / 'wandb'} sync --dry-run {sync[len('wandb sync '):]}",
                          shell=True, capture_output=True, text=True, env=env(), timeout=120)
     assert dry.returncode == 0 and f"Would sync {len(segments)} run(s)" in dry.stdout + dry.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_compiling_exits_in_one_line_writing_nothing(corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "theseus.run", *base(corpus), f"hydra.run.dir={run_dir}"],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=tmp_path,
+                            env={**env(), "JAX_LOG_COMPILES": "1", "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax")})
+    lines = []
+    for line in proc.stderr:  # JAX logs each compilation: the preflight's build is under way
+        lines.append(line)
+        if "Compiling " in line:
+            os.kill(proc.pid, signal.SIGINT)
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 128 + signal.SIGINT, "".join(lines) + rest
+    assert rest.strip().splitlines()[-1:] == ["theseus: interrupted by SIGINT before the first step: nothing saved"], rest
+    assert "Traceback" not in rest and not run_dir.exists()

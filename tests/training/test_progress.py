@@ -54,19 +54,20 @@ def test_rich_bar_on_a_terminal(monkeypatch):
 
 
 def test_the_transcript_keeps_what_the_console_showed(tmp_path, capsys):
-    from theseus.training.progress import evaluation_line, show, show_table, transcript
+    from theseus.training.progress import RunConsole, evaluation_line
 
-    log = tmp_path / "run" / "run.log"
-    show("before")  # no transcript open: the console only
-    with transcript(log):
-        show("theseus: run directory X")
-        show_table("theseus run", [("model", "GPT: 10 parameters")])
-        progress = Progress(4, console=Console(file=io.StringIO(), width=120))
+    log, console, other = tmp_path / "run" / "run.log", RunConsole(), RunConsole()
+    console.show("before")  # no transcript open: the console only
+    with console.transcript(log):
+        console.show("theseus: run directory X")
+        other.show("another run's line")  # each run its own transcript
+        console.show_table("theseus run", [("model", "GPT: 10 parameters")])
+        progress = Progress(4, console=Console(file=io.StringIO(), width=120), record=console.record)
         progress.update(2, {"loss": 2.5})
         progress.print(evaluation_line(2, {"val_loss": 2.25, "val_loss/code": 1.5, "eval/arc/acc": 0.3125}))
-    show("after")
+    console.show("after")
     text = log.read_text()
     assert text.startswith("theseus: run directory X\n") and "before" not in text and "after" not in text
-    assert "│ model │ GPT: 10 parameters │" in text
+    assert "another run" not in text and "│ model │ GPT: 10 parameters │" in text
     assert text.endswith("step 2/4 loss 2.5\neval step 2: val_loss 2.25 val_loss/code 1.5 eval/arc/acc 0.3125\n")
     assert "theseus: run directory X" in capsys.readouterr().err

@@ -21,6 +21,7 @@ import jax
 from jax._src import clusters  # JAX's own detection: what initialize() with no arguments reads
 from omegaconf import DictConfig
 
+from theseus.base.native_output import drop_native_lines, is_gloo_noise
 from theseus.config import ConfigError, Configurable, configuration, configure, field, register
 
 # The environments whose jobs join without settings, in the order JAX tries them.
@@ -92,7 +93,8 @@ def initialize(cfg: DictConfig | Mapping) -> None:
 
     A no-op for a single process, or when this process has joined already. A wrong setting
     raises ConfigError; a job that does not assemble within ``distributed.timeout`` seconds
-    (an unreachable coordinator, a process missing) ends this process with one line.
+    (an unreachable coordinator, a process missing) ends this process with one line. Once
+    joined, gloo's connection lines are dropped from the console.
     """
     if jax.distributed.is_initialized():
         return
@@ -110,6 +112,7 @@ def initialize(cfg: DictConfig | Mapping) -> None:
         except Exception as exc:  # JAX raises several kinds; each means: not joined
             reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             raise ConfigError(f"{_who(config)} could not join the distributed job: {reason}") from exc
+    drop_native_lines(is_gloo_noise)  # gloo announces each connection it makes
 
 
 def check_port_free(port: int) -> None:

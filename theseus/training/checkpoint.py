@@ -98,6 +98,11 @@ class Checkpointer:
             return restored.state, dict(restored.data), dict(restored.config), candidate
         return None
 
+    def saved_layout(self, step: int | None = None) -> Any:
+        """The metadata tree (shape, dtype per array) of the train state saved at ``step``
+        (None: the newest), read without loading any array."""
+        return self.manager.item_metadata(step if step is not None else self.manager.latest_step())["state"]
+
     def _damaged(self, step: int, exc: Exception | None, report: Callable[[str], None]) -> None:
         kept = self._set_aside(step)
         reason = type(exc).__name__ if exc else "on another process"
@@ -127,6 +132,13 @@ def _everywhere(ok: bool) -> bool:
     if jax.process_count() == 1:
         return ok
     return bool(multihost_utils.process_allgather(np.int32(ok)).min())
+
+
+def path_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """``{"wte/embedding": (vocab, d), ...}``: the shape of each array of ``tree`` by its path."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path): tuple(leaf.shape)
+            for path, leaf in leaves if hasattr(leaf, "shape")}
 
 
 def _shapes(tree: Any) -> list[tuple[int, ...]]:

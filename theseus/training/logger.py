@@ -25,7 +25,7 @@ import math
 import os
 import subprocess
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -102,11 +102,13 @@ class RunLogger:
     console. A context manager; a no-op unless ``is_main``.
 
     A resumed run continues ``metrics.jsonl``: lines after ``start_step`` (logged after the
-    checkpoint it resumes from) are dropped, as those steps run again.
+    checkpoint it resumes from) are dropped, as those steps run again. ``record``: where the
+    console's lines are also written (the run's transcript).
     """
 
     def __init__(self, config: LoggerConfig, run_dir: Path, *, resolved_config: Mapping[str, Any],
-                 total_steps: int, start_step: int = 0, is_main: bool = True):
+                 total_steps: int, start_step: int = 0, is_main: bool = True,
+                 record: Callable[[str], None] = lambda text: None):
         self._open = is_main
         if not is_main:
             return
@@ -125,7 +127,7 @@ class RunLogger:
         if path.exists():
             _truncate(path, start_step)
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
-        self._progress = Progress(total_steps, start_step)
+        self._progress = Progress(total_steps, start_step, record=record)
 
     def log(self, step: int, metrics: Mapping[str, Any], *, progress: bool = True) -> None:
         """Record ``metrics`` at ``step``: a JSON line (non-finite values as null), W&B, and

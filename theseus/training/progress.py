@@ -4,7 +4,7 @@
     eval step 100: val_loss 2.4 val_bpb 3.46 val_loss/code 2.1 eval/arc/acc 0.31
 
 Every line shown (progress, evaluations, tables, messages) is also appended as plain text to
-the run's transcript, ``RUN_DIR/run.log``, while ``transcript(path)`` is open.
+the run's transcript, ``RUN_DIR/run.log``, by the run's ``RunConsole``.
 """
 
 from __future__ import annotations
@@ -25,43 +25,43 @@ from rich.table import Table
 from theseus.training.metrics import format_duration, format_si
 
 
-_transcript: list[TextIO] = []  # the open run.log, if any
+class RunConsole:
+    """What a run shows: lines and tables on stderr, each also appended as plain text to the
+    run's transcript (``RUN_DIR/run.log``) while ``transcript(path)`` is open."""
 
+    def __init__(self) -> None:
+        self._file: TextIO | None = None
 
-@contextlib.contextmanager
-def transcript(path: Path) -> Iterator[None]:
-    """Append every line shown inside to ``path`` (the run's ``run.log``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as file:
-        _transcript.append(file)
-        try:
-            yield
-        finally:
-            _transcript.remove(file)
+    @contextlib.contextmanager
+    def transcript(self, path: Path) -> Iterator[None]:
+        """Append every line shown inside to ``path``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as self._file:
+            try:
+                yield
+            finally:
+                self._file = None
 
+    def record(self, text: str) -> None:
+        """Write ``text`` (one or more lines) to the open transcript, if any."""
+        if self._file is not None:
+            self._file.write(text.rstrip("\n") + "\n")
+            self._file.flush()
 
-def record(text: str) -> None:
-    """Write ``text`` (one or more lines) to the open transcript."""
-    for file in _transcript:
-        file.write(text.rstrip("\n") + "\n")
-        file.flush()
+    def show(self, text: str) -> None:
+        """Print ``text`` to stderr and to the transcript."""
+        print(text, file=sys.stderr, flush=True)
+        self.record(text)
 
-
-def show(text: str) -> None:
-    """Print ``text`` to stderr and to the transcript."""
-    print(text, file=sys.stderr, flush=True)
-    record(text)
-
-
-def show_table(title: str, rows: Sequence[tuple[str, str]]) -> None:
-    """Print two columns under a title to stderr, and as plain text to the transcript."""
-    table = Table(title=title, show_header=False)
-    for key, value in rows:
-        table.add_row(key, value)
-    Console(stderr=True).print(table)
-    plain = Console(file=io.StringIO(), width=120, color_system=None)
-    plain.print(table)
-    record(plain.file.getvalue())
+    def show_table(self, title: str, rows: Sequence[tuple[str, str]]) -> None:
+        """Print two columns under a title to stderr, and as plain text to the transcript."""
+        table = Table(title=title, show_header=False)
+        for key, value in rows:
+            table.add_row(key, value)
+        Console(stderr=True).print(table)
+        plain = Console(file=io.StringIO(), width=120, color_system=None)
+        plain.print(table)
+        self.record(plain.file.getvalue())
 
 
 def evaluation_line(step: int, metrics: Mapping[str, float]) -> str:
@@ -90,8 +90,9 @@ class Progress:
     """
 
     def __init__(self, total: int, start: int = 0, *, console: Console | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, record: Callable[[str], None] = lambda text: None):
         self.total = total
+        self._record = record  # the transcript's
         self._console = console or Console()
         self._clock = clock
         self._first: tuple[int, float] | None = None  # (step, time) of the first update
@@ -115,14 +116,14 @@ class Progress:
         line = f"step {step}/{self.total} {text}".rstrip()
         if self._bar is not None:
             self._bar.update(self._task, completed=step, status=text)
-            record(line)
+            self._record(line)
         else:
             self.print(line)
 
     def print(self, text: str) -> None:
         """A line of text, above the bar when there is one (and in the transcript)."""
         self._console.print(text, markup=False, highlight=False, soft_wrap=True)
-        record(text)
+        self._record(text)
 
     def close(self) -> None:
         """Stop the bar (it stays on screen at its last state)."""

@@ -107,3 +107,21 @@ def continue_last(composed: DictConfig) -> DictConfig:
     with read_write(composed.hydra):
         composed.hydra.run.dir = str(found)
     return composed
+
+
+def init_from_problem(source: str, saved_optimizer: str | None, optimizer: str, init_optimizer: bool,
+                      saved_params: Mapping[str, tuple[int, ...]], params: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Why ``trainer.init_from=source`` cannot start this run, in one line (None: it can).
+
+    Its optimizer state is taken only from the same optimizer; its weights only where every
+    parameter this run has exists there with the same shape (the first that differs is named).
+    """
+    if init_optimizer and saved_optimizer is not None and saved_optimizer != optimizer:
+        return (f"trainer.init_from={source}: its optimizer is {saved_optimizer}, this run's is {optimizer}: drop "
+                f"trainer.init_optimizer or use optimizer={saved_optimizer}")
+    for name, shape in params.items():
+        if saved_params.get(name) != shape:
+            held = "does not exist there" if name not in saved_params else f"is {saved_params[name]} there"
+            return (f"trainer.init_from={source}: parameter {name} is {shape} in this run but {held}: "
+                    f"start from a run of the same architecture (or drop the architecture.* overrides)")
+    return None

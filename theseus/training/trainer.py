@@ -33,11 +33,11 @@ from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.interop.hf_config import arch_of
-from theseus.interop.init_from import apply_init_from, theseus_checkpoint
+from theseus.interop.init_from import apply_init_from, run_of, theseus_checkpoint
 from theseus.interop.loading import load_params
 from theseus.tasks.evaluation import EvaluationConfig, evaluate, load_evaluations
 from theseus.tasks.task import LossTask, task_class
-from theseus.training.checkpoint import Checkpointer
+from theseus.training.checkpoint import Checkpointer, path_shapes
 from theseus.training.config import TrainerConfig
 from theseus.training.fit_check import Fit, check_fit, device_memory
 from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets, sync_command
@@ -46,8 +46,8 @@ from theseus.training.metrics import format_bytes, format_duration, format_si, m
 from theseus.training.optimizer import make_optimizer, make_schedule, optimizer_class
 from theseus.training.preemption import Preemption
 from theseus.training.profiler import Profiler
-from theseus.training.progress import evaluation_line, show, show_table, transcript
-from theseus.training.resume import check_resume
+from theseus.training.progress import RunConsole, evaluation_line
+from theseus.training.resume import check_resume, init_from_problem
 from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
 from theseus.training.step import eval_step, train_step
 
@@ -123,6 +123,12 @@ class Trainer:
                                             self.evaluation)
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
         self._built: Compiled | None = None  # the training build, once the memory check has made it
+        self.console = RunConsole()  # what the run shows; its transcript is open while it runs
+
+    def _say(self, text: str) -> None:
+        """A line on the console (and in the transcript), from process 0 only."""
+        if jax.process_index() == 0:
+            self.console.show(text)
 
     @property
     def prefetch(self) -> int:
@@ -171,6 +177,7 @@ class Trainer:
                          self._extension_problem(run_dir, old["trainer"]["max_steps"]))
         if not self.settings.dry_run:
             self._check_memory()
+            self._check_init_from(self._built.target)
 
     def _extension_problem(self, run_dir: Path, saved_steps: int) -> str | None:
         """Why ``run_dir`` (trained for ``saved_steps``) cannot go on to this run's
@@ -190,6 +197,28 @@ class Trainer:
                 f"its weights instead: trainer.init_from={run_dir} trainer.max_steps={self.settings.max_steps} "
                 f"hydra.run.dir=NEW (trainer.init_optimizer=true keeps its optimizer state); a constant or wsd "
                 f"schedule can be extended in place")
+
+    def _init_source(self) -> tuple[Checkpointer, Any, str | None] | None:
+        """``trainer.init_from`` when a theseus checkpoint: its checkpoints, the layout of the
+        state it holds and its optimizer (None: unknown); None for a Hugging Face folder or none."""
+        source = self.settings.init_from and theseus_checkpoint(Path(self.settings.init_from))
+        if not source:
+            return None
+        checkpoints, run = Checkpointer.at(source), run_of(source)
+        optimizer = OmegaConf.select(OmegaConf.load(run / ".hydra" / "config.yaml"), "optimizer.name") if run else None
+        return checkpoints, checkpoints.saved_layout(checkpoints.requested_step), optimizer
+
+    def _check_init_from(self, target: TrainState) -> None:
+        """ConfigError when ``trainer.init_from`` (a theseus checkpoint) cannot start this run:
+        another optimizer's state asked for, a parameter of another shape."""
+        source = self._init_source()
+        if source is None:
+            return
+        _, layout, optimizer = source
+        problem = init_from_problem(self.settings.init_from, optimizer, self.optimizer.name, self.settings.init_optimizer,
+                                    path_shapes(layout["params"]), path_shapes(target.params))
+        if problem:
+            raise ConfigError(problem)
 
     def _check_memory(self) -> None:
         """Compile the step (kept for the run) and refuse one that does not fit the device."""
@@ -253,9 +282,9 @@ class Trainer:
         fit = self.fit(compiled.memory, seconds < REMAT_COMPILE_BUDGET_S) if compiled.memory else None
         rows += fit.rows() if fit else []
         if jax.process_index() == 0:
-            show_table("theseus dry run", rows)
+            self.console.show_table("theseus dry run", rows)
         if fit and not fit.fits:
-            _warn(fit.message())
+            self._say(fit.message())
 
     def fit(self, memory: dict[str, int], compile_candidates: bool) -> Fit:
         """Whether the step (XLA ``memory`` per device) fits the device (``trainer.memory_limit``
@@ -282,9 +311,9 @@ class Trainer:
         """
         self.check_run_dir(run_dir)
         main = jax.process_index() == 0
-        with transcript(run_dir / "run.log") if main else contextlib.nullcontext(), \
-                Preemption(self._stop_step, say=_warn) as preemption:
-            _warn(f"theseus: run directory {run_dir}")
+        with self.console.transcript(run_dir / "run.log") if main else contextlib.nullcontext(), \
+                Preemption(self._stop_step, say=self._say) as preemption:
+            self._say(f"theseus: run directory {run_dir}")
             loop = self.start(run_dir)
             loop.preemption, preemption.step = preemption, loop.step
             hooks = self.hooks()
@@ -331,13 +360,13 @@ class Trainer:
             loader.set_state(loader_state)
         peak, source = self.peak()
         if jax.process_index() == 0:
-            show_table("theseus run", self._describe(compiled, peak, source, n_params(state.params)))
+            self.console.show_table("theseus run", self._describe(compiled, peak, source, n_params(state.params)))
         logger = RunLogger(self.logger_config, run_dir, resolved_config=self.resolved, total_steps=s.max_steps,
-                           start_step=start, is_main=jax.process_index() == 0)
+                           start_step=start, is_main=jax.process_index() == 0, record=self.console.record)
         logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
         return Loop(run_dir, compiled, state, loader, logger, checkpointer, jax.random.key(s.seed + 1), peak,
                     step=start, last_step=s.max_steps,
-                    profiler=Profiler(s.profile_steps, run_dir / "profile", report=_warn))
+                    profiler=Profiler(s.profile_steps, run_dir / "profile", report=self._say))
 
     def hooks(self) -> list[Hook]:
         """What runs after every step, in order; each acts on its own cadence. ``log`` comes
@@ -413,7 +442,7 @@ class Trainer:
                                        f"MFU {100 * loop.logged['mfu']:.1f}% (last logged window)"))
         rows.append(("wall time", format_duration(time.perf_counter() - loop.began)))
         rows.append(("checkpoints", ", ".join(map(str, kept)) or "none"))
-        show_table("theseus run summary", rows)
+        self.console.show_table("theseus run summary", rows)
         lines = [f"  resume:   {resume_command()}"] if loop.stop else []
         if kept:
             extendable = self.optimizer.schedule in ("constant", "wsd")  # wsd: before its decay
@@ -429,7 +458,7 @@ class Trainer:
         if sync:
             lines.append(f"  W&B:      {sync}")
         if lines:
-            show("next:\n" + "\n".join(lines))
+            self.console.show("next:\n" + "\n".join(lines))
 
     def _check_finite(self, state: TrainState, checkpointer: Checkpointer) -> None:
         """Stop (TrainingError) once a step's loss or gradients were NaN/Inf, unless skipping them."""
@@ -446,11 +475,11 @@ class Trainer:
         """The state to start from: a checkpoint (per ``trainer.resume``) or a fresh one."""
         resume = self.settings.resume
         source = checkpointer if resume in ("auto", "last", "never") else Checkpointer.at(Path(resume))
-        restored = source.restore(compiled.target, step=source.requested_step, report=_warn)
+        restored = source.restore(compiled.target, step=source.requested_step, report=self._say)
         if restored is None:
             return self._fresh_state(compiled)
         state, loader_state, _config, step = restored
-        _warn(f"resuming from {source.directory / str(step)} at step {step}")
+        self._say(f"resuming from {source.directory / str(step)} at step {step}")
         return state, step, loader_state
 
     def _fresh_state(self, compiled: Compiled) -> tuple[TrainState, int, dict | None]:
@@ -466,19 +495,25 @@ class Trainer:
         if s.init_from is None:
             return state, 0, None
         path = Path(s.init_from).expanduser()
-        source = theseus_checkpoint(path)
+        source = self._init_source()
         if source is None:
-            _warn(f"starting from the weights of {path}")
+            self._say(f"starting from the weights of {path}")
             state = state.replace(params=None)
             return state.replace(params=load_params(path, arch_of(self.model), compiled.target.params)), 0, None
-        checkpoints = Checkpointer.at(source)
-        restored = checkpoints.restore(compiled.target, step=checkpoints.requested_step, report=_warn)
+        self._check_init_from(compiled.target)
+        checkpoints, layout, optimizer = source
+        target = compiled.target
+        if optimizer not in (None, self.optimizer.name):  # another optimizer's state: read as saved, then dropped
+            replicated = NamedSharding(compiled.mesh, PartitionSpec())
+            target = target.replace(opt_state=jax.tree.map(
+                lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated), layout["opt_state"]))
+        restored = checkpoints.restore(target, step=checkpoints.requested_step, report=self._say)
         if restored is None:
             raise ConfigError(f"trainer.init_from={s.init_from}: no readable checkpoint there")
         other, loader_state, _config, step = restored
         parts = ["weights", *(["optimizer state"] if s.init_optimizer else []),
                  *(["data position"] if s.init_data else [])]
-        _warn(f"starting from the {', '.join(parts)} of {checkpoints.directory / str(step)}")
+        self._say(f"starting from the {', '.join(parts)} of {checkpoints.directory / str(step)}")
         state = state.replace(params=other.params)
         if s.init_optimizer:
             state = state.replace(opt_state=restart_schedule(other.opt_state))
@@ -523,7 +558,7 @@ class Trainer:
         analytic = self.flops_per_step
         ratio = compiled.xla_flops / analytic if compiled.xla_flops else None
         if ratio is not None and abs(ratio - 1) > 0.25:
-            _warn(f"warning: analytic FLOPs/step {analytic:.3e} differ from XLA's {compiled.xla_flops:.3e} "
+            self._say(f"warning: analytic FLOPs/step {analytic:.3e} differ from XLA's {compiled.xla_flops:.3e} "
                   f"by more than 25%")
         return {"n_params": params, "flops_per_step": analytic, "xla_flops_per_step": compiled.xla_flops,
                 "flops_ratio_xla": ratio, "peak_flops": peak, "peak_flops_source": source,
@@ -603,8 +638,3 @@ def _timed(fn):
     began = time.perf_counter()
     result = fn()
     return time.perf_counter() - began, result
-
-
-def _warn(text: str) -> None:
-    if jax.process_index() == 0:
-        show(text)
