@@ -13,7 +13,7 @@ import pytest
 
 from theseus.config import configuration, configure
 from theseus.model import generate as generation
-from theseus.model.generate import generate, sample_text
+from theseus.model.generate import continue_prompts, generate, sample_text
 from theseus.model.models.gpt import GPT
 
 TINY = {
@@ -144,3 +144,43 @@ def test_ids_past_the_tokenizers_vocabulary_are_never_generated():
         assert int(out[:, 5:].max()) < 50 and int(out[:, 5:].min()) >= 0
     with pytest.raises(ValueError, match="vocab_size must be between 1 and the model's architecture.vocab_size"):
         generate(model, params, prompt, max_new_tokens=2, vocab_size=65)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama"])  # rotary positions: a row's position is its own
+def test_prompts_of_different_lengths_continue_as_each_would_alone(name):
+    """Greedy: each row of a ragged batch equals generate() on that row alone; sampled: a row's
+    draws follow its own key, whatever rows sit beside it."""
+    model, params, _ = setup(name)
+    rows = [np.arange(1, 1 + n) % model.vocab_size for n in (9, 3, 6)]
+    padded = np.zeros((3, 9), np.int32)
+    for i, row in enumerate(rows):
+        padded[i, :len(row)] = row
+    greedy = continue_prompts(model, params, padded, [9, 3, 6], 5, temperature=0.0)
+    for i, row in enumerate(rows):
+        alone = generate(model, params, jnp.asarray([row]), 5, temperature=0.0)[0, len(row):]
+        np.testing.assert_array_equal(greedy[i], alone)
+    keys = jax.vmap(jax.random.key)(jnp.arange(3) + 7)
+    sampled = continue_prompts(model, params, padded, [9, 3, 6], 5, temperature=1.0, rngs=keys)
+    for i in range(3):
+        alone = continue_prompts(model, params, padded[i:i + 1, :len(rows[i])], [len(rows[i])], 5, temperature=1.0,
+                                 rngs=keys[i:i + 1])
+        np.testing.assert_array_equal(sampled[i], alone[0])
+    assert not np.array_equal(sampled, greedy)
+    cold = continue_prompts(model, params, padded, [9, 3, 6], 5, temperature=1e-6, rngs=keys)
+    np.testing.assert_array_equal(cold, greedy)  # temperature -> 0 is greedy
+
+
+@pytest.mark.slow
+def test_first_draws_follow_the_models_softmax():
+    """4096 draws of the token after one prompt: their frequencies are softmax(logits / T)."""
+    model, params, prompt = setup("gpt2")
+    temperature, n = 0.7, 4096
+    logits = model.apply({"params": params}, prompt[:1])[0, -1]
+    probs = np.asarray(jax.nn.softmax(logits / temperature))
+    tokens = np.broadcast_to(np.asarray(prompt[:1]), (n, prompt.shape[1]))
+    drawn = continue_prompts(model, params, tokens, [prompt.shape[1]] * n, 1, temperature=temperature,
+                             rngs=jax.vmap(jax.random.key)(jnp.arange(n)))
+    freq = np.bincount(np.asarray(drawn[:, 0]), minlength=model.vocab_size) / n
+    assert np.abs(freq - probs).max() < 4 * np.sqrt(probs.max() / n)  # 4 standard errors of the likeliest
+    assert 0.5 * np.abs(freq - probs).sum() < 0.06  # total variation

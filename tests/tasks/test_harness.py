@@ -147,6 +147,10 @@ def test_generate_until_stops_at_the_first_stop_sequence_and_samples_by_seed():
     sampled = [Request(context, {"until": [], "max_gen_toks": new, "do_sample": True, "temperature": 1.0})] * 3
     first, again = lm.generate_until(sampled), lm.generate_until(sampled)
     assert first == again and len(set(first)) > 1  # seeded: reproducible, and each request draws its own
+    mixed = [Request(context[:n], {"until": stops[k % 2:], "max_gen_toks": 4 + k % 2 * 3,
+                                   "do_sample": k % 3 == 0, "temperature": 0.8}) for k, n in enumerate((51, 5, 30, 12, 40))]
+    one = HarnessLM(model, params, tokenizer, lm.mesh, (), batch_size=1, vocab_size=tokenizer.vocab_size)
+    assert lm.generate_until(mixed) == one.generate_until(mixed)  # batched, sorted, regrouped: as one by one
     [window] = lm.generate_until([Request(context, {"until": [], "max_gen_toks": model.seq_len - 1})])
     [longer] = lm.generate_until([Request(context, {"until": [], "max_gen_toks": 3 * model.seq_len})])
     assert longer.startswith(window) and len(longer) > 2 * len(window)  # 72 tokens: past the window of 24

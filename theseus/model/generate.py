@@ -7,6 +7,13 @@ Once the context (``architecture.seq_len``) is full, each token is drawn from th
 ``seq_len`` tokens alone, as nanoGPT's sample.py does: the window shifts, so every position
 changes (learned and rotary positions alike) and the window is recomputed whole, a full forward
 pass a token. The whole loop is one compiled program per (model, shapes, top_k).
+
+    new = continue_prompts(model, params, padded, lengths, 20, temperature=0.0, rngs=keys)
+
+continues a batch of prompts of different lengths (right-padded, row i's first ``lengths[i]``
+tokens) at once, each row as it would be alone: every row holds real tokens at every position
+(no padding is ever attended), each row reading its own prompt token where it has one and its
+own draw past it.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from collections.abc import Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def generate(
@@ -68,6 +76,76 @@ def sample_text(
     prompt_tokens = jnp.asarray([encode(prompt)], jnp.int32)
     tokens = generate(model, params, prompt_tokens, max_new_tokens, **kwargs)
     return decode(tokens[0, prompt_tokens.shape[1]:].tolist())
+
+
+def continue_prompts(
+    model: nn.Module,
+    params,
+    tokens: np.ndarray,
+    lengths: Sequence[int],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    rngs: jax.Array | None = None,
+    vocab_size: int | None = None,
+) -> jax.Array:
+    """``tokens: int[batch, width]`` (row i's prompt: its first ``lengths[i]`` tokens, the rest any
+    padding) ``-> int32[batch, max_new_tokens]``, the tokens after each row's prompt.
+
+    The window holds all of them: ``width + max_new_tokens - 1 <= model.seq_len``. ``rngs``:
+    ``key[batch]``, row i's draws come from ``rngs[i]`` alone, so a row's tokens do not depend
+    on the rows beside it (default: ``jax.random.key(i)``). ``temperature``, ``top_k`` and
+    ``vocab_size`` as ``generate``'s. Rows are run in lockstep through one KV cache: the
+    shortest prompt (rounded down to a multiple of 32, few compiled shapes) fills it at once,
+    then one position a step, each row reading its prompt token there or, past its prompt,
+    sampling one.
+    """
+    tokens = np.asarray(tokens, np.int32)
+    lengths = np.asarray(lengths, np.int32)
+    batch, width = tokens.shape
+    if lengths.shape != (batch,) or lengths.min() < 1 or lengths.max() > width:
+        raise ValueError(f"lengths must be {batch} prompt lengths between 1 and {width}, got {lengths.tolist()}")
+    if max_new_tokens < 1 or width + max_new_tokens - 1 > model.seq_len:
+        raise ValueError(f"{width} prompt positions + {max_new_tokens} new tokens exceed the window "
+                         f"(architecture.seq_len {model.seq_len})")
+    vocab_size = model.vocab_size if vocab_size is None else vocab_size
+    rngs = jax.vmap(jax.random.key)(jnp.arange(batch)) if rngs is None else rngs
+    shortest = int(lengths.min())
+    start = max(1, shortest - shortest % 32)
+    keys = jax.vmap(lambda key: jax.random.split(key, max_new_tokens))(rngs)  # [batch, max_new_tokens]
+    return _continue(model, params, jnp.asarray(tokens), jnp.asarray(lengths), keys, start, top_k, vocab_size,
+                     jnp.float32(temperature))
+
+
+@functools.partial(jax.jit, static_argnames=("model", "start", "top_k", "vocab_size"))
+def _continue(model, params, tokens, lengths, keys, start, top_k, vocab_size, temperature):
+    decoder = model.clone(decode=True)
+    batch, width = tokens.shape
+    new = keys.shape[1]
+    total = width + new - 1  # the last position drawn, and the positions cached (its token is never fed)
+    shapes = jax.eval_shape(decoder.init, jax.random.key(0), jnp.zeros((batch, total), jnp.int32))["cache"]
+    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    padded = jnp.pad(tokens, ((0, 0), (0, new)))
+
+    def forward(cache, chunk):  # -> cache, logits of the last position [batch, vocab_size]
+        logits, variables = decoder.apply({"params": params, "cache": cache}, chunk, mutable=["cache"])
+        return variables["cache"], logits[:, -1, :vocab_size]
+
+    def choose(logits, position):  # int32[batch]: each row's token at ``position``, its prompt's or a draw
+        drawn = jnp.clip(position - lengths, 0, new - 1)
+        row_keys = jnp.take_along_axis(keys, drawn[:, None], axis=1)[:, 0]
+        sampled = jax.vmap(lambda l, k: _sample(l[None], k, temperature, top_k)[0])(logits, row_keys)
+        return jnp.where(position < lengths, padded[:, position], sampled)
+
+    def step(carry, position):
+        cache, logits = carry
+        token = choose(logits, position)
+        return forward(cache, token[:, None]), token
+
+    cache, logits = forward(cache, tokens[:, :start])
+    (_, logits), fed = jax.lax.scan(step, (cache, logits), jnp.arange(start, total))  # [total - start, batch]
+    out = jnp.concatenate([fed.T, choose(logits, total)[:, None]], axis=1)  # positions start .. total
+    return jnp.take_along_axis(out, lengths[:, None] - start + jnp.arange(new), axis=1)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "top_k", "vocab_size"))

@@ -29,7 +29,7 @@ from theseus.base.axis import DATA, FSDP
 from theseus.base.mesh import on_devices
 from theseus.config import ConfigError
 from theseus.data.tokenizer import Tokenizer
-from theseus.model.generate import generate
+from theseus.model.generate import continue_prompts
 from theseus.tasks.multiple_choice import log_likelihoods
 
 try:
@@ -124,11 +124,13 @@ class HarnessLM(TemplateLM):
         """Each ``(context, {"until": [...], "max_gen_toks": N, "do_sample": ..., "temperature": ...})``
         continued greedily (or sampled when ``do_sample``) and cut before the first stop sequence.
 
-        The first ``min(N, seq_len - 1)`` tokens follow the context's last ``seq_len - N`` tokens,
-        as lm-eval's hf model generates; past the window, generation goes on in steps of
+        Requests of the same ``max_gen_toks`` and temperature run ``batch_size`` at a time, longest
+        context first; each row is what it would be alone (its draws seeded by its index). The
+        first ``min(N, seq_len - 1)`` tokens follow the context's last ``seq_len - N`` tokens, as
+        lm-eval's hf model generates; past the window, generation goes on in steps of
         ``seq_len // 2`` tokens, each conditioned on the last ``seq_len / 2`` tokens so far.
         """
-        out = []
+        groups: dict[tuple[int, float], list[tuple[int, list[int], list[str]]]] = {}
         for index, request in enumerate(requests):
             context, settings = request.args
             settings = dict(settings)
@@ -138,21 +140,45 @@ class HarnessLM(TemplateLM):
                 until.append(self.tokenizer.decode([self.tokenizer.eot]))
             budget = max(1, int(settings.pop("max_gen_toks", 256)))
             temperature = float(settings.pop("temperature", 1.0)) if settings.pop("do_sample", False) else 0.0
-            rng = jax.random.fold_in(jax.random.key(self.seed), index)
-            ids, produced, text = self.tok_encode(context) or [self.prefix_token_id], [], ""
-            while len(produced) < budget and not any(stop and stop in text for stop in until):
-                step = min(budget - len(produced), self.max_length - 1 if not produced else self.max_length // 2)
-                prompt = (ids + produced)[-(self.max_length - step):]
-                with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-                    tokens = generate(self.model, self.params, jnp.asarray([prompt], jnp.int32), step,
-                                      temperature=temperature, rng=jax.random.fold_in(rng, len(produced)),
-                                      vocab_size=self.vocab_size)
-                produced += np.asarray(tokens[0, len(prompt):]).tolist()
+            ids = self.tok_encode(context) or [self.prefix_token_id]
+            groups.setdefault((budget, temperature), []).append((index, ids, [stop for stop in until if stop]))
+        out = [""] * len(requests)
+        for (budget, temperature), rows in groups.items():
+            rows.sort(key=lambda row: -len(row[1]))
+            for first in range(0, len(rows), self.batch_size):
+                batch = rows[first:first + self.batch_size]
+                for (index, _, until), text in zip(batch, self._continue(batch, budget, temperature)):
+                    out[index] = min((text.split(stop)[0] for stop in until), key=len, default=text)
+        return out
+
+    def _continue(self, rows: list[tuple[int, list[int], list[str]]], budget: int, temperature: float) -> list[str]:
+        """The text each ``(index, context ids, stop sequences)`` of ``rows`` continues with, in
+        steps (see ``generate_until``) until ``budget`` tokens or one of its stop sequences."""
+        produced: list[list[int]] = [[] for _ in rows]
+        texts = [""] * len(rows)
+        live = list(range(len(rows)))
+        while live:
+            done = len(produced[live[0]])  # rows move in lockstep: every live row has made as many
+            step = min(budget - done, self.max_length - 1 if not done else self.max_length // 2)
+            prompts = [(rows[i][1] + produced[i])[-(self.max_length - step):] for i in live]
+            width = min(1 << (max(map(len, prompts)) - 1).bit_length(), self.max_length + 1 - step)
+            slots = live + [live[0]] * (self.batch_size - len(live))  # a full batch: one compiled shape
+            prompts += [prompts[0]] * (len(slots) - len(live))
+            tokens = np.zeros((len(slots), width), np.int32)
+            for slot, prompt in enumerate(prompts):
+                tokens[slot, :len(prompt)] = prompt
+            rngs = jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), rows[i][0]), done)
+                              for i in slots])
+            with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+                new = np.asarray(continue_prompts(self.model, self.params, tokens, [len(p) for p in prompts], step,
+                                                  temperature=temperature, rngs=rngs, vocab_size=self.vocab_size))
+            for slot, i in enumerate(live):
+                produced[i] += new[slot].tolist()
                 # ids past the tokenizer's (a checkpoint's vocabulary may be larger) decode to
                 # nothing, as Hugging Face's tokenizers decode them
-                text = self.tokenizer.decode([token for token in produced if token < self.tokenizer.vocab_size])
-            out.append(min((text.split(stop)[0] for stop in until if stop), key=len, default=text))
-        return out
+                texts[i] = self.tokenizer.decode([token for token in produced[i] if token < self.tokenizer.vocab_size])
+            live = [i for i in live if len(produced[i]) < budget and not any(stop in texts[i] for stop in rows[i][2])]
+        return texts
 
 
 def task_manager(tasks: list[str], include: str | None = None) -> TaskManager:
