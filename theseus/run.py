@@ -23,7 +23,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from theseus.base.devices import check_enough, claim_devices, parallel_jobs, visible_gpus
+from theseus.base.devices import check_enough, claim_devices, cpu_only_platforms, parallel_jobs, visible_gpus
 from theseus.base.distributed import initialize
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose, conf_dir, validate
@@ -301,6 +301,7 @@ def main(argv: list[str] | None = None) -> None:
             registry.store()
             checked = None, []
         else:
+            cpu_only_platforms()
             use_compilation_cache()
             checked = preflight(argv)
     except ConfigError as exc:

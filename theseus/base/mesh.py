@@ -31,6 +31,11 @@ class MeshConfig(Configurable):
         "mesh.cpu_devices", default=None,
         help="on a CPU: this many devices of the host's cores, one thread each (set it to the cores); None: JAX's",
     )
+    target: str | None = field(
+        "mesh.target", default=None,
+        help="with trainer.dry_run: compile for hardware this machine lacks and predict its step (tpu:v5e-8, "
+             "tpu:v5p-128, gpu:h100x8, gpu:h100x8x4, ...; needs the plan extra); None: this machine's devices",
+    )
 
     def __post_init__(self):
         """``cpu_devices`` is positive (or None); each rule maps a logical axis to mesh axes (a
@@ -107,7 +112,7 @@ def use_cpu_devices(n: int | None) -> None:
 def compiler_options(config: MeshConfig) -> dict[str, bool]:
     """XLA options for the steps: with ``cpu_devices``, each device's matrix products on one
     thread (the other cores are the other devices'; sharing them costs more than it gives)."""
-    on_cpu = config.cpu_devices is not None and jax.default_backend() == "cpu"
+    on_cpu = config.cpu_devices is not None and config.target is None and jax.default_backend() == "cpu"
     return {"xla_cpu_multi_thread_eigen": False} if on_cpu else {}
 
 
