@@ -150,6 +150,7 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     (one each; none for a task of its own, or one checked where it runs), or None when there
     is nothing left for Hydra to do (a dry run has been done).
     """
+    from theseus.sweep import print_plans
     from theseus.tasks.task import JobTask, task_class
     from theseus.training.trainer import Trainer
 
@@ -164,7 +165,7 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     if is_multirun(argv) and gpus:  # parallel jobs on this host: one GPU share each, or refused now
         check_enough(parallel_jobs(base.hydra.launcher), gpus)
     remote = any(arg.startswith("hydra/launcher=submitit") for arg in argv)  # other machines, other devices
-    trainers = []
+    trainers, labels = [], []
     for overrides in job_overrides(argv, sweep_params(base) if is_multirun(argv) else ()):
         cfg, run_dir = _job(compose(overrides, hydra=True) if is_multirun(argv) else base)
         if remote or issubclass(task_class(cfg), JobTask):  # checked where it runs, or a job of its own
@@ -173,9 +174,11 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
         if not is_multirun(argv):
             trainer.check_run_dir(run_dir)
         trainers.append(trainer)
+        labels.append(overrides)
     if trainers and all(t.settings.dry_run for t in trainers):
-        for trainer in trainers:
-            trainer.dry_run()
+        plans = [trainer.dry_run() for trainer in trainers]
+        if len(plans) > 1 and any(plan["target"] for plan in plans):
+            print_plans(labels, plans)
         return None
     return base, trainers
 
