@@ -582,7 +582,8 @@ class Trainer:
         rows = [
             ("model", f"{type(self.model).__name__}: {params:,} parameters"),
             ("mesh", " x ".join(f"{k}={v}" for k, v in self.mesh_shape.items())
-             + f" = {len(self.devices)} x {self.devices[0].device_kind}"),
+             + f" = {len(self.devices)} x {self.devices[0].device_kind}"
+             + (f" on {self.target.process_count} hosts" if self.target and self.target.process_count > 1 else "")),
             ("params / device", format_bytes(bytes_per_device(shapes.params))),
             ("optimizer state / device", format_bytes(bytes_per_device(shapes.opt_state))),
             ("tokens / step", f"{self.tokens_per_step:,}"),
