@@ -74,10 +74,10 @@ def test_fsdp_over_a_v5e_8_matches_eight_cpu_devices_and_over_h100s_fits_with_a_
 
 @pytest.mark.slow
 def test_a_step_that_does_not_fit_is_told_a_setting_that_makes_it_fit(tmp_path):
-    # a wider model replicated over the slice's chips, each shrunk to 24 MB (trainer.memory_limit):
+    # a wider model replicated over the slice's chips, each shrunk to 10 MB (trainer.memory_limit):
     # its parameters and Adam moments alone are over; sharded over the 8 chips they fit
-    wide = ["mesh.target=tpu:v5e-8", "architecture.d_model=256", "architecture.n_layers=4", "architecture.remat=full",
-            "trainer.memory_limit=24000000"]
+    wide = ["mesh.target=tpu:v5e-8", "architecture.d_model=192", "architecture.n_layers=2", "architecture.remat=full",
+            "trainer.memory_limit=10000000"]
     proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", "mesh.data=8", *wide, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert row(proc.stderr, "fits").startswith("NO")
