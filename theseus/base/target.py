@@ -84,12 +84,17 @@ def torus(chips: int, dims: int) -> str:
 def resolve(name: str) -> Target:
     """The compile-only devices of target ``name`` (ConfigError for an unknown name or a missing extra)."""
     kind, model, n, nodes = parse(name)
+    import jax
     from jax.experimental import topologies
+
+    jax.config.update("jax_enable_compilation_cache", False)  # a plan writes nothing (nor could it reload one)
 
     try:
         if kind == "tpu":
             dims, cores = TPU_VERSIONS[model]
             shape = torus(n // cores, dims)
+            os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no chip to lock: concurrent plans may run
+            os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # not on a TPU VM: no metadata server to ask
             # libtpu shows v4's two TensorCores a chip as two devices; v5p's as one (megacore)
             devices = topologies.get_topology_desc(f"{model}:{shape}", "tpu").devices
             per_chip = len(devices) // (n // cores)
