@@ -46,6 +46,7 @@ def test_target_names_parse_as_the_clouds_sell_them():
         parse("tpu:v9-8")
 
 
+@pytest.mark.slow
 def test_a_bad_target_is_one_line_and_a_target_needs_a_dry_run(tmp_path):
     proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", "mesh.target=gpu:rtx4090x2", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
