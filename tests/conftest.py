@@ -10,7 +10,7 @@ import pytest
 
 # The tests compile at LLVM -O1, this process and the subprocesses it starts (set before JAX is
 # imported). Most of the suite's time is XLA compiling small programs once; -O1 takes ~15% less
-# of it (tests/model: 119 s -> 101 s) and gives the same values (LLVM's level changes no HLO:
+# of it and gives the same values (LLVM's level changes no HLO:
 # not the fusions, buffers, FLOPs or memory that tests check). The product compiles at XLA's
 # default; tests/training/test_state.py compares its -O1 init with that default explicitly.
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=1".strip()

@@ -24,7 +24,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from theseus.base.devices import check_enough, claim_devices, parallel_jobs, visible_gpus
+from theseus.base.devices import check_enough, claim_devices, cpu_only_platforms, parallel_jobs, visible_gpus
 from theseus.base.distributed import initialize
 from theseus.base.line_prefix import prefixed_output
 from theseus.config import ConfigError, configuration, configure
@@ -153,6 +153,7 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     (one each; none for a task of its own, or one checked where it runs), or None when there
     is nothing left for Hydra to do (a dry run has been done).
     """
+    from theseus.sweep import print_plans
     from theseus.tasks.task import JobTask, task_class
     from theseus.training.trainer import Trainer
 
@@ -167,7 +168,7 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     if is_multirun(argv) and gpus:  # parallel jobs on this host: one GPU share each, or refused now
         check_enough(parallel_jobs(base.hydra.launcher), gpus)
     remote = any(arg.startswith("hydra/launcher=submitit") for arg in argv)  # other machines, other devices
-    trainers = []
+    trainers, labels = [], []
     for overrides in job_overrides(argv, sweep_params(base) if is_multirun(argv) else ()):
         cfg, run_dir = _job(compose(overrides, hydra=True) if is_multirun(argv) else base)
         if remote or issubclass(task_class(cfg), JobTask):  # checked where it runs, or a job of its own
@@ -176,9 +177,11 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
         if not is_multirun(argv):
             trainer.check_run_dir(run_dir)
         trainers.append(trainer)
+        labels.append(overrides)
     if trainers and all(t.settings.dry_run for t in trainers):
-        for trainer in trainers:
-            trainer.dry_run()
+        plans = [trainer.dry_run() for trainer in trainers]
+        if len(plans) > 1 and any(plan["target"] for plan in plans):
+            print_plans(labels, plans)
         return None
     return base, trainers
 
@@ -310,6 +313,7 @@ def main(argv: list[str] | None = None) -> None:
             registry.store()
             checked = None, []
         else:
+            cpu_only_platforms()
             use_compilation_cache()
             with BeforeStart():  # a signal while compiling: one line, the signal's exit code
                 checked = preflight(argv)

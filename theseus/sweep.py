@@ -115,6 +115,28 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
     return jobs
 
 
+def print_plans(jobs: Sequence[Sequence[str]], plans: Sequence[dict]) -> None:
+    """A planned sweep (``trainer.dry_run=true mesh.target=...``) as one table: each point's
+    swept overrides (``jobs``: each job's overrides), whether it fits, its memory per chip, its
+    predicted step time and chip-hours (``trainer.max_steps`` steps)."""
+    from theseus.training.metrics import format_bytes
+
+    shared = set.intersection(*(set(job) for job in jobs))
+    out = Table(title=f"plan: {len(plans)} points (predicted, not measured)", title_justify="left")
+    for column in ("point", "target", "fits", "memory / chip", "step time (predicted)", "chip-hours (predicted)"):
+        out.add_column(column, justify="left" if column in ("point", "target", "fits") else "right")
+    for job, plan in zip(jobs, plans):
+        fits = {True: "yes", False: "NO", None: ""}[plan["fits"]]
+        out.add_row(" ".join(o for o in job if o not in shared) or "all", plan["target"] or "this machine", fits,
+                    f"{format_bytes(plan['memory'])} of {format_bytes(plan['limit'])}" if plan["memory"] else "",
+                    f"{plan['step_s'] * 1e3:.4g} ms" if plan["step_s"] else "",
+                    f"{plan['chip_hours']:.3g}" if plan["chip_hours"] is not None else "",
+                    style=None if plan["fits"] is not False else "red")
+    console = Console()
+    console = console if console.is_terminal else Console(width=240)  # a log or a pipe: rows unwrapped
+    console.print(out)
+
+
 def log_groups(config: DictConfig, sweep_dir: Path, jobs: Sequence[Job]) -> None:
     """With seeds swept and W&B on (``logger.mode``), a W&B run ``seed groups`` in the sweep's
     group (its jobs' group): a table of each group's mean, interval and p-value, and the same

@@ -13,7 +13,7 @@ from theseus.config import ConfigError
 
 if sys.argv[1] == "fresh":
     use_cpu_devices(3)
-    print(len(jax.devices()), compiler_options())
+    print(len(jax.devices()), compiler_options(jax.devices()))
     use_cpu_devices(3)  # the same again: nothing to change
 else:  # started by XLA_FLAGS' two devices before any mesh.cpu_devices
     print(len(jax.devices()))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -92,3 +93,17 @@ def claim_devices(hydra_config: Any, environ: MutableMapping[str, str] = os.envi
     mine = share(slot, n_jobs, gpus)
     environ.update({SLOT: str(slot), "CUDA_VISIBLE_DEVICES": ",".join(mine)})
     return mine
+
+
+def cpu_only_platforms(environ: MutableMapping[str, str] = os.environ, driver: Path = NVIDIA,
+                       dev: Path = Path("/dev")) -> None:
+    """On a host with neither an NVIDIA GPU nor a TPU, ``JAX_PLATFORMS=cpu`` (unless set): JAX
+    then starts no TPU or CUDA backend that an installed libtpu or CUDA plugin would try, and
+    warn about, on every run. ``mesh.target`` still compiles for them (their topologies need
+    no backend)."""
+    tpu = any(dev.glob("accel[0-9]*")) or any((dev / "vfio").glob("[0-9]*"))
+    if "JAX_PLATFORMS" in environ or visible_gpus(environ, driver) or tpu:
+        return
+    environ["JAX_PLATFORMS"] = "cpu"
+    if "jax" in sys.modules:  # imported already: its config read the environment then
+        sys.modules["jax"].config.update("jax_platforms", "cpu")

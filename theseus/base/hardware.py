@@ -33,6 +33,9 @@ class Chip:
     pattern: str  # a regular expression the whole device kind must match (case-insensitive)
     bf16: float
     fp32: float
+    hbm: float | None = None  # bytes of device memory
+    hbm_bandwidth: float | None = None  # bytes/s between device memory and the cores
+    interconnect: float | None = None  # bytes/s a device sends to its peers in one slice or node (ICI, NVLink)
 
     def peak(self, dtype: Any) -> float | None:
         """Dense peak FLOP/s in ``dtype``; None for a dtype not tabled (only bf16 and f32 are)."""
@@ -43,27 +46,39 @@ class Chip:
 # Patterns are anchored (full match) and exclusive: "NVIDIA H100" cannot take "NVIDIA H200" or
 # "NVIDIA GH200", "TPU v5 lite" (v5e) cannot take v5p's "TPU v5". Sources: the vendors' data
 # sheets (NVIDIA quotes tensor-core rates with 2:4 sparsity; these are half of those).
+# Memory, its bandwidth and the interconnect (given where a planned run needs them): Google
+# Cloud's TPU system-architecture pages (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e, tpu7x:
+# "HBM capacity", "HBM bandwidth", "ICI bandwidth per chip", bits/s over 8), and NVIDIA's data
+# sheets (A100: 80 GB, 2,039 GB/s; H100 SXM: 80 GB, 3.35 TB/s; H200 SXM: 141 GB, 4.8 TB/s;
+# B200 (HGX): 180 GB, 8 TB/s; NVLink 600 / 900 / 900 / 1,800 GB/s, both directions: half each
+# way is what one GPU sends). TPU7x's figures are per chip halved: JAX shows two devices a chip.
+GB = 1e9
+GIB = 2**30
 CHIPS: tuple[Chip, ...] = (
     Chip("TPU v2", r"TPU v2", 22.5e12, 22.5e12),
     Chip("TPU v3", r"TPU v3", 61.5e12, 61.5e12),
-    Chip("TPU v4", r"TPU v4", 275e12, 275e12),
-    Chip("TPU v5e", r"TPU v5( lite|e)", 197e12, 197e12),
-    Chip("TPU v5p", r"TPU v5p?", 459e12, 459e12),
-    Chip("TPU v6e", r"TPU v6( lite|e)", 918e12, 918e12),
-    Chip("TPU7x", r"TPU ?v?7x", 1153.5e12, 1153.5e12),
+    Chip("TPU v4", r"TPU v4", 275e12, 275e12, 32 * GIB, 1200 * GB, 2400 / 8 * GB),
+    Chip("TPU v5e", r"TPU v5( lite|e)", 197e12, 197e12, 16 * GIB, 819 * GB, 1600 / 8 * GB),
+    Chip("TPU v5p", r"TPU v5p?", 459e12, 459e12, 95 * GIB, 2765 * GB, 4800 / 8 * GB),
+    Chip("TPU v6e", r"TPU v6( lite|e)", 918e12, 918e12, 32 * GIB, 1640 * GB, 3584 / 8 * GB),
+    Chip("TPU7x", r"TPU ?v?7x", 1153.5e12, 1153.5e12, 96 * GIB, 3690 * GB, 600 * GB),
     Chip("NVIDIA A10", r"NVIDIA A10", 125e12, 62.5e12),
-    Chip("NVIDIA A100", r"NVIDIA A100([- ].*)?", 312e12, 156e12),
+    Chip("NVIDIA A100", r"NVIDIA A100([- ].*)?", 312e12, 156e12, 80 * GB, 2039 * GB, 300 * GB),
     Chip("NVIDIA L4", r"NVIDIA L4", 121e12, 60e12),
     Chip("NVIDIA L40", r"NVIDIA L40", 181e12, 90.5e12),
     Chip("NVIDIA L40S", r"NVIDIA L40S", 362e12, 183e12),
-    Chip("NVIDIA H100 SXM", r"NVIDIA H100(?!.*(PCIe|NVL)).*", 989.5e12, 494.5e12),
+    Chip("NVIDIA H100 SXM", r"NVIDIA H100(?!.*(PCIe|NVL)).*", 989.5e12, 494.5e12, 80 * GB, 3350 * GB, 450 * GB),
     Chip("NVIDIA H100 PCIe", r"NVIDIA H100.*PCIe.*", 756.5e12, 378e12),
     Chip("NVIDIA H100 NVL", r"NVIDIA H100.*NVL.*", 835.5e12, 417.5e12),
     Chip("NVIDIA GH200", r"NVIDIA GH200.*", 989.5e12, 494.5e12),
-    Chip("NVIDIA H200 SXM", r"NVIDIA H200(?!.*NVL).*", 989.5e12, 494.5e12),
+    Chip("NVIDIA H200 SXM", r"NVIDIA H200(?!.*NVL).*", 989.5e12, 494.5e12, 141 * GB, 4800 * GB, 450 * GB),
     Chip("NVIDIA H200 NVL", r"NVIDIA H200.*NVL.*", 835.5e12, 417.5e12),
-    Chip("NVIDIA B200", r"NVIDIA B200.*", 2.25e15, 1.1e15),
+    Chip("NVIDIA B200", r"NVIDIA B200.*", 2.25e15, 1.1e15, 180 * GB, 8000 * GB, 900 * GB),
 )
+# Between GPU nodes: one 400 Gb/s InfiniBand NDR port per GPU (NVIDIA DGX H100/H200/B200 and
+# HGX reference designs; DGX A100 has 200 Gb/s HDR), bytes/s each way.
+NODE_NETWORK = {"NVIDIA A100": 200 / 8 * GB, "NVIDIA H100 SXM": 400 / 8 * GB, "NVIDIA H200 SXM": 400 / 8 * GB,
+                "NVIDIA B200": 400 / 8 * GB}
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "theseus" / "peak_flops.json"
 

@@ -36,6 +36,11 @@ class MeshConfig(Configurable):
         help="on a CPU: this many devices of the host's cores, one thread each; None: chosen from the cores and "
              "the batch when the mesh is left data-parallel (1: one device on every core, JAX's default)",
     )
+    target: str | None = field(
+        "mesh.target", default=None,
+        help="with trainer.dry_run: compile for hardware this machine lacks and predict its step (tpu:v5e-8, "
+             "tpu:v5p-128, gpu:h100x8, gpu:h100x8x4, ...; needs the plan extra); None: this machine's devices",
+    )
 
     def __post_init__(self):
         """``cpu_devices`` is positive (or None); each rule maps a logical axis to mesh axes (a
@@ -124,10 +129,11 @@ def auto_cpu_devices(config: MeshConfig, examples: int, cores: int | None = None
     return max(n for n in range(1, cores + 1) if examples % n == 0)
 
 
-def compiler_options() -> dict[str, bool]:
-    """XLA options for the steps: with several CPU devices, each device's matrix products on
-    one thread (the other cores are the other devices'; sharing them costs more than it gives)."""
-    on_cpu = jax.default_backend() == "cpu" and len(jax.local_devices()) > 1
+def compiler_options(devices: list) -> dict[str, bool]:
+    """XLA options for steps on ``devices``: with several CPU devices, each device's matrix
+    products on one thread (the other cores are the other devices'; sharing them costs more
+    than it gives)."""
+    on_cpu = devices[0].platform == "cpu" and len(devices) > 1
     return {"xla_cpu_multi_thread_eigen": False} if on_cpu else {}
 
 

@@ -16,8 +16,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from theseus.base.axis import ShardingPlan
 
 
-# The init runs once, and is mostly the random draws' hashing: LLVM's -O1 compiles it ~3x faster
-# than the default -O2 (gpt_tiny on a CPU: 3.7 s -> 1.3 s), to the same values.
+# The init runs once, and is mostly the random draws' hashing: LLVM's -O1 compiles it several
+# times faster than the default -O2, to the same values (benchmarks/README.md has the figures).
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 

@@ -28,6 +28,7 @@ from optax import ScaleByScheduleState
 from theseus.base.axis import BATCH_MESH_AXES
 from theseus.base.hardware import peak_flops
 from theseus.base.mesh import MeshConfig, auto_cpu_devices, compiler_options, make_mesh, on_devices, use_cpu_devices
+from theseus.base.target import Target, resolve
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
@@ -44,6 +45,7 @@ from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets, syn
 from theseus.training.loop import Hook, Loop
 from theseus.training.metrics import format_bytes, format_duration, format_si, memory_report, throughput, xla_flops
 from theseus.training.optimizer import make_optimizer, make_schedule, optimizer_class
+from theseus.training.predict import Prediction, predict
 from theseus.training.preemption import Preemption
 from theseus.training.profiler import Profiler
 from theseus.training.progress import RunConsole, evaluation_line
@@ -94,15 +96,21 @@ class Trainer:
         micro = s.batch_size // s.grad_accum if s.batch_size % s.grad_accum == 0 else 1
         given = self.mesh_config.cpu_devices  # else a device per core, when the batch splits so
         use_cpu_devices(given or auto_cpu_devices(self.mesh_config, micro), given=given is not None)
-        self.mesh_shape = self.mesh_config.shape(jax.device_count())
+        if self.mesh_config.target and not s.dry_run:
+            raise ConfigError(f"mesh.target={self.mesh_config.target} plans a run on hardware this machine lacks: "
+                              f"add trainer.dry_run=true (or drop mesh.target to train here)")
+        self.target: Target | None = resolve(self.mesh_config.target) if self.mesh_config.target else None
+        self.devices = self.target.devices if self.target else jax.devices()
+        self.mesh_shape = self.mesh_config.shape(len(self.devices))
         parallel = self.batch_parallel
         if s.batch_size % (s.grad_accum * parallel):
             raise ConfigError(
                 f"trainer.batch_size={s.batch_size} must divide by trainer.grad_accum={s.grad_accum} x "
                 f"mesh.data x mesh.fsdp x mesh.expert={parallel}: use a multiple of {s.grad_accum * parallel}"
             )
-        if s.batch_size % jax.process_count():
-            raise ConfigError(f"trainer.batch_size={s.batch_size} must divide by the {jax.process_count()} "
+        processes = self.target.process_count if self.target else jax.process_count()
+        if s.batch_size % processes:
+            raise ConfigError(f"trainer.batch_size={s.batch_size} must divide by the {processes} "
                               f"processes: each reads an equal share of every batch")
         with configuration(cfg):  # the model's own checks, before the data is prepared (minutes)
             configure(model_class(cfg), vocab_size=OmegaConf.select(cfg, "architecture.vocab_size") or VOCAB_MULTIPLE)
@@ -234,8 +242,8 @@ class Trainer:
         """Mesh, sharded state layout, and the eval step compiled ahead of time; with ``train``
         (not needed to evaluate a checkpoint) the train step too, with XLA's FLOPs and memory."""
         s = self.settings
-        mesh = make_mesh(self.mesh_config)
-        batch_share = self.batch_share(mesh)
+        mesh = make_mesh(self.mesh_config, self.devices)
+        batch_share = (0, 1) if self.target else self.batch_share(mesh)  # a planned run reads no data
         tx, schedule = make_optimizer(self.optimizer, s.max_steps)
         init, target, shardings = sharded_init(self.model, tx, self.seq_len, s.seed, self.plan, mesh)
         replicated = NamedSharding(mesh, PartitionSpec())
@@ -253,12 +261,12 @@ class Trainer:
         evaluate = jax.jit(functools.partial(eval_step, model=self.model, task=self.task),
                            out_shardings=replicated)
         with jax.set_mesh(mesh), nn.logical_axis_rules(self.plan.rules()):
-            options = compiler_options()
+            options = compiler_options(self.devices)
             step = step.lower(target, tokens, key).compile(options) if train else None
             evaluate = evaluate.lower(target.params, eval_tokens).compile(options)
         measured = xla_flops(step) if train else None
         if measured is not None:  # XLA counts one device's share, and a scan's body once
-            measured *= jax.device_count() * s.grad_accum
+            measured *= len(self.devices) * s.grad_accum
         memory = memory_report(step) if train else {}
         return Compiled(mesh, init, target, step, evaluate, measured, memory, batch_share)
 
@@ -268,29 +276,69 @@ class Trainer:
         return NamedSharding(mesh, spec)
 
     def peak(self) -> tuple[float, str]:
-        return peak_flops(jax.local_devices()[0], self.model._activation_dtype, self.settings.peak_flops)
+        dtype = self.model._activation_dtype
+        if self.target and self.settings.peak_flops is None and self.target.peak(dtype):
+            return self.target.peak(dtype), f"table: {self.target.chip.name}"
+        return peak_flops(self.devices[0], dtype, self.settings.peak_flops)
 
     # -- running --------------------------------------------------------------------------
 
-    def dry_run(self) -> None:
-        """Build and compile, print parameters, FLOPs, memory and a step-time estimate; write nothing."""
+    def dry_run(self) -> dict[str, Any]:
+        """Build and compile, print parameters, FLOPs, memory and a step-time estimate; write nothing.
+        With ``mesh.target``, also the predicted step on it. Returns the plan's summary (a sweep's row)."""
         seconds, compiled = _timed(self.build)
         peak, source = self.peak()
         abstract_params = compiled.target.params
         rows = self._describe(compiled, peak, source, n_params(abstract_params))
-        rows.append(("step time at 100% MFU", _duration(self.flops_per_step / (peak * jax.device_count()))))
+        rows.append(("step time at 100% MFU", _duration(self.flops_per_step / (peak * len(self.devices)))))
+        rows.append(("compile time", _duration(seconds)))
         fit = self.fit(compiled.memory, seconds < REMAT_COMPILE_BUDGET_S) if compiled.memory else None
         rows += fit.rows() if fit else []
+        prediction = self.predict(compiled, peak) if self.target else None
+        if prediction:
+            rows += self._prediction_rows(prediction, peak)
         if jax.process_index() == 0:
-            self.console.show_table("theseus dry run", rows)
+            self.console.show_table(f"theseus dry run for {self.target.name}" if self.target else "theseus dry run",
+                                    rows)
         if fit and not fit.fits:
             self._say(fit.message())
+        return {"target": self.target.name if self.target else None, "fits": fit.fits if fit else None,
+                "memory": fit.needed if fit else None, "limit": fit.limit if fit else None,
+                "step_s": prediction.step_s if prediction else None,
+                "chip_hours": self._chip_hours(prediction.step_s) if prediction else None}
+
+    def _chip_hours(self, step_s: float) -> float:
+        return step_s * self.settings.max_steps * len(self.devices) / self.target.per_chip / 3600
+
+    def predict(self, compiled: Compiled, peak: float) -> Prediction:
+        """The roofline of the step on the target's devices (see ``theseus.training.predict``)."""
+        flops = max(self.flops_per_step, compiled.xla_flops or 0) / len(self.devices)
+        return predict(compiled.step, flops_per_device=flops, peak=peak, hbm_bandwidth=self.target.hbm_bandwidth,
+                       interconnect=self.target.interconnect, memory=compiled.memory,
+                       loop_trips=self.settings.grad_accum)
+
+    def _prediction_rows(self, p: Prediction, peak: float) -> list[tuple[str, str]]:
+        step = p.step_s
+        mfu = self.flops_per_step / (step * peak * len(self.devices))
+        return [
+            ("predicted: compute / step", f"{_duration(p.compute_s)} (FLOPs at peak)"),
+            ("predicted: memory / step", f"{_duration(p.memory_s)} (HBM bytes {p.bytes_source}, "
+                                         f"{format_si(self.target.hbm_bandwidth, 'B/s')})"),
+            ("predicted: collectives / step", f"{_duration(p.collective_s)} "
+                                              f"({format_si(self.target.interconnect, 'B/s')} per device)"),
+            ("predicted: step time", f"{_duration(step)} ({p.bound}-bound; roofline, collectives not overlapped)"
+             + (f"; XLA's estimate {_duration(p.xla_optimal_s)}" if p.xla_optimal_s else "")),
+            ("predicted: tokens / s", format_si(self.tokens_per_step / step)),
+            ("predicted: MFU", f"{mfu:.1%}"),
+            ("predicted: chip-hours", f"{self._chip_hours(step):.3g} for trainer.max_steps={self.settings.max_steps}"),
+        ]
 
     def fit(self, memory: dict[str, int], compile_candidates: bool) -> Fit:
         """Whether the step (XLA ``memory`` per device) fits the device (``trainer.memory_limit``
         overrides its size); with ``compile_candidates``, remat policies are compiled to advise."""
         s = self.settings
         limit, source = ((s.memory_limit, "trainer.memory_limit") if s.memory_limit
+                         else (int(self.target.hbm), f"{self.target.chip.name} HBM") if self.target
                          else device_memory(jax.local_devices()[0]))
         remat = getattr(self.model, "remat", None)
 
@@ -572,7 +620,8 @@ class Trainer:
         rows = [
             ("model", f"{type(self.model).__name__}: {params:,} parameters"),
             ("mesh", " x ".join(f"{k}={v}" for k, v in self.mesh_shape.items())
-             + f" = {jax.device_count()} x {jax.local_devices()[0].device_kind}"),
+             + f" = {len(self.devices)} x {self.devices[0].device_kind}"
+             + (f" on {self.target.process_count} hosts" if self.target and self.target.process_count > 1 else "")),
             ("params / device", format_bytes(bytes_per_device(shapes.params))),
             ("optimizer state / device", format_bytes(bytes_per_device(shapes.opt_state))),
             ("tokens / step", f"{self.tokens_per_step:,}"),

@@ -1,0 +1,97 @@
+"""mesh.target: the run's real train step compiled for a TPU slice or GPU nodes this machine
+lacks, as a user meets it (``python -m theseus.run ... trainer.dry_run=true mesh.target=...``)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from support import run_python
+from theseus.base.target import parse, torus
+from theseus.config import ConfigError
+
+pytest.importorskip("libtpu", reason="the plan extra: pip install 'theseus[plan]'")
+
+TINY = ["+experiment=gpt_tiny", "logger.mode=disabled"]
+
+
+def dry_run(tmp_path, *overrides: str, devices: int | None = None) -> str:
+    """The dry run's table (stderr) for ``overrides``; it must succeed and write nothing."""
+    run_dir = tmp_path / "run"
+    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", f"hydra.run.dir={run_dir}", *overrides,
+                      devices=devices, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not run_dir.exists()
+    return proc.stderr
+
+
+def row(table: str, name: str) -> str:
+    """One row's value, its wrapped lines joined."""
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(rf"│ {re.escape(name)}\s+│", line))
+    value = [lines[start].split("│")[2].strip()]
+    for line in lines[start + 1:]:
+        cells = line.split("│")
+        if len(cells) < 3 or cells[1].strip():
+            break
+        value.append(cells[2].strip())
+    return " ".join(value)
+
+
+def test_target_names_parse_as_the_clouds_sell_them():
+    assert parse("tpu:v5e-8") == ("tpu", "v5e", 8, 1) and parse("gpu:h100x8x4") == ("gpu", "h100", 8, 4)
+    assert torus(8, 2) == "2x4" and torus(64, 3) == "4x4x4" and torus(16, 3) == "2x2x4"
+    with pytest.raises(ConfigError, match=r"mesh.target=tpu:v9-8 is not a known target: .* e.g. tpu:v4-32"):
+        parse("tpu:v9-8")
+
+
+@pytest.mark.slow
+def test_a_bad_target_is_one_line_and_a_target_needs_a_dry_run(tmp_path):
+    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", "mesh.target=gpu:rtx4090x2", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
+        "theseus: error: mesh.target=gpu:rtx4090x2 is not a known target")
+    proc = run_python("-m", "theseus.run", *TINY, "mesh.target=tpu:v5e-8", cwd=tmp_path)
+    assert proc.returncode == 2 and "add trainer.dry_run=true" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_fsdp_over_a_v5e_8_matches_eight_cpu_devices_and_over_h100s_fits_with_a_predicted_mfu(tmp_path):
+    mesh = ["mesh.data=1", "mesh.fsdp=8"]
+    tpu = dry_run(tmp_path, "mesh.target=tpu:v5e-8", *mesh)
+    cpu = dry_run(tmp_path, *mesh, devices=8)
+    assert "8 x TPU v5 lite" in row(tpu, "mesh")
+    for name in ("params / device", "optimizer state / device"):  # the same sharding, on other devices
+        assert row(tpu, name) == row(cpu, name)
+    assert row(tpu, "device memory / device") == "16 GiB (TPU v5e HBM)"
+    gpu = dry_run(tmp_path, "mesh.target=gpu:h100x8", *mesh)
+    for table in (tpu, gpu):
+        assert row(table, "fits").startswith("yes")
+        mfu = float(row(table, "predicted: MFU").rstrip("%"))
+        assert 0 < mfu <= 100
+        step = row(table, "predicted: step time")
+        assert "-bound; roofline" in step
+
+
+@pytest.mark.slow
+def test_a_step_that_does_not_fit_is_told_a_setting_that_makes_it_fit(tmp_path):
+    # a wider model replicated over the slice's chips, each shrunk to 10 MB (trainer.memory_limit):
+    # its parameters and Adam moments alone are over; sharded over the 8 chips they fit
+    wide = ["mesh.target=tpu:v5e-8", "architecture.d_model=192", "architecture.n_layers=2", "architecture.remat=full",
+            "trainer.memory_limit=10000000"]
+    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", "mesh.data=8", *wide, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert row(proc.stderr, "fits").startswith("NO")
+    assert "shard them (mesh.fsdp)" in proc.stderr.splitlines()[-1]
+    fixed = dry_run(tmp_path, "mesh.data=1", "mesh.fsdp=8", *wide)
+    assert row(fixed, "fits").startswith("yes")
+
+
+@pytest.mark.slow
+def test_a_llama_over_a_multi_host_v5p_with_data_fsdp_and_tensor_axes(tmp_path):
+    llama = ["architecture.positions=rope", "architecture.activation=swiglu", "architecture.norm=rmsnorm",
+             "architecture.n_heads=4", "architecture.n_kv_heads=2"]
+    table = dry_run(tmp_path, *llama, "mesh.target=tpu:v5p-16", "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")
+    assert "data=2 x fsdp=2 x expert=1 x tensor=2 = 8 x TPU v5 on 2 hosts" in row(table, "mesh")
+    assert row(table, "fits").startswith("yes")
+    assert float(row(table, "predicted: collectives / step").split()[0]) > 0
