@@ -22,6 +22,8 @@ from theseus.model.generate import generate
 
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_logits_equal_transformers(hf_folder, scan_layers):
+    if scan_layers and hf_folder.name.startswith("qwen2_moe"):
+        pytest.skip("its dense and sparse layers differ: a scan repeats one block")
     model = theseus_model(hf_folder, scan_layers=scan_layers)  # scanned: the layers stacked as they load
     params = load_params(hf_folder, arch_of(model), target_of(model))
     tokens = np.random.default_rng(0).integers(0, model.vocab_size, size=(3, 40))
