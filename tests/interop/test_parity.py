@@ -60,6 +60,7 @@ def test_the_exported_config_is_the_checkpoints_own(any_hf_folder, tmp_path):
     np.testing.assert_array_equal(hf_logits(tmp_path, tokens), hf_logits(any_hf_folder, tokens))
 
 
+@pytest.mark.slow
 def test_greedy_generation_equals_transformers(any_hf_folder):
     model = theseus_model(any_hf_folder)
     params = load_params(any_hf_folder, arch_of(model), target_of(model))
