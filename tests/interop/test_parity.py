@@ -87,3 +87,12 @@ def test_a_lowered_seq_len_cuts_the_position_table(gpt2_folder, seq_len):
     tokens = np.random.default_rng(2).integers(0, 301, size=(1, seq_len))
     np.testing.assert_allclose(np.asarray(model.apply({"params": params}, jnp.asarray(tokens))),
                                hf_logits(gpt2_folder, tokens), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("entry", [{"mlp_only_layers": [0]}, {"qkv_bias": False}])
+def test_qwen2_moe_layouts_theseus_does_not_compute_are_refused(entry):
+    from theseus.config import ConfigError
+    from theseus.interop.hf_config import architecture
+
+    with pytest.raises(ConfigError, match=f"{next(iter(entry))}=.* is not supported for model_type qwen2_moe"):
+        architecture({"model_type": "qwen2_moe", **entry})
