@@ -1,11 +1,11 @@
-"""Fixtures: tiny Hugging Face folders (GPT-2, Llama and Qwen2), saved once per session."""
+"""Fixtures: tiny Hugging Face folders (GPT-2, Llama, Qwen2, Mixtral and Qwen2-MoE), saved once per session."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from interop.hf_models import gpt2_config, llama_config, qwen2_config, save_hf, transformers
+from interop.hf_models import gpt2_config, llama_config, mixtral_config, qwen2_config, qwen2_moe_config, save_hf, transformers
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +29,22 @@ def qwen2_folder(tmp_path_factory) -> Path:
     return save_hf(transformers.Qwen2ForCausalLM(qwen2_config()), tmp_path_factory.mktemp("qwen2"))
 
 
+@pytest.fixture(scope="session")
+def mixtral_folder(tmp_path_factory) -> Path:
+    return save_hf(transformers.MixtralForCausalLM(mixtral_config()), tmp_path_factory.mktemp("mixtral"))
+
+
+@pytest.fixture(scope="session")
+def qwen2_moe_folder(tmp_path_factory) -> Path:
+    return save_hf(transformers.Qwen2MoeForCausalLM(qwen2_moe_config()), tmp_path_factory.mktemp("qwen2_moe"))
+
+
 @pytest.fixture(params=["gpt2", "llama", "qwen2"])
 def hf_folder(request) -> Path:
+    return request.getfixturevalue(f"{request.param}_folder")
+
+
+@pytest.fixture(params=["gpt2", "llama", "qwen2", "mixtral", "qwen2_moe"])
+def any_hf_folder(request) -> Path:
+    """Every supported model_type, mixtures of experts included (model=moe)."""
     return request.getfixturevalue(f"{request.param}_folder")

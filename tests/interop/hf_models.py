@@ -15,8 +15,9 @@ import pytest
 from support import ROOT
 from theseus.config import configuration, configure
 from theseus.data.tokenizer import HFTokenizer
-from theseus.interop.hf_config import architecture, read_config
+from theseus.interop.hf_config import architecture, format_of, read_config
 from theseus.model.models.gpt import GPT
+from theseus.model.models.moe_gpt import MoEGPT
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -50,6 +51,26 @@ def qwen2_config():
                                     pad_token_id=None)
 
 
+def mixtral_config():
+    """Mixtral: 4 experts, top-2 (renormalised), grouped-query attention, a vocabulary of 311."""
+    return transformers.MixtralConfig(vocab_size=311, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5,
+                                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+                                      pad_token_id=None)
+
+
+def qwen2_moe_config():
+    """Qwen2-MoE: 4 experts, top-3 unnormalised, a sigmoid-gated shared expert, q/k/v biases and
+    every second layer sparse (the first a dense MLP of another width); a vocabulary of 307."""
+    return transformers.Qwen2MoeConfig(vocab_size=307, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                       num_experts=4, num_experts_per_tok=3, moe_intermediate_size=32,
+                                       shared_expert_intermediate_size=40, norm_topk_prob=False,
+                                       decoder_sparse_step=2, tie_word_embeddings=True, bos_token_id=None,
+                                       eos_token_id=None, pad_token_id=None)
+
+
 def save_hf(model, folder: Path, tokenizer: bool = True, max_shard_size: str | None = None) -> Path:
     """``model`` with every weight redrawn from N(0, 0.2) (biases and norm scales too, so that
     a mapping that drops or swaps one shows), saved as safetensors (in files of at most
@@ -66,12 +87,13 @@ def save_hf(model, folder: Path, tokenizer: bool = True, max_shard_size: str | N
 
 
 def theseus_model(folder: Path, scan_layers: bool = False) -> GPT:
-    """The GPT that folder's config.json describes, computing in float32."""
-    arch = architecture(read_config(folder))
+    """The GPT (MoEGPT for a mixture of experts) that folder's config.json describes, computing in float32."""
+    hf = read_config(folder)
+    arch = architecture(hf)
     overrides = {f"architecture.{key}": value for key, value in arch.items()}
     with configuration({**overrides, "architecture.dtype.activation": "float32",
                         "architecture.scan_layers": scan_layers}):
-        return configure(GPT)
+        return configure(MoEGPT if format_of(hf).model == "moe" else GPT)
 
 
 def target_of(model: GPT, seq_len: int = 4) -> dict:

@@ -6,7 +6,7 @@ A model exports when its config, its parameters and (for a class other than thes
 behaviour all map:
 
 - every config key of its component tree has an equivalent in that model_type's config.json
-  (``hf_config.EXPRESSED``), does not change the function computed (``UNCHANGED``: dropout,
+  (``hf_config.expressed``), does not change the function computed (``UNCHANGED``: dropout,
   initialisation, kernels, remat, layer layout, dtypes), or is at its default;
 - its parameters are theseus's GPT's, path for path and shape for shape (each of which the
   weight mapping carries over: ``hf_weights.to_hf``);
@@ -28,12 +28,14 @@ from flax import traverse_util
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.fields import MISSING
 from theseus.config.schema import schema_of
-from theseus.interop.hf_config import EXPRESSED, arch_of, model_type
+from theseus.interop.hf_config import FORMATS, arch_of, expressed, model_type
 from theseus.model.models.gpt import GPT, unstack_layers
+from theseus.model.models.moe_gpt import MoEGPT
 
 # architecture.* keys that change how a model trains or runs, not the function its weights compute
 UNCHANGED = frozenset({"dropout", "init_std", "attention_impl", "remat", "scan_layers", "dtype.param",
-                       "dtype.activation"})
+                       "dtype.activation", "moe.z_loss"})
+STOCK = {"gpt": GPT, "moe": MoEGPT}  # each Format.model's class
 PROBE = (2, 32)  # [batch, seq] tokens the behaviour check compares logits on (seq: at most seq_len)
 TOLERANCE = 1e-5  # the largest logit difference allowed, relative to the largest logit (float32)
 
@@ -48,9 +50,9 @@ def check_expressible(model: Any, params: Any) -> str:
                           f"{type(model).__module__}.{name} is not one")
     kind = model_type(arch_of(model))
     _check_keys(model, kind)
-    stock = _stock(model)
+    stock = _stock(model, kind)
     _check_parameters(model, params, stock, kind)
-    if type(model) is not GPT:
+    if type(model) is not type(stock):
         _check_behaviour(model, params, stock, kind)
     return kind
 
@@ -60,7 +62,7 @@ def _check_keys(model: GPT, kind: str) -> None:
     values = model.own_configuration()
     for key, spec in schema_of(type(model)).items():
         short = key.removeprefix("architecture.")
-        if short in EXPRESSED[kind] or short in UNCHANGED:
+        if short in expressed(kind) or short in UNCHANGED:
             continue
         value = values.get(key)
         if value is not MISSING and value != spec.default:
@@ -69,10 +71,11 @@ def _check_keys(model: GPT, kind: str) -> None:
                               f"export writes only what transformers computes exactly")
 
 
-def _stock(model: GPT) -> GPT:
-    """theseus's own GPT with the model's configuration, unrolled and computing in float32."""
+def _stock(model: GPT, kind: str) -> GPT:
+    """theseus's own model of ``kind`` (GPT, or MoEGPT) with the model's configuration, unrolled
+    and computing in float32."""
     with configuration(model.own_configuration()):
-        return configure(GPT, scan_layers=False, activation_dtype="float32")
+        return configure(STOCK[FORMATS[kind].model], scan_layers=False, activation_dtype="float32")
 
 
 def _check_parameters(model: GPT, params: Any, stock: GPT, kind: str) -> None:

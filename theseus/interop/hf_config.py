@@ -1,13 +1,17 @@
-"""A Hugging Face ``config.json`` <-> theseus's ``architecture.*`` values, per ``model_type``.
+"""A Hugging Face ``config.json`` <-> theseus's ``architecture.*`` values, one table per ``model_type``.
 
     hf = read_config(folder)          # the folder's config.json, as a dict
     arch = architecture(hf)           # {"n_layers": 12, "d_model": 768, ...}: architecture.* keys
-    hf_again = hf_config(arch, vocab_size=50257, eos=50256)
+    hf_again = hf_config(arch, vocab_size=50257, special={"eos_token_id": 50256})
 
-Only what theseus's GPT computes exactly is accepted: GPT-2 (``gpt2``: learned positions,
-LayerNorm, tanh-GELU, biases), Llama (``llama``: RoPE, RMSNorm, SwiGLU, no biases, grouped
--query attention) and Qwen2 (``qwen2``: Llama's layout with biases on q, k and v alone).
-Anything else (RoPE scaling, a sliding window, Llama's attention biases) is refused in one
+Each ``Format`` declares, for one model_type, which config.json key holds each architecture key
+(read on import, written on export), the architecture values the model_type implies (its layout:
+set on import, matched on export) and the config.json values theseus computes (checked on
+import, written on export). Only what theseus computes exactly is accepted: GPT-2 (``gpt2``),
+Llama (``llama``), Qwen2 (``qwen2``: Llama's layout with biases on q, k and v), and with
+``model=moe`` Mixtral (``mixtral``: top-k experts, renormalised) and Qwen2-MoE (``qwen2_moe``:
+experts plus a sigmoid-gated shared expert), both dropless. Anything else (RoPE scaling, a
+sliding window, Llama's attention biases, Qwen2-MoE's ``mlp_only_layers``) is refused in one
 line rather than imported approximately.
 """
 
@@ -15,24 +19,94 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from theseus.config import ConfigError
+from theseus.config.fields import MISSING
+from theseus.config.schema import schema_of
 
 CONFIG_FILE = "config.json"
-SUPPORTED = ("gpt2", "llama", "qwen2")
 SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
-# The architecture values a GPT's fields hold (theseus.model.models.gpt.GPT), as interop uses them.
-ARCH_KEYS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "bias", "qkv_bias",
-             "norm", "norm_eps", "activation", "positions", "rope_theta", "tie_embeddings", "dropout")
-# The architecture.* keys each model_type's config.json expresses (``architecture`` reads them back,
-# ``hf_config`` writes them); ``model_type`` has checked the layout keys' values. A key outside this
-# table changes what the model computes unless it is at its default.
-_LAYERS = frozenset(ARCH_KEYS) - {"rope_theta", "dropout"}
-EXPRESSED: dict[str, frozenset[str]] = {"gpt2": _LAYERS, "llama": _LAYERS | {"rope_theta"},
-                                        "qwen2": _LAYERS | {"rope_theta"}}
+
+@dataclass(frozen=True)
+class Format:
+    """One model_type's config.json.
+
+    ``keys``: architecture key -> (config.json key, transformers' default when it is absent);
+    ``implied``: architecture values the model_type computes; ``required``: config.json key ->
+    the values theseus computes (the first is written, and is transformers' default);
+    ``written``: config.json key -> the architecture key export writes there (not read back:
+    training settings such as dropout); ``constants``: config.json values export writes, never
+    read; ``model``: the theseus model (``model=...``) that computes it.
+    """
+
+    model_type: str
+    architectures: str
+    keys: dict[str, tuple[str, Any]]
+    implied: dict[str, Any]
+    required: dict[str, tuple] = field(default_factory=dict)
+    written: dict[str, str] = field(default_factory=dict)
+    constants: dict[str, Any] = field(default_factory=dict)
+    model: str = "gpt"
+
+
+ROPE_THETA = "rope_theta"  # in rope_parameters (transformers 5) or at the top level (4): both are written
+_LLAMA_LAYOUT = {"bias": False, "norm": "rmsnorm", "activation": "swiglu", "positions": "rope"}
+
+
+def _llama_keys(vocab: int, seq: int, d: int, layers: int, heads: int, kv: int | None, d_ff: int, eps: float,
+                theta: float, head_dim: str = "head_dim") -> dict[str, tuple[str, Any]]:
+    """The config.json keys Llama and its descendants share (transformers' defaults differ)."""
+    return {"vocab_size": ("vocab_size", vocab), "seq_len": ("max_position_embeddings", seq),
+            "n_layers": ("num_hidden_layers", layers), "d_model": ("hidden_size", d),
+            "n_heads": ("num_attention_heads", heads), "n_kv_heads": ("num_key_value_heads", kv),
+            "d_ff": ("intermediate_size", d_ff), "norm_eps": ("rms_norm_eps", eps),
+            "rope_theta": ("rope_theta", theta), "tie_embeddings": ("tie_word_embeddings", False)}
+
+
+_NO_DROPOUT = {"attention_dropout": 0.0}
+_MOE = {"moe.n_experts": ("num_experts", 60), "moe.top_k": ("num_experts_per_tok", 4),
+        "moe.aux_loss": ("router_aux_loss_coef", 0.001)}
+
+FORMATS: dict[str, Format] = {f.model_type: f for f in (
+    Format("gpt2", "GPT2LMHeadModel",
+           keys={"vocab_size": ("vocab_size", 50257), "seq_len": ("n_positions", 1024), "n_layers": ("n_layer", 12),
+                 "d_model": ("n_embd", 768), "n_heads": ("n_head", 12), "d_ff": ("n_inner", None),
+                 "norm_eps": ("layer_norm_epsilon", 1e-5), "tie_embeddings": ("tie_word_embeddings", True)},
+           implied={"n_kv_heads": None, "bias": True, "qkv_bias": False, "norm": "layernorm", "activation": "gelu",
+                    "positions": "learned"},
+           required={"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "scale_attn_weights": (True,),
+                     "scale_attn_by_inverse_layer_idx": (False,)},
+           written={"resid_pdrop": "dropout", "embd_pdrop": "dropout"}, constants={"attn_pdrop": 0.0}),
+    Format("llama", "LlamaForCausalLM", keys=_llama_keys(32000, 2048, 4096, 32, 32, None, 11008, 1e-6, 10000.0),
+           implied={**_LLAMA_LAYOUT, "qkv_bias": False},
+           required={"hidden_act": ("silu",), "attention_bias": (False,), "mlp_bias": (False,),
+                     "attention_dropout": (0.0,)}),
+    Format("qwen2", "Qwen2ForCausalLM", keys=_llama_keys(151936, 32768, 4096, 32, 32, None, 22016, 1e-6, 10000.0),
+           implied={**_LLAMA_LAYOUT, "qkv_bias": True},
+           required={"hidden_act": ("silu",), "use_sliding_window": (False,)}, constants=_NO_DROPOUT),
+    Format("mixtral", "MixtralForCausalLM",
+           keys={**_llama_keys(32000, 131072, 4096, 32, 32, 8, 14336, 1e-5, 1000000.0),
+                 "moe.n_experts": ("num_local_experts", 8), "moe.top_k": ("num_experts_per_tok", 2),
+                 "moe.aux_loss": ("router_aux_loss_coef", 0.001)},
+           implied={**_LLAMA_LAYOUT, "qkv_bias": False, "moe.norm_topk_prob": True, "moe.capacity_factor": None,
+                    "moe.d_ff": None, "moe.shared_d_ff": 0, "moe.shared_gate": False, "moe.every": 1},
+           required={"hidden_act": ("silu",), "sliding_window": (None,)}, constants=_NO_DROPOUT,
+           model="moe"),
+    Format("qwen2_moe", "Qwen2MoeForCausalLM",
+           keys={**_llama_keys(151936, 32768, 2048, 24, 16, None, 5632, 1e-6, 10000.0), **_MOE,
+                 "moe.d_ff": ("moe_intermediate_size", 1408),
+                 "moe.shared_d_ff": ("shared_expert_intermediate_size", 5632),
+                 "moe.norm_topk_prob": ("norm_topk_prob", False), "moe.every": ("decoder_sparse_step", 1)},
+           implied={**_LLAMA_LAYOUT, "qkv_bias": True, "moe.capacity_factor": None, "moe.shared_gate": True},
+           required={"hidden_act": ("silu",), "use_sliding_window": (False,), "qkv_bias": (True,),
+                     "mlp_only_layers": ([],)}, constants=_NO_DROPOUT,
+           model="moe"),
+)}
+SUPPORTED = tuple(FORMATS)
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -53,110 +127,106 @@ def read_config(folder: Path) -> dict[str, Any]:
     return hf
 
 
+def format_of(hf: Mapping[str, Any], where: str = CONFIG_FILE) -> Format:
+    """The Format of a config.json's model_type; ConfigError when theseus has none."""
+    kind = hf.get("model_type")
+    if kind not in FORMATS:
+        raise ConfigError(f"{where}: model_type {kind!r} is not supported; theseus imports {', '.join(SUPPORTED)}")
+    return FORMATS[kind]
+
+
 def architecture(hf: Mapping[str, Any], where: str = CONFIG_FILE) -> dict[str, Any]:
     """The ``architecture.*`` values (keys without the prefix) of a Hugging Face config.
 
     Missing entries take transformers' defaults for that model_type, as its config class
     would. ``where`` names the file in error messages.
     """
-    model_type = hf.get("model_type")
-    if model_type == "gpt2":
-        return _gpt2(hf, where)
-    if model_type in ("llama", "qwen2"):
-        return _llama(hf, where)
-    raise ConfigError(f"{where}: model_type {model_type!r} is not supported; theseus imports "
-                      f"{', '.join(SUPPORTED)}")
-
-
-def _gpt2(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
-    _require(hf, where, "activation_function", "gelu_new", ("gelu_new", "gelu_pytorch_tanh"))
-    _require(hf, where, "scale_attn_weights", True, (True,))
-    _require(hf, where, "scale_attn_by_inverse_layer_idx", False, (False,))
-    d_model = hf.get("n_embd", 768)
-    return {
-        "vocab_size": hf.get("vocab_size", 50257), "seq_len": hf.get("n_positions", 1024),
-        "n_layers": hf.get("n_layer", 12), "d_model": d_model, "n_heads": hf.get("n_head", 12),
-        "n_kv_heads": None, "d_ff": hf.get("n_inner") or 4 * d_model, "bias": True, "qkv_bias": False,
-        "norm": "layernorm", "norm_eps": float(hf.get("layer_norm_epsilon", 1e-5)), "activation": "gelu",
-        "positions": "learned", "tie_embeddings": hf.get("tie_word_embeddings", True),
-    }
-
-
-def _llama(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Llama, or Qwen2 (the same but biases on q, k and v, and no sliding window)."""
-    qwen2 = hf["model_type"] == "qwen2"
-    _require(hf, where, "hidden_act", "silu", ("silu",))
-    _require(hf, where, "attention_bias", False, (False,))
-    _require(hf, where, "mlp_bias", False, (False,))
-    _require(hf, where, "use_sliding_window", False, (False,))
+    fmt = format_of(hf, where)
+    for key, allowed in fmt.required.items():
+        value = hf.get(key, allowed[0])
+        if value not in allowed:
+            raise ConfigError(f"{where}: {key}={value!r} is not supported for model_type {fmt.model_type} "
+                              f"(theseus computes {' or '.join(map(repr, allowed))})")
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})  # transformers 5 / 4
     if rope.get("rope_type", rope.get("type", "default")) != "default":
         raise ConfigError(f"{where}: RoPE scaling {rope.get('rope_type', rope.get('type'))!r} is not supported "
                           f"(theseus's RoPE is the default, unscaled one)")
-    d_model, n_heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
-    head_dim = hf.get("head_dim") or d_model // n_heads
-    if head_dim * n_heads != d_model:
-        raise ConfigError(f"{where}: head_dim={head_dim} x num_attention_heads={n_heads} != hidden_size={d_model}; "
-                          f"theseus's heads split d_model")
-    return {
-        "vocab_size": hf.get("vocab_size", 32000), "seq_len": hf.get("max_position_embeddings", 2048),
-        "n_layers": hf.get("num_hidden_layers", 32), "d_model": d_model, "n_heads": n_heads,
-        "n_kv_heads": hf.get("num_key_value_heads") or n_heads, "d_ff": hf.get("intermediate_size", 11008),
-        "bias": False, "qkv_bias": qwen2, "norm": "rmsnorm", "norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
-        "activation": "swiglu", "positions": "rope",
-        "rope_theta": float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-        "tie_embeddings": hf.get("tie_word_embeddings", False),
-    }
+    arch = dict(fmt.implied)
+    for key, (name, default) in fmt.keys.items():
+        arch[key] = rope.get(name, hf.get(name, default)) if name == ROPE_THETA else hf.get(name, default)
+    arch = _resolved(arch, fmt)
+    if "rope_theta" in arch:
+        arch["rope_theta"] = float(arch["rope_theta"])
+    arch["norm_eps"] = float(arch["norm_eps"])
+    head_dim = hf.get("head_dim") or arch["d_model"] // arch["n_heads"]
+    if head_dim * arch["n_heads"] != arch["d_model"]:
+        raise ConfigError(f"{where}: head_dim={head_dim} x num_attention_heads={arch['n_heads']} != hidden_size="
+                          f"{arch['d_model']}; theseus's heads split d_model")
+    return arch
 
 
-def _require(hf: Mapping[str, Any], where: str, key: str, default: Any, allowed: tuple) -> None:
-    value = hf.get(key, default)
-    if value not in allowed:
-        raise ConfigError(f"{where}: {key}={value!r} is not supported for model_type {hf['model_type']} "
-                          f"(theseus computes {' or '.join(map(repr, allowed))})")
+def _resolved(arch: Mapping[str, Any], fmt: Format) -> dict[str, Any]:
+    """``arch`` with the widths a GPT derives when unset written out: d_ff (4 x d_model) and,
+    where config.json holds it, n_kv_heads (n_heads)."""
+    out = dict(arch)
+    out["d_ff"] = out["d_ff"] or 4 * out["d_model"]
+    if "n_kv_heads" in fmt.keys:
+        out["n_kv_heads"] = out["n_kv_heads"] or out["n_heads"]
+    return out
+
+
+def expressed(kind: str) -> frozenset[str]:
+    """The architecture keys model_type ``kind``'s config.json determines (read, implied or written)."""
+    fmt = FORMATS[kind]
+    return frozenset(fmt.keys) | frozenset(fmt.implied) | frozenset(fmt.written.values())
+
+
+def _matches(arch: Mapping[str, Any], fmt: Format) -> bool:
+    if ("moe.n_experts" in arch) != (fmt.model == "moe"):
+        return False
+    given = {**arch, "n_kv_heads": None if arch["n_kv_heads"] in (None, arch["n_heads"]) else arch["n_kv_heads"]}
+    return all(given.get(key) == value for key, value in fmt.implied.items())
 
 
 def model_type(arch: Mapping[str, Any]) -> str:
     """The Hugging Face model_type that computes what ``arch`` does; ConfigError when none does."""
-    layout = (arch["positions"], arch["norm"], arch["activation"], arch["bias"])
-    if layout == ("learned", "layernorm", "gelu", True) and arch["n_kv_heads"] in (None, arch["n_heads"]):
-        return "gpt2"
-    if layout == ("rope", "rmsnorm", "swiglu", False):
-        return "qwen2" if arch["qkv_bias"] else "llama"
-    raise ConfigError(
-        f"architecture positions={arch['positions']} norm={arch['norm']} activation={arch['activation']} "
-        f"bias={arch['bias']} n_kv_heads={arch['n_kv_heads']} has no Hugging Face model_type: export writes gpt2 "
-        f"(learned, layernorm, gelu, bias=true, no GQA), llama (rope, rmsnorm, swiglu, bias=false) or qwen2 "
-        f"(llama's, with qkv_bias=true)")
+    for fmt in FORMATS.values():
+        if _matches(arch, fmt):
+            return fmt.model_type
+    model = "moe" if "moe.n_experts" in arch else "gpt"
+    shown = sorted({key for fmt in FORMATS.values() if fmt.model == model for key in fmt.implied})
+    layouts = "; ".join(f"{fmt.model_type}: " + " ".join(f"{k}={_shown(v)}" for k, v in fmt.implied.items())
+                        for fmt in FORMATS.values() if fmt.model == model)
+    raise ConfigError(f"architecture {' '.join(f'{k}={_shown(arch.get(k))}' for k in shown)} has no Hugging Face "
+                      f"model_type: export writes {layouts}")
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def hf_config(arch: Mapping[str, Any], vocab_size: int, special: Mapping[str, int | None],
               dtype: str = "float32") -> dict[str, Any]:
     """The config.json of ``arch`` with ``vocab_size`` rows; ``special``: the ids of SPECIAL_TOKENS
     (an imported checkpoint's own, or the tokenizer's end-of-text); ``dtype``: the tensors'."""
-    d_ff = arch["d_ff"] or 4 * arch["d_model"]
-    common = {"vocab_size": vocab_size, "tie_word_embeddings": arch["tie_embeddings"],
-              **{key: special.get(key) for key in SPECIAL_TOKENS}, "dtype": dtype}
-    kind = model_type(arch)
-    if kind == "gpt2":
-        return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], **common,
-                "n_positions": arch["seq_len"], "n_embd": arch["d_model"], "n_layer": arch["n_layers"],
-                "n_head": arch["n_heads"], "n_inner": d_ff, "activation_function": "gelu_new",
-                "layer_norm_epsilon": arch["norm_eps"], "resid_pdrop": arch["dropout"],
-                "embd_pdrop": arch["dropout"], "attn_pdrop": 0.0}
-    own = ({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False} if kind == "qwen2"
-           else {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "mlp_bias": False})
-    return {"model_type": kind, **own, **common,
-            "max_position_embeddings": arch["seq_len"], "hidden_size": arch["d_model"],
-            "num_hidden_layers": arch["n_layers"], "num_attention_heads": arch["n_heads"],
-            "num_key_value_heads": arch["n_kv_heads"] or arch["n_heads"],
-            "head_dim": arch["d_model"] // arch["n_heads"], "intermediate_size": d_ff, "hidden_act": "silu",
-            "rms_norm_eps": arch["norm_eps"],
-            "rope_theta": arch["rope_theta"],  # transformers 4; transformers 5 reads rope_parameters
-            "rope_parameters": {"rope_type": "default", "rope_theta": arch["rope_theta"]},
-            "attention_dropout": 0.0}
+    fmt = FORMATS[model_type(arch)]
+    values = _resolved(arch, fmt)
+    config = {"model_type": fmt.model_type, "architectures": [fmt.architectures],
+              **{key: allowed[0] for key, allowed in fmt.required.items()}, **fmt.constants,
+              **{name: values[key] for key, (name, _) in fmt.keys.items()},
+              **{name: values[key] for name, key in fmt.written.items()},
+              "vocab_size": vocab_size, **{key: special.get(key) for key in SPECIAL_TOKENS}, "dtype": dtype}
+    if ROPE_THETA in config:
+        config["rope_parameters"] = {"rope_type": "default", ROPE_THETA: config[ROPE_THETA]}
+        config["head_dim"] = values["d_model"] // values["n_heads"]
+    return config
 
 
 def arch_of(model: Any) -> dict[str, Any]:
-    """The architecture values of a built GPT (its fields), as ``hf_config`` and hf_weights take them."""
-    return {key: getattr(model, key) for key in ARCH_KEYS}
+    """The architecture values of a built model (every ``architecture.*`` key of its component
+    tree, without the prefix), as ``hf_config`` and hf_weights take them."""
+    values = model.own_configuration()
+    schema = {key: spec for key, spec in schema_of(type(model)).items() if key.startswith("architecture.")}
+    given = {key: values.get(key) for key in schema}
+    return {key.removeprefix("architecture."): spec.default if given[key] is MISSING else given[key]
+            for key, spec in schema.items()}

@@ -31,6 +31,10 @@ WEIGHTS_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 IGNORED = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")  # buffers older transformers saved
 GPT2_PREFIX = "transformer."
+LLAMA_LIKE = ("llama", "qwen2", "mixtral", "qwen2_moe")  # Llama's layout; the last two: mixtures of experts
+# each MoE model_type's names: its feed-forward module, then each expert's (gate, up, down) projections
+EXPERTS = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2")),
+           "qwen2_moe": ("mlp", ("gate_proj", "up_proj", "down_proj"))}
 
 Read = Callable[[str], np.ndarray]  # a tensor of the checkpoint by its Hugging Face name
 Params = dict[str, np.ndarray]  # "h_0/attn/wq" -> array: traverse_util.flatten_dict(params, sep="/")
@@ -127,7 +131,7 @@ def to_theseus(model_type: str, arch: Mapping[str, Any], read: Read) -> dict[str
         if not arch["tie_embeddings"]:
             out["lm_head"] = _linear(read, "lm_head.weight", None)
         return out
-    if model_type in ("llama", "qwen2"):
+    if model_type in LLAMA_LIKE:
         out["wte/embedding"] = lambda: read("model.embed_tokens.weight")
         for i in range(arch["n_layers"]):
             p, t = f"model.layers.{i}", f"h_{i}"
@@ -138,9 +142,8 @@ def to_theseus(model_type: str, arch: Mapping[str, Any], read: Read) -> dict[str
                 f"{t}/attn/wv": _linear(read, f"{p}.self_attn.v_proj.weight", (d, kv, hd)),
                 f"{t}/attn/wo": _linear(read, f"{p}.self_attn.o_proj.weight", (heads, hd, d)),
                 f"{t}/ln_2/scale": _reshaped(read, f"{p}.post_attention_layernorm.weight", None),
-                f"{t}/mlp/w_in": _gate_up(read, f"{p}.mlp"),
-                f"{t}/mlp/w_out": _linear(read, f"{p}.mlp.down_proj.weight", None),
             })
+            out.update({f"{t}/mlp/{path}": thunk for path, thunk in _mlp_to_theseus(model_type, arch, i, read, p)})
             if arch["qkv_bias"]:
                 for w, n in (("q", heads), ("k", kv), ("v", kv)):
                     out[f"{t}/attn/b{w}"] = _reshaped(read, f"{p}.self_attn.{w}_proj.bias", (n, hd))
@@ -148,7 +151,7 @@ def to_theseus(model_type: str, arch: Mapping[str, Any], read: Read) -> dict[str
         if not arch["tie_embeddings"]:
             out["lm_head"] = _linear(read, "lm_head.weight", None)
         return out
-    raise ConfigError(f"model_type {model_type!r} has no weight mapping (gpt2, llama, qwen2)")
+    raise ConfigError(f"model_type {model_type!r} has no weight mapping ({', '.join(('gpt2', *LLAMA_LIKE))})")
 
 
 def to_hf(model_type: str, arch: Mapping[str, Any], params: Params, vocab_size: int) -> dict[str, np.ndarray]:
@@ -177,11 +180,10 @@ def to_hf(model_type: str, arch: Mapping[str, Any], params: Params, vocab_size: 
                                                                       params[f"{t}/{norm}/bias"])
         out["ln_f.weight"], out["ln_f.bias"] = params["ln_f/scale"], params["ln_f/bias"]
         out = {GPT2_PREFIX + key: value for key, value in out.items()}
-    elif model_type in ("llama", "qwen2"):
+    elif model_type in LLAMA_LIKE:
         out["model.embed_tokens.weight"] = wte
         for i in range(arch["n_layers"]):
             p, t = f"model.layers.{i}", f"h_{i}"
-            w_in = params[f"{t}/mlp/w_in"]
             out.update({
                 f"{p}.input_layernorm.weight": params[f"{t}/ln_1/scale"],
                 f"{p}.self_attn.q_proj.weight": params[f"{t}/attn/wq"].reshape(d, heads * hd).T,
@@ -189,14 +191,13 @@ def to_hf(model_type: str, arch: Mapping[str, Any], params: Params, vocab_size: 
                 f"{p}.self_attn.v_proj.weight": params[f"{t}/attn/wv"].reshape(d, kv * hd).T,
                 f"{p}.self_attn.o_proj.weight": params[f"{t}/attn/wo"].reshape(heads * hd, d).T,
                 f"{p}.post_attention_layernorm.weight": params[f"{t}/ln_2/scale"],
-                f"{p}.mlp.gate_proj.weight": w_in[0].T, f"{p}.mlp.up_proj.weight": w_in[1].T,
-                f"{p}.mlp.down_proj.weight": params[f"{t}/mlp/w_out"].T,
             })
+            out.update(_mlp_to_hf(model_type, arch, i, lambda path, t=t: params[f"{t}/mlp/{path}"], p))
             if arch["qkv_bias"]:
                 out.update({f"{p}.self_attn.{w}_proj.bias": params[f"{t}/attn/b{w}"].reshape(-1) for w in "qkv"})
         out["model.norm.weight"] = params["ln_f/scale"]
     else:
-        raise ConfigError(f"model_type {model_type!r} has no weight mapping (gpt2, llama, qwen2)")
+        raise ConfigError(f"model_type {model_type!r} has no weight mapping ({', '.join(('gpt2', *LLAMA_LIKE))})")
     if not arch["tie_embeddings"]:
         out["lm_head.weight"] = params["lm_head"][:, :vocab_size].T
     unused = params.unused()
@@ -284,9 +285,57 @@ def _linear(read: Read, name: str, shape: tuple | None) -> Callable[[], np.ndarr
     return thunk
 
 
-def _gate_up(read: Read, prefix: str) -> Callable[[], np.ndarray]:
+def _gate_up(read: Read, prefix: str, gate: str, up: str) -> Callable[[], np.ndarray]:
     """A thunk: SwiGLU's ``w_in: [2, d_model, d_ff]``, gate then up (each ``[d_ff, d_model]`` stored)."""
-    return lambda: np.stack([read(f"{prefix}.gate_proj.weight").T, read(f"{prefix}.up_proj.weight").T])
+    return lambda: np.stack([read(f"{prefix}.{gate}.weight").T, read(f"{prefix}.{up}.weight").T])
+
+
+def _is_moe(model_type: str, arch: Mapping[str, Any], layer: int) -> bool:
+    """Whether layer ``layer`` is a mixture of experts (MoEGPT's ``architecture.moe.every``)."""
+    return model_type in EXPERTS and (layer + 1) % arch.get("moe.every", 1) == 0
+
+
+def _mlp_to_theseus(model_type: str, arch: Mapping[str, Any], layer: int, read: Read,
+                    p: str) -> list[tuple[str, Callable[[], np.ndarray]]]:
+    """Layer ``layer``'s feed-forward params (paths under ``h_i/mlp/``) as thunks: a SwiGLU MLP,
+    or a router ``[d, expert]``, experts ``w_in: [2, expert, d, f]``, ``w_out: [expert, f, d]``
+    and Qwen2-MoE's shared expert with its gate ``[d, 1]``."""
+    if not _is_moe(model_type, arch, layer):
+        return [("w_in", _gate_up(read, f"{p}.mlp", "gate_proj", "up_proj")),
+                ("w_out", _linear(read, f"{p}.mlp.down_proj.weight", None))]
+    module, (gate, up, down) = EXPERTS[model_type]
+    experts = [f"{p}.{module}.experts.{j}" for j in range(arch["moe.n_experts"])]
+    out = [("router", _linear(read, f"{p}.{module}.gate.weight", None)),
+           ("w_in", lambda: np.stack([_gate_up(read, e, gate, up)() for e in experts], axis=1)),
+           ("w_out", lambda: np.stack([read(f"{e}.{down}.weight").T for e in experts]))]
+    if model_type == "qwen2_moe":
+        out += [("shared/w_in", _gate_up(read, f"{p}.mlp.shared_expert", "gate_proj", "up_proj")),
+                ("shared/w_out", _linear(read, f"{p}.mlp.shared_expert.down_proj.weight", None)),
+                ("shared_gate", _linear(read, f"{p}.mlp.shared_expert_gate.weight", None))]
+    return out
+
+
+def _mlp_to_hf(model_type: str, arch: Mapping[str, Any], layer: int, param: Callable[[str], np.ndarray],
+               p: str) -> dict[str, np.ndarray]:
+    """The inverse of ``_mlp_to_theseus``: ``param(path)`` reads ``h_i/mlp/path``."""
+    if not _is_moe(model_type, arch, layer):
+        w_in = param("w_in")
+        return {f"{p}.mlp.gate_proj.weight": w_in[0].T, f"{p}.mlp.up_proj.weight": w_in[1].T,
+                f"{p}.mlp.down_proj.weight": param("w_out").T}
+    module, (gate, up, down) = EXPERTS[model_type]
+    w_in, w_out = param("w_in"), param("w_out")
+    out = {f"{p}.{module}.gate.weight": param("router").T}
+    for j in range(arch["moe.n_experts"]):
+        e = f"{p}.{module}.experts.{j}"
+        out.update({f"{e}.{gate}.weight": w_in[0, j].T, f"{e}.{up}.weight": w_in[1, j].T,
+                    f"{e}.{down}.weight": w_out[j].T})
+    if model_type == "qwen2_moe":
+        shared = param("shared/w_in")
+        out.update({f"{p}.mlp.shared_expert.gate_proj.weight": shared[0].T,
+                    f"{p}.mlp.shared_expert.up_proj.weight": shared[1].T,
+                    f"{p}.mlp.shared_expert.down_proj.weight": param("shared/w_out").T,
+                    f"{p}.mlp.shared_expert_gate.weight": param("shared_gate").T})
+    return out
 
 
 def _gpt2_qkv(read: Read, prefix: str, d: int, heads: int, hd: int) -> Callable[[str, int], np.ndarray]:

@@ -27,9 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 from theseus.config import ConfigError
 from theseus.config.registry import every_key, model_class
 from theseus.data.tokenizer import JSON_FILE, NAMES, ByteTokenizer, HFTokenizer
-from theseus.interop.hf_config import architecture, read_config
+from theseus.interop.hf_config import architecture, format_of, read_config
 from theseus.interop.hf_weights import Checkpoint
 from theseus.model.models.gpt import GPT
+from theseus.model.models.moe_gpt import MoEGPT
 
 KEY = "trainer.init_from"
 
@@ -43,13 +44,17 @@ def apply_init_from(cfg: DictConfig) -> DictConfig:
     run = theseus_checkpoint(folder)
     if run is not None:
         return _from_run(cfg, run)
-    arch = architecture(read_config(folder), where=str(folder / "config.json"))
+    hf = read_config(folder)
+    arch = architecture(hf, where=str(folder / "config.json"))
     try:
         Checkpoint(folder)  # its weights are there (safetensors, not pickle), before anything is written
     except ConfigError as exc:
         raise ConfigError(f"{KEY}={given}: {exc}") from exc
-    if not issubclass(model_class(cfg), GPT):
-        raise ConfigError(f"{KEY} loads a GPT, but model={cfg.get('model')}: leave the model at gpt")
+    model = format_of(hf).model
+    cls = model_class(cfg)
+    if not issubclass(cls, GPT) or issubclass(cls, MoEGPT) != (model == "moe"):
+        raise ConfigError(f"{KEY}={given} is a Hugging Face {hf['model_type']} checkpoint, which loads into "
+                          f"model={model}, but model={cfg.get('model')}: set model={model}")
     defaults = every_key()
     cfg = cfg.copy()
     for name, value in arch.items():
