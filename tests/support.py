@@ -98,3 +98,16 @@ def wandb_records(path: Path) -> list:
             records.append(record)
             chunk = b""
     return records
+
+
+def read_params(step_dir: Path) -> list:
+    """The params of the checkpoint at ``step_dir`` (``checkpoints/N/state``), read back with Orbax
+    alone onto this process's one device (the run may have had a device per core): leaves, as numpy."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    reader, one = ocp.StandardCheckpointer(), jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
+                          reader.metadata(step_dir.absolute()).item_metadata)
+    return [np.asarray(x) for x in jax.tree.leaves(reader.restore(step_dir.absolute(), target)["params"])]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from support import ROOT, run_python
+from support import ROOT, read_params, run_python
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose
 from theseus.data.config import DataConfig
@@ -32,10 +32,7 @@ def rows(run_dir: Path) -> list[dict]:
 
 
 def final_params(run_dir: Path) -> list[np.ndarray]:
-    import orbax.checkpoint as ocp
-
-    tree = ocp.StandardCheckpointer().restore((run_dir / "checkpoints" / str(STEPS) / "state").absolute())
-    return [np.asarray(x) for x in jax.tree.leaves(tree["params"])]
+    return read_params(run_dir / "checkpoints" / str(STEPS) / "state")
 
 
 def toy_task(path: Path, n: int = 40, seed: int = 0) -> Path:

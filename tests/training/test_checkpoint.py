@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support import ROOT, run_python
+from support import ROOT, read_params, run_python
 
 STEPS = 12
 
@@ -52,23 +52,8 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def final_params(run_dir: Path) -> list[np.ndarray]:
-    """The params of the newest checkpoint, read back with Orbax (no theseus code involved), onto
-    this process's one device (the run may have had a device per core)."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    step_dir = (run_dir / "checkpoints" / str(STEPS) / "state").absolute()
-    reader, one = ocp.StandardCheckpointer(), jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
-                          reader.metadata(step_dir).item_metadata)
-    tree = reader.restore(step_dir, target)
-    return [np.asarray(x) for x in _leaves(tree["params"])]
-
-
-def _leaves(tree):
-    import jax
-
-    return jax.tree.leaves(tree)
+    """The params of the newest checkpoint, read back with Orbax (no theseus code involved)."""
+    return read_params(run_dir / "checkpoints" / str(STEPS) / "state")
 
 
 @pytest.fixture(scope="module")

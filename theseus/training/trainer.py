@@ -279,7 +279,7 @@ class Trainer:
         dtype = self.model._activation_dtype
         if self.target and self.settings.peak_flops is None and self.target.peak(dtype):
             return self.target.peak(dtype), f"table: {self.target.chip.name}"
-        return peak_flops(self.devices[0], dtype, self.settings.peak_flops)
+        return peak_flops(self.devices[0] if self.target else jax.local_devices()[0], dtype, self.settings.peak_flops)
 
     # -- running --------------------------------------------------------------------------
 
