@@ -5,7 +5,7 @@ from theseus.model.models.gpt import GPT
 
 
 class ScaledMLP(MLP):
-    ff_scale: float = field("architecture/ff_scale", default=1.0, help="multiplier on the MLP output")
+    ff_scale: float = field("architecture.ff_scale", default=1.0, help="multiplier on the MLP output")
 
     def __call__(self, x, deterministic=True):  # x: [batch, seq, d_model]
         return self.ff_scale * super().__call__(x, deterministic=deterministic)
