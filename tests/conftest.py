@@ -38,3 +38,11 @@ def corpus(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     path.write_text(Path(json.__file__).read_text() * 3)
     return path
+
+
+def pytest_collection_modifyitems(items):
+    """Marks every test under tests/e2e/ `e2e`, so `-m e2e` (or `-m "not e2e"`) selects by folder."""
+    e2e = Path(__file__).parent / "e2e"
+    for item in items:
+        if e2e in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.e2e)

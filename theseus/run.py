@@ -134,7 +134,7 @@ def _enumerable(override) -> str:
 
 def _split_sweep(parsed: list) -> list[list[list[str]]]:
     """Hydra's own expansion of parsed sweep overrides into jobs (its one private API used here;
-    tests/test_run.py fails loudly should it change)."""
+    tests/e2e/test_run.py fails loudly should it change)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     return BasicSweeper.split_arguments(parsed, None)

@@ -14,7 +14,7 @@ from support import ROOT, run_python
 
 pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
-MODELS = Path(__file__).parent / "examples" / "mymodels.py"  # the README's example
+MODELS = Path(__file__).parents[1] / "examples" / "mymodels.py"  # the README's example
 
 
 @pytest.fixture(scope="module")
