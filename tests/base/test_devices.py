@@ -1,4 +1,4 @@
-"""Parallel sweep jobs on one host: disjoint GPU shares, slots held by file locks, refusals."""
+"""Parallel sweep jobs on one host: disjoint GPU (or CPU core) shares, slots held by file locks, refusals."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 from support import run_python
 
-from theseus.base.devices import SLOT, claim_devices, claim_slot, parallel_jobs, share, visible_gpus
+from theseus.base.devices import SLOT, claim_devices, claim_slot, core_share, parallel_jobs, share, visible_gpus
 from theseus.config import ConfigError
 
 JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
@@ -61,6 +61,25 @@ def test_claim_devices_restricts_the_process_once(tmp_path):
     assert claim_devices(hydra, {SLOT: "0", "CUDA_VISIBLE_DEVICES": "0,1"}) == ["0", "1"]  # claimed before: kept
     one_job = OmegaConf.create({"launcher": {"_target_": JOBLIB, "n_jobs": 1}, "sweep": {"dir": str(tmp_path)}})
     assert claim_devices(one_job, {"CUDA_VISIBLE_DEVICES": "0,1"}) is None
+
+
+def test_core_shares_are_disjoint_and_never_empty():
+    assert [core_share(slot, 2, [0, 1, 2, 3]) for slot in range(2)] == [[0, 1], [2, 3]]
+    assert [core_share(slot, 3, [4, 5, 6, 7]) for slot in range(3)] == [[4], [5], [6]]  # one core left idle
+    assert [core_share(slot, 3, [0, 1]) for slot in range(3)] == [[0], [1], [0]]  # more jobs than cores: turns
+
+
+@pytest.mark.slow
+def test_a_parallel_job_on_a_cpu_host_keeps_to_its_share_of_the_cores(tmp_path):
+    """The process's CPU affinity (hence its automatic JAX device count) is its slot's cores."""
+    script = (f"import os; from omegaconf import OmegaConf; from theseus.base.devices import claim_devices\n"
+              f"h = OmegaConf.create({{'launcher': {{'_target_': '{JOBLIB}', 'n_jobs': 2}}, 'sweep': {{'dir': '{tmp_path}'}}}})\n"
+              f"os.sched_setaffinity(0, [0, 1]); print(claim_devices(h), sorted(os.sched_getaffinity(0)), os.environ['{SLOT}'])\n"
+              f"print(claim_devices(h), sorted(os.sched_getaffinity(0)))  # the next job in this worker: the same cores")
+    taken, _ = claim_slot(tmp_path, 2)  # another worker holds slot 0
+    proc = run_python("-c", script, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["None [1] 1", "None [1]"]
 
 
 def test_a_sweep_with_more_parallel_jobs_than_gpus_is_refused_before_it_starts(tmp_path):

@@ -5,8 +5,10 @@ worker process that would otherwise see, and preallocate most of the memory of, 
 ``claim_devices`` (called by a job before JAX starts its backend) gives the worker one of N
 slots, held by a file lock for the worker's life, and restricts it to that slot's share of
 the GPUs through ``CUDA_VISIBLE_DEVICES``; the claim is recorded beside it, in the process's
-environment (``THESEUS_DEVICE_SLOT``). More parallel jobs than GPUs is refused in one line. Other launchers, one job at a time, and hosts without GPUs (CPUs share their cores)
-are left alone.
+environment (``THESEUS_DEVICE_SLOT``). More parallel jobs than GPUs is refused in one line. On a
+host without GPUs the slot is a share of the CPU cores instead (the process's CPU affinity), so
+that the jobs' JAX devices and thread pools, sized from the cores a process may use, do not
+oversubscribe them. Other launchers and one job at a time are left alone.
 """
 
 from __future__ import annotations
@@ -84,15 +86,26 @@ def claim_devices(hydra_config: Any, environ: MutableMapping[str, str] = os.envi
     if n_jobs == 1:
         return None
     if SLOT in environ:
-        return environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        return visible_gpus(environ) or None  # its slot was claimed (and applied) by an earlier job
     gpus = visible_gpus(environ)
-    if not gpus:
-        return None
-    check_enough(n_jobs, gpus)  # before taking a slot
+    if gpus:
+        check_enough(n_jobs, gpus)  # before taking a slot
     slot, _ = claim_slot(Path(hydra_config.sweep.dir), n_jobs)  # locked until this process exits
+    environ[SLOT] = str(slot)
+    if not gpus:
+        os.sched_setaffinity(0, core_share(slot, n_jobs, sorted(os.sched_getaffinity(0))))
+        return None
     mine = share(slot, n_jobs, gpus)
-    environ.update({SLOT: str(slot), "CUDA_VISIBLE_DEVICES": ",".join(mine)})
+    environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
     return mine
+
+
+def core_share(slot: int, n_jobs: int, cores: list[int]) -> list[int]:
+    """The CPU cores of parallel job slot ``slot`` of ``n_jobs``: ``len(cores) // n_jobs`` of them
+    (at least one: with more jobs than cores, slots take turns on them), disjoint where they can be."""
+    per = max(len(cores) // n_jobs, 1)
+    start = slot * per % len(cores)
+    return cores[start:start + per]
 
 
 def cpu_only_platforms(environ: MutableMapping[str, str] = os.environ, driver: Path = NVIDIA,
