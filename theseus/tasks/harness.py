@@ -33,7 +33,7 @@ from theseus.base.mesh import on_devices
 from theseus.config import ConfigError
 from theseus.data.tokenizer import Tokenizer
 from theseus.model.generate import continue_prompts
-from theseus.tasks.multiple_choice import log_likelihoods
+from theseus.tasks.multiple_choice import encode_text, log_likelihoods
 
 try:
     from lm_eval import simple_evaluate
@@ -80,8 +80,11 @@ class HarnessLM(TemplateLM):
         return self.model.seq_len
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        """``string``'s ids, with the tokenizer's special tokens unless ``add_special_tokens`` is False."""
-        return self.tokenizer.encode(string, special=add_special_tokens is not False)
+        """``string``'s ids, with the tokenizer's special tokens as ``add_special_tokens`` says (None:
+        as lm-eval's hf model does, unless ``string`` begins with the BOS's text already)."""
+        if add_special_tokens is None:
+            return encode_text(self.tokenizer, string)
+        return self.tokenizer.encode(string, special=add_special_tokens)
 
     def tok_decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
