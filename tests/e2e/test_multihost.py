@@ -132,9 +132,9 @@ def test_lm_eval_tasks_in_two_processes_give_every_process_one_processs_numbers(
                   f"evaluation.multiple_choice.mc={tasks / 'mc.jsonl'}"]
     env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     coordinator = f"127.0.0.1:{free_port()}"
-    jobs = [([str(runs["one"]), coordinator, str(i), *evaluation],
-             {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}) for i in range(2)]
-    jobs.append(([str(runs["one"]), "", "0", *evaluation], {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}))
+    devices = "--xla_force_host_platform_device_count={}".format
+    jobs = [([str(runs["one"]), coordinator, str(i), *evaluation], {**env, "XLA_FLAGS": devices(2)}) for i in range(2)]
+    jobs.append(([str(runs["one"]), "", "0", *evaluation], {**env, "XLA_FLAGS": devices(4)}))
     lines = spawn(EVALUATE, jobs, timeout=300)
     assert all(line.startswith("RESULT ") for line in lines), lines
     first, second, alone = (json.loads(line.removeprefix("RESULT ")) for line in lines)

@@ -12,8 +12,9 @@ padded to a power of two (few compiled shapes) and split over the mesh's batch a
 ``generate_until`` by theseus's KV-cache generation, greedy or sampled, cut at the first stop
 sequence. In a multi-process job every process runs lm-eval on every request, alike: each puts
 its share of a batch's rows on its devices, and every process reads back all the rows' results,
-so every process computes the same numbers. lm-eval is an optional dependency (``theseus[eval]``): importing this module without
-it raises a ConfigError saying what to install, so import it lazily, where tasks are asked for.
+so every process computes the same numbers. lm-eval is an optional dependency
+(``theseus[eval]``): importing this module without it raises a ConfigError saying what to
+install, so import it lazily, where tasks are asked for.
 """
 
 from __future__ import annotations

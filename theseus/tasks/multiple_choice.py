@@ -3,9 +3,9 @@
 A local JSONL file holds one example a line: ``{"context": str, "choices": [str, ...], "label": int}``.
 Each choice is scored by the model's log-likelihood of its tokens given the context, encoded
 as lm-eval encodes a request: whitespace ending the context moves into the choice, context and
-choice are encoded as one string (with the tokens the tokenizer adds, such as a BOS) and the
-choice's tokens are those after the context's own encoding; a row longer than the window loses
-its first tokens. ``acc`` picks the choice of highest summed log-likelihood, ``acc_norm`` the
+choice are encoded as one string (with the tokens the tokenizer adds, such as a BOS, unless the
+text begins with that BOS's text already) and the choice's tokens are those after the context's
+own encoding; a row longer than the window loses its first tokens. ``acc`` picks the choice of highest summed log-likelihood, ``acc_norm`` the
 highest per character of the choice, ``acc_bytes`` per UTF-8 byte; each comes with its standard
 error. All choices of a batch of examples run as one jitted forward over padded
 ``[batch, choices, seq]`` tokens with a mask of the choice positions, sharded over the batch
