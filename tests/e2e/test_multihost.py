@@ -78,11 +78,11 @@ def test_only_process_0_writes_the_record_and_every_process_its_shards(runs):
     assert f"step {STEPS}/{STEPS} loss" in runs["launched"].stderr + runs["launched"].stdout  # process 0's, streamed
 
 
-def spawn(script: str, jobs: list[tuple[list[str], dict[str, str]]]) -> list[str]:
+def spawn(script: str, jobs: list[tuple[list[str], dict[str, str]]], timeout: int = 120) -> list[str]:
     """Run ``python -c script ARGS`` for each (ARGS, environment) at once; each one's ``RESULT`` line."""
     procs = [subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env={**os.environ, "JAX_PLATFORMS": "cpu", **env}) for args, env in jobs]
-    outputs = [proc.communicate(timeout=120) for proc in procs]
+    outputs = [proc.communicate(timeout=timeout) for proc in procs]
     return [next((line for line in out.splitlines() if line.startswith("RESULT")), err[-2000:]) for out, err in outputs]
 
 
@@ -106,6 +106,47 @@ def test_every_process_measures_its_own_devices(corpus, tmp_path):
              {"XDG_CACHE_HOME": str(tmp_path / f"host{i}"),  # hosts do not share a cache
               "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}) for i in range(2)]
     assert spawn(script, jobs) == ["RESULT 0 measured True", "RESULT 1 measured True"]
+
+
+EVALUATE = """
+import json, sys
+from pathlib import Path
+from theseus.base.distributed import initialize
+run, coordinator, index, *args = sys.argv[1:]
+if coordinator:
+    initialize({"distributed": {"coordinator": coordinator, "num_processes": 2, "process_id": int(index)}})
+from theseus.evaluate import run_evaluations  # the trainer's evaluations of a checkpoint
+print("RESULT", json.dumps(run_evaluations(Path(run), None, args)))
+"""
+
+
+def test_lm_eval_tasks_in_two_processes_give_every_process_one_processs_numbers(runs, tmp_path):
+    """lm-eval's multiple-choice, perplexity and generation tasks (and theseus's own scorer) on the
+    same checkpoint: two processes of 2 devices each, each process with its share of every batch,
+    get the same records as each other and as one process of 4 devices."""
+    pytest.importorskip("lm_eval")
+    from tasks.harness_fixtures import write_tasks
+
+    tasks = write_tasks(tmp_path / "tasks")
+    evaluation = ["evaluation.lm_eval=[theseus_mc,theseus_ppl,theseus_gen]", f"evaluation.lm_eval_include={tasks}",
+                  f"evaluation.multiple_choice.mc={tasks / 'mc.jsonl'}"]
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    coordinator = f"127.0.0.1:{free_port()}"
+    devices = "--xla_force_host_platform_device_count={}".format
+    jobs = [([str(runs["one"]), coordinator, str(i), *evaluation], {**env, "XLA_FLAGS": devices(2)}) for i in range(2)]
+    jobs.append(([str(runs["one"]), "", "0", *evaluation], {**env, "XLA_FLAGS": devices(4)}))
+    lines = spawn(EVALUATE, jobs, timeout=300)
+    assert all(line.startswith("RESULT ") for line in lines), lines
+    first, second, alone = (json.loads(line.removeprefix("RESULT ")) for line in lines)
+    assert first == second  # every process: the same numbers, the same per-example records
+    assert first["mesh"] == alone["mesh"] == {"data": 4, "fsdp": 1, "expert": 1, "tensor": 1}
+    assert first["metrics"].keys() == alone["metrics"].keys() >= {
+        "eval/theseus_mc/acc", "eval/theseus_mc/acc_norm", "eval/theseus_ppl/word_perplexity",
+        "eval/theseus_ppl/bits_per_byte", "eval/theseus_gen/exact_match", "eval/mc/acc"}
+    assert first["metrics"] == pytest.approx(alone["metrics"], rel=1e-6)  # val_loss: a mean over processes
+    # each row is scored on one device, alike in both: every log-likelihood and generated text is the same
+    assert first["samples"] == alone["samples"]
+    assert {s["task"] for s in alone["samples"]} == {"mc", "theseus_mc", "theseus_ppl", "theseus_gen"}
 
 
 def test_two_process_checkpoint_resumes_in_one_process(runs):

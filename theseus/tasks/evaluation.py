@@ -112,9 +112,6 @@ def load_evaluations(cfg: Any, data: Dataset | Mixture, model: nn.Module, seed: 
     vocab_size = model.vocab_size if imported else data.tokenizer.vocab_size
     manager = None
     if settings.lm_eval:
-        if jax.process_count() > 1:
-            raise ConfigError("evaluation.lm_eval runs in one process: evaluate the checkpoint with "
-                              "python -m theseus.evaluate on one host")
         from theseus.tasks import harness  # lm-eval is optional: ConfigError saying what to install
 
         include = settings.lm_eval_include and os.path.expanduser(settings.lm_eval_include)
@@ -164,7 +161,7 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metri
 
         settings = evaluations.harness
         lm = harness.HarnessLM(evaluations.model, params, evaluations.tokenizer, sharding.mesh, rules, batch_size,
-                               evaluations.vocab_size, seed=evaluations.seed)
+                               evaluations.vocab_size, seed=evaluations.seed, share=share)
         found, samples = harness.run_tasks(lm, list(settings.lm_eval), evaluations.manager,
                                            settings.lm_eval_fewshot, settings.lm_eval_limit)
         metrics.update(found)

@@ -10,8 +10,11 @@ whitespace and BOS conventions, through theseus's tokenizer), and theseus scores
 ``loglikelihood`` and ``loglikelihood_rolling`` as batches of rows sorted by length, each batch
 padded to a power of two (few compiled shapes) and split over the mesh's batch axes;
 ``generate_until`` by theseus's KV-cache generation, greedy or sampled, cut at the first stop
-sequence. lm-eval is an optional dependency (``theseus[eval]``): importing this module without
-it raises a ConfigError saying what to install, so import it lazily, where tasks are asked for.
+sequence. In a multi-process job every process runs lm-eval on every request, alike: each puts
+its share of a batch's rows on its devices, and every process reads back all the rows' results,
+so every process computes the same numbers. lm-eval is an optional dependency
+(``theseus[eval]``): importing this module without it raises a ConfigError saying what to
+install, so import it lazily, where tasks are asked for.
 """
 
 from __future__ import annotations
@@ -23,14 +26,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from theseus.base.axis import DATA, FSDP
+from theseus.base.axis import BATCH_MESH_AXES
 from theseus.base.mesh import on_devices
 from theseus.config import ConfigError
 from theseus.data.tokenizer import Tokenizer
 from theseus.model.generate import continue_prompts
-from theseus.tasks.multiple_choice import log_likelihoods
+from theseus.tasks.multiple_choice import encode_text, log_likelihoods
 
 try:
     from lm_eval import simple_evaluate
@@ -46,16 +50,18 @@ class HarnessLM(TemplateLM):
 
     ``rules``: the model's logical-axis rules; ``batch_size``: rows per forward (a multiple of
     the mesh's batch axes); ``vocab_size``: the ids scored and generated (the vocabulary an export
-    keeps; None: the model's); ``seed``: of sampled generations.
+    keeps; None: the model's); ``seed``: of sampled generations; ``share``: ``(index, count)``,
+    this process puts rows ``index * batch_size / count`` to ``(index + 1) * batch_size / count`` of
+    each batch of log-likelihood rows on its devices (the trainer's share of a batch).
     """
 
     def __init__(self, model: nn.Module, params: Any, tokenizer: Tokenizer, mesh: Mesh, rules: Any,
-                 batch_size: int, vocab_size: int | None = None, seed: int = 0):
+                 batch_size: int, vocab_size: int | None = None, seed: int = 0, share: tuple[int, int] = (0, 1)):
         super().__init__()
         self.model, self.params, self.tokenizer, self.mesh, self.rules = model, params, tokenizer, mesh, rules
-        self.batch_size, self.seed = batch_size, seed
+        self.batch_size, self.seed, self.share = batch_size, seed, share
         self.vocab_size = model.vocab_size if vocab_size is None else vocab_size
-        self.sharding = NamedSharding(mesh, PartitionSpec((DATA, FSDP), None, None))
+        self.sharding = NamedSharding(mesh, PartitionSpec(BATCH_MESH_AXES, None, None))
         self._score = jax.jit(functools.partial(log_likelihoods, model=model, vocab_size=self.vocab_size))
 
     @property
@@ -75,8 +81,11 @@ class HarnessLM(TemplateLM):
         return self.model.seq_len
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        """``string``'s ids, with the tokenizer's special tokens unless ``add_special_tokens`` is False."""
-        return self.tokenizer.encode(string, special=add_special_tokens is not False)
+        """``string``'s ids, with the tokenizer's special tokens as ``add_special_tokens`` says (None:
+        as lm-eval's hf model does, unless ``string`` begins with the BOS's text already)."""
+        if add_special_tokens is None:
+            return encode_text(self.tokenizer, string)
+        return self.tokenizer.encode(string, special=add_special_tokens)
 
     def tok_decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
@@ -89,6 +98,8 @@ class HarnessLM(TemplateLM):
         scored = [min(len(cont), len(row) - 1) for (_, _, cont), row in zip(requests, rows)]
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))  # longest first: batches of like widths
         out: list[tuple[float, bool]] = [(0.0, False)] * len(rows)
+        index, count = self.share
+        mine = slice(index * self.batch_size // count, (index + 1) * self.batch_size // count)
         for first in range(0, len(order), self.batch_size):
             batch = order[first:first + self.batch_size]
             width = min(self.max_length + 1, 1 << (len(rows[batch[0]]) - 1).bit_length())
@@ -98,7 +109,8 @@ class HarnessLM(TemplateLM):
                 tokens[slot, 0, :len(rows[i])] = rows[i]
                 mask[slot, 0, len(rows[i]) - 1 - scored[i]:len(rows[i]) - 1] = 1
             with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-                summed, greedy = self._score(self.params, *(on_devices(x, self.sharding, x.shape)
+                # the scores come back replicated: every process reads every row's
+                summed, greedy = self._score(self.params, *(on_devices(x[mine], self.sharding, x.shape)
                                                             for x in (tokens, mask)))
             summed, greedy = np.asarray(summed)[:, 0], np.asarray(greedy)[:, 0]
             for slot, i in enumerate(batch):
@@ -170,8 +182,11 @@ class HarnessLM(TemplateLM):
             rngs = jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), rows[i][0]), done)
                               for i in slots])
             with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-                new = np.asarray(continue_prompts(self.model, self.params, tokens, [len(p) for p in prompts], step,
-                                                  temperature=temperature, rngs=rngs, vocab_size=self.vocab_size))
+                # every process passes the same prompts; the rows come back split over the
+                # batch axes, on other processes' devices too: gathered onto every process
+                new = multihost_utils.process_allgather(continue_prompts(
+                    self.model, self.params, tokens, [len(p) for p in prompts], step, temperature=temperature,
+                    rngs=rngs, vocab_size=self.vocab_size), tiled=True)
             for slot, i in enumerate(live):
                 produced[i] += new[slot].tolist()
                 # ids past the tokenizer's (a checkpoint's vocabulary may be larger) decode to

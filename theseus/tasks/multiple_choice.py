@@ -3,9 +3,9 @@
 A local JSONL file holds one example a line: ``{"context": str, "choices": [str, ...], "label": int}``.
 Each choice is scored by the model's log-likelihood of its tokens given the context, encoded
 as lm-eval encodes a request: whitespace ending the context moves into the choice, context and
-choice are encoded as one string (with the tokens the tokenizer adds, such as a BOS) and the
-choice's tokens are those after the context's own encoding; a row longer than the window loses
-its first tokens. ``acc`` picks the choice of highest summed log-likelihood, ``acc_norm`` the
+choice are encoded as one string (with the tokens the tokenizer adds, such as a BOS, unless the
+text begins with that BOS's text already) and the choice's tokens are those after the context's
+own encoding; a row longer than the window loses its first tokens. ``acc`` picks the choice of highest summed log-likelihood, ``acc_norm`` the
 highest per character of the choice, ``acc_bytes`` per UTF-8 byte; each comes with its standard
 error. All choices of a batch of examples run as one jitted forward over padded
 ``[batch, choices, seq]`` tokens with a mask of the choice positions, sharded over the batch
@@ -86,11 +86,18 @@ def load_examples(path: str | Path, tokenizer: Tokenizer, seq_len: int) -> Examp
     return Examples(tokens, mask, valid, labels, n_chars, n_bytes)
 
 
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
+    """``text``'s ids as lm-eval-harness's hf model encodes a request's text: with the tokenizer's
+    special tokens (a BOS it adds), unless ``text`` begins with the ``prefix_token``'s own text."""
+    prefix = tokenizer.prefix_token
+    return tokenizer.encode(text, special=prefix is None or not text.startswith(tokenizer.decode([prefix])))
+
+
 def encode_pair(tokenizer: Tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """``(context ids, continuation ids)`` of a request as lm-eval-harness encodes it: the
     context's trailing whitespace moves into the continuation, the two are encoded as one string
-    with the tokenizer's special tokens, and the continuation is what follows the context's own
-    encoding. An empty context is the tokenizer's ``prefix_token`` (its BOS, else end-of-text)."""
+    (``encode_text``), and the continuation is what follows the context's own encoding. An empty
+    context is the tokenizer's ``prefix_token`` (its BOS, else end-of-text)."""
     stripped = context.rstrip()
     context, continuation = stripped, context[len(stripped):] + continuation
     if not context:
@@ -98,8 +105,8 @@ def encode_pair(tokenizer: Tokenizer, context: str, continuation: str) -> tuple[
         if prefix is None:
             raise ConfigError("an empty context needs a BOS or end-of-text token, and this tokenizer has neither")
         return [prefix], tokenizer.encode(continuation)
-    whole, alone = tokenizer.encode_batch([context + continuation, context], special=True)
-    return alone.tolist(), whole[len(alone):].tolist()
+    whole, alone = encode_text(tokenizer, context + continuation), encode_text(tokenizer, context)
+    return alone, whole[len(alone):]
 
 
 def _record(line: str) -> object:
