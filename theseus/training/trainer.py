@@ -138,6 +138,12 @@ class Trainer:
         if jax.process_index() == 0:
             self.console.show(text)
 
+    def _say_compiling(self) -> None:
+        """The first line of a run or a dry run, before the compile that takes seconds to minutes."""
+        n, mesh = len(self.devices), " x ".join(f"{k}={v}" for k, v in self.mesh_shape.items() if v > 1)
+        self._say(f"theseus: compiling {type(self.model).__name__}'s train step for {n} {self.devices[0].device_kind} "
+                  f"device{'s' if n > 1 else ''}" + (f" ({mesh})" if mesh else ""))
+
     @property
     def prefetch(self) -> int:
         """Batches the loader's thread gathers ahead: ``data.prefetch``, else 8, or none on a CPU
@@ -230,6 +236,8 @@ class Trainer:
 
     def _check_memory(self) -> None:
         """Compile the step (kept for the run) and refuse one that does not fit the device."""
+        if self._built is None:
+            self._say_compiling()
         self._built = self._built or self.build()
         if self._built.memory:
             fit = self.fit(self._built.memory, compile_candidates=False)
@@ -286,6 +294,7 @@ class Trainer:
     def dry_run(self) -> dict[str, Any]:
         """Build and compile, print parameters, FLOPs, memory and a step-time estimate; write nothing.
         With ``mesh.target``, also the predicted step on it. Returns the plan's summary (a sweep's row)."""
+        self._say_compiling()
         seconds, compiled = _timed(self.build)
         peak, source = self.peak()
         abstract_params = compiled.target.params
