@@ -32,7 +32,7 @@ from theseus.base.target import Target, resolve
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
-from theseus.data.dataset import open_dataset
+from theseus.data.dataset import open_dataset, planned_vocab_size
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import apply_init_from, run_of, theseus_checkpoint
 from theseus.interop.loading import load_params
@@ -112,14 +112,17 @@ class Trainer:
         if s.batch_size % processes:
             raise ConfigError(f"trainer.batch_size={s.batch_size} must divide by the {processes} "
                               f"processes: each reads an equal share of every batch")
+        declared = OmegaConf.select(cfg, "architecture.vocab_size")
         with configuration(cfg):  # the model's own checks, before the data is prepared (minutes)
-            configure(model_class(cfg), vocab_size=OmegaConf.select(cfg, "architecture.vocab_size") or VOCAB_MULTIPLE)
-        self.dataset = open_dataset(self.data_config)
-        self.cfg = with_vocab(cfg, self.dataset.vocab_size)
+            configure(model_class(cfg), vocab_size=declared or VOCAB_MULTIPLE)
+        # a planned run reads no data (its corpus may be on the cluster): the tokenizer alone sizes the vocabulary
+        self.dataset = None if self.target else open_dataset(self.data_config)
+        vocab = planned_vocab_size(self.data_config, declared) if self.target else self.dataset.vocab_size
+        self.cfg = with_vocab(cfg, vocab)
         with configuration(self.cfg):
             self.model = configure(model_class(self.cfg))
         self.seq_len = self.model.seq_len
-        for split in ("train", "val"):
+        for split in ("train", "val") if self.dataset else ():
             if self.dataset.n_tokens(split) < self.seq_len + 1:
                 raise ConfigError(
                     f"the {split} split has {self.dataset.n_tokens(split)} tokens, fewer than one window of "
@@ -128,7 +131,7 @@ class Trainer:
                 )
         self.plan = self.mesh_config.apply(self.model.plan())
         self.evaluations = load_evaluations(self.cfg, self.dataset, self.model, self.data_config.seed, self.prefetch,
-                                            self.evaluation)
+                                            self.evaluation) if self.dataset else None
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
         self._built: Compiled | None = None  # the training build, once the memory check has made it
         self.console = RunConsole()  # what the run shows; its transcript is open while it runs
@@ -324,8 +327,8 @@ class Trainer:
             ("predicted: compute / step", f"{_duration(p.compute_s)} (FLOPs at peak)"),
             ("predicted: memory / step", f"{_duration(p.memory_s)} (HBM bytes {p.bytes_source}, "
                                          f"{format_si(self.target.hbm_bandwidth, 'B/s')})"),
-            ("predicted: collectives / step", f"{_duration(p.collective_s)} "
-                                              f"({format_si(self.target.interconnect, 'B/s')} per device)"),
+            ("predicted: collectives / step", f"{_duration(p.collective_s)} ({format_bytes(p.sent)} sent per device "
+                                              f"at {format_si(self.target.interconnect, 'B/s')})"),
             ("predicted: step time", f"{_duration(step)} ({p.bound}-bound; roofline, collectives not overlapped)"
              + (f"; XLA's estimate {_duration(p.xla_optimal_s)}" if p.xla_optimal_s else "")),
             ("predicted: tokens / s", format_si(self.tokens_per_step / step)),
