@@ -32,6 +32,12 @@ from types import ModuleType
 ABSL_PREAMBLE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 NO_CUDA_DRIVER = re.compile(rb"[IWE]\d{4} [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine")
 CUDA_PLUGIN = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
+# libtpu, making a TPU topology off a TPU VM, says it cannot tell the VM's accelerator and workers
+NO_TPU_VM = re.compile(rb"Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type"
+                       rb"|WARNING: Logging before InitGoogle\(\) is written to STDERR"
+                       rb"|E\d{4} [\d:.]+ +\d+ common_lib\.cc:\d+\] INVALID_ARGUMENT: Error: unexpected worker hostname "
+                       rb"'WARNING: could not determine TPU worker hostnames"
+                       rb"|=== Source Location Trace: ===\s*$|learning/\S+/libtpu_init_utils\.cc:\d+\s*$")
 NVIDIA_DRIVER = "/proc/driver/nvidia"  # present where the driver is loaded: the plugin then has nothing to say
 
 def drop_native_lines(noise: Callable[[bytes], bool]) -> None:
@@ -68,6 +74,12 @@ def is_cuda_driver_noise(line: bytes) -> bool:
     """True for the CUDA plugin's ``cudart_stub.cc:31] Could not find cuda drivers ...`` line
     and the absl preamble before it."""
     return line.rstrip(b"\r\n") == ABSL_PREAMBLE or NO_CUDA_DRIVER.match(line) is not None
+
+
+def is_off_tpu_vm_noise(line: bytes) -> bool:
+    """True for the lines libtpu prints making a topology on a machine that is no TPU VM (the
+    accelerator type and worker hostnames it could not find, and the trace of that error)."""
+    return NO_TPU_VM.match(line) is not None
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from theseus.base.hardware import NODE_NETWORK, Chip, lookup
+from theseus.base.native_output import is_cuda_driver_noise, is_off_tpu_vm_noise, native_lines_dropped
 from theseus.config import ConfigError
 
 SPECS = Path(__file__).parent / "gpu_specs"
@@ -85,25 +86,11 @@ def resolve(name: str) -> Target:
     """The compile-only devices of target ``name`` (ConfigError for an unknown name or a missing extra)."""
     kind, model, n, nodes = parse(name)
     import jax
-    from jax.experimental import topologies
 
     jax.config.update("jax_enable_compilation_cache", False)  # a plan writes nothing (nor could it reload one)
-
-    try:
-        if kind == "tpu":
-            dims, cores = TPU_VERSIONS[model]
-            shape = torus(n // cores, dims)
-            os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no chip to lock: concurrent plans may run
-            os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # not on a TPU VM: no metadata server to ask
-            # libtpu shows v4's two TensorCores a chip as two devices; v5p's as one (megacore)
-            devices = topologies.get_topology_desc(f"{model}:{shape}", "tpu").devices
-            per_chip = len(devices) // (n // cores)
-        else:
-            spec = (SPECS / f"{model}.txtpb").read_text()
-            os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # deviceless: no CUDA runtime needed
-            devices = topologies.get_topology_desc(platform="cuda", topology=f"1x{nodes}x{n}",
-                                                   target_config=spec).devices
-            per_chip = 1
+    try:  # what libtpu and the CUDA plugin say of the machine they are not on is dropped
+        with native_lines_dropped(lambda line: is_off_tpu_vm_noise(line) or is_cuda_driver_noise(line)):
+            devices, per_chip = _devices(kind, model, n, nodes)
     except (RuntimeError, NotImplementedError, ImportError) as exc:
         if "not installed" in str(exc) or "not implemented" in str(exc) or isinstance(exc, ImportError):
             raise ConfigError(f"mesh.target={name} needs {'libtpu' if kind == 'tpu' else 'the CUDA plugin'} to "
@@ -115,3 +102,21 @@ def resolve(name: str) -> Target:
                           f"bandwidth in theseus.base.hardware.CHIPS")
     network = NODE_NETWORK.get(chip.name) if nodes > 1 else None
     return Target(name, list(devices), chip, per_chip, network)
+
+
+def _devices(kind: str, model: str, n: int, nodes: int) -> tuple[list, int]:
+    """The topology's compile-only devices and how many of them a chip is."""
+    from jax.experimental import topologies
+
+    if kind == "tpu":
+        dims, cores = TPU_VERSIONS[model]
+        shape = torus(n // cores, dims)
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no chip to lock: concurrent plans may run
+        os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # not on a TPU VM: no metadata server to ask
+        # libtpu shows v4's two TensorCores a chip as two devices; v5p's as one (megacore)
+        devices = topologies.get_topology_desc(f"{model}:{shape}", "tpu").devices
+        return list(devices), len(devices) // (n // cores)
+    spec = (SPECS / f"{model}.txtpb").read_text()
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # deviceless: no CUDA runtime needed
+    devices = topologies.get_topology_desc(platform="cuda", topology=f"1x{nodes}x{n}", target_config=spec).devices
+    return list(devices), 1
