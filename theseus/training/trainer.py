@@ -54,7 +54,7 @@ from theseus.training.state import TrainState, bytes_per_device, n_params, shard
 from theseus.training.step import eval_step, train_step
 
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
-REMAT_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each remat policy to advise
+ADVICE_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each setting it would advise
 
 
 class TrainingError(RuntimeError):
@@ -295,7 +295,7 @@ class Trainer:
         rows = self._describe(compiled, peak, source, n_params(abstract_params))
         rows.append(("step time at 100% MFU", _duration(self.flops_per_step / (peak * len(self.devices)))))
         rows.append(("compile time", _duration(seconds)))
-        fit = self.fit(compiled.memory, seconds < REMAT_COMPILE_BUDGET_S) if compiled.memory else None
+        fit = self.fit(compiled.memory, seconds < ADVICE_COMPILE_BUDGET_S) if compiled.memory else None
         rows += fit.rows() if fit else []
         prediction = self.predict(compiled, peak) if self.target else None
         if prediction:
@@ -338,21 +338,21 @@ class Trainer:
 
     def fit(self, memory: dict[str, int], compile_candidates: bool) -> Fit:
         """Whether the step (XLA ``memory`` per device) fits the device (``trainer.memory_limit``
-        overrides its size); with ``compile_candidates``, remat policies are compiled to advise."""
+        overrides its size); with ``compile_candidates``, the settings advised are compiled first."""
         s = self.settings
         limit, source = ((s.memory_limit, "trainer.memory_limit") if s.memory_limit
                          else (int(self.target.hbm), f"{self.target.chip.name} HBM") if self.target
                          else device_memory(jax.local_devices()[0]))
         remat = getattr(self.model, "remat", None)
 
-        def remat_memory(policy: str) -> dict[str, int]:
+        def compile_memory(key: str, value: int | str) -> dict[str, int]:
             cfg = self.composed.copy()
-            OmegaConf.update(cfg, "architecture.remat", policy, force_add=True)
+            OmegaConf.update(cfg, key, value, force_add=True)
             return Trainer(cfg).build().memory
 
         return check_fit(memory, limit, source, batch_size=s.batch_size, grad_accum=s.grad_accum,
                          parallel=self.batch_parallel, remat=remat,
-                         remat_memory=remat_memory if compile_candidates else None)
+                         compile_memory=compile_memory if compile_candidates else None)
 
     def run(self, run_dir: Path) -> float:
         """Train to ``trainer.max_steps``, resuming from checkpoints; returns the final val loss.
