@@ -23,6 +23,7 @@ HLO = """HloModule jit_train_step, entry_computation_layout={(f32[16,16]{1,0})->
 }
 
 %layer_cond (p: (s32[], f32[8,16])) -> pred[] {
+  %n = s32[]{:T(128)} constant(3)
   %p = (s32[], f32[8,16]{1,0}) parameter(0)
   ROOT %lt = pred[] compare(%i, %n), direction=LT
 }
@@ -55,6 +56,8 @@ def test_collectives_count_once_per_iteration_of_every_loop_around_them():
     assert collective_bytes(HLO) == gather + reduce + scatter
 
 
-def test_a_loop_whose_trip_count_xla_does_not_know_counts_once():
-    unknown = HLO.replace(',"known_trip_count":{"n":"3"}', "")
-    assert collective_bytes(unknown) == 64 * 16 * 4 * 2 + 2 * (4 + 1 + 16) * 4 * 2 + 16 * 16 * 4
+def test_without_xla_s_trip_count_a_loop_runs_as_often_as_its_condition_bounds_it_else_once():
+    unknown = HLO.replace(',"known_trip_count":{"n":"3"}', "")  # as TPU HLO prints loops
+    assert collective_bytes(unknown) == collective_bytes(HLO)  # i < 3
+    unbounded = unknown.replace("%n = s32[]{:T(128)} constant(3)", "%n = s32[] parameter(1)")
+    assert collective_bytes(unbounded) == 64 * 16 * 4 * 2 + 2 * (4 + 1 + 16) * 4 * 2 + 16 * 16 * 4

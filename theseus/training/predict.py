@@ -5,9 +5,10 @@ at the HBM bandwidth, plus its collectives at the interconnect's bandwidth (not 
 with compute: an upper bound where XLA overlaps them). Memory traffic is XLA's ``bytes
 accessed`` where the backend counts it, else the least the step can move: its arguments and
 outputs once, its temporaries written and read (XLA counts a loop's body once: its count is
-scaled by ``trainer.grad_accum``, and is a lower bound with a scan over layers). Collectives are read from the compiled HLO: all-reduce sends about twice its buffer,
-the others about their larger side, each counted once per iteration of the loops it is in (the
-micro-batches of ``trainer.grad_accum``, ``architecture.scan_layers``'s scan).
+scaled by ``trainer.grad_accum``, and is a lower bound with a scan over layers). Collectives
+are read from the compiled HLO: all-reduce sends about twice its buffer, the others about
+their larger side, each counted once per iteration of the loops it is in (the micro-batches
+of ``trainer.grad_accum``, ``architecture.scan_layers``'s scan).
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def collective_bytes(hlo: str) -> int:
     iteration: XLA's ``known_trip_count``, else (TPU HLO) the bound its condition compares a
     counter against (``i < N``, as a scan or fori_loop lowers), else once."""
     sent: dict[str, int] = {}  # computation -> bytes its own collectives send, each run
-    calls: dict[str, list[tuple[str, str | None, int | None]]] = {}  # computation -> (callee, its loop's
-    # condition if a loop's body or condition, XLA's known trip count)
+    # computation -> (callee, the condition of the loop it is the body or condition of, XLA's trip count)
+    calls: dict[str, list[tuple[str, str | None, int | None]]] = {}
     bounds: dict[str, list[int]] = {}  # computation -> the integer constants of an `i < N` condition
     entry = current = None
     for line in INDEX.sub("", hlo).splitlines():
