@@ -69,7 +69,7 @@ def test_fsdp_over_a_v5e_8_matches_eight_cpu_devices_and_over_h100s_fits_with_a_
     gpu = importlib.util.find_spec("jax_cuda12_plugin") is not None  # the plan extra's CUDA half
     targets = "tpu:v5e-8,null" + (",gpu:h100x8" if gpu else "")  # null: this machine's 8 CPU devices
     tpu, cpu, *planned = dry_run(tmp_path, "-m", f"mesh.target={targets}", "mesh.data=1", "mesh.fsdp=8", devices=8)
-    assert "8 x TPU v5 lite" in row(tpu, "mesh") and row(cpu, "mesh").endswith("8 x cpu")
+    assert row(tpu, "mesh").endswith("= 8 x TPU v5 lite") and row(cpu, "mesh").endswith("8 x cpu")  # one host
     for name in ("params / device", "optimizer state / device"):  # the same sharding, on other devices
         assert row(tpu, name) == row(cpu, name)
     assert row(tpu, "device memory / device") == "16 GiB (TPU v5e HBM)"
