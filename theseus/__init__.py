@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import importlib
 
+from theseus.base.native_output import quiet_cuda_plugin
+
+quiet_cuda_plugin()  # before anything imports jax: the plan extra's CUDA plugin says nothing on a machine without GPUs
+
 __version__ = "0.1.0"
 
 _API = {

@@ -1,10 +1,19 @@
-"""gloo's connection lines, written natively to descriptor 1, are dropped; every other line,
-native or Python's, reaches the output."""
+"""gloo's connection lines, written natively to descriptor 1, and the CUDA plugin's driver
+lines, written to descriptor 2 as it loads on a machine without an NVIDIA driver, are dropped;
+every other line, native or Python's, reaches the output."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from support import run_python
+from theseus.base.native_output import NVIDIA_DRIVER, is_cuda_driver_noise, native_lines_dropped
 
 SCRIPT = """
 import os, sys
@@ -20,3 +29,45 @@ def test_gloo_connection_lines_are_dropped_and_the_rest_kept():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["[Gloo] an error gloo reports", "native line", "python line"]
+
+
+NO_DRIVER = (b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+             b"I0000 00:00:1796232931.714563    5524 cudart_stub.cc:31] Could not find cuda drivers on your machine, "
+             b"GPU will not be used.\n")
+# a stand-in for the CUDA plugin's PJRT module, under its name: it speaks natively as it loads and registers
+PLUGIN = f"""
+import os
+os.write(2, {NO_DRIVER!r} + b"loading\\n")
+
+def initialize():
+    os.write(2, {NO_DRIVER!r} + b"registering\\n")
+    return "registered"
+"""
+driver = pytest.mark.skipif(Path(NVIDIA_DRIVER).is_dir(), reason="an NVIDIA driver here: the plugin is left alone")
+
+
+def test_cuda_driver_lines_within_a_block_are_dropped_and_the_rest_written_after_it(capfd):
+    with native_lines_dropped(is_cuda_driver_noise):
+        os.write(2, NO_DRIVER + b"native line\n")
+        os.write(2, b"I0000 00:00:1.5  7 other.cc:3] another library's line\n" + NO_DRIVER)
+    assert capfd.readouterr().err.splitlines() == ["native line", "I0000 00:00:1.5  7 other.cc:3] another library's line"]
+
+
+@driver
+def test_the_cuda_plugin_loads_and_registers_without_its_driver_lines_once_theseus_is_imported(tmp_path):
+    (tmp_path / "jax_plugins" / "xla_cuda12").mkdir(parents=True)
+    (tmp_path / "jax_plugins" / "xla_cuda12" / "__init__.py").write_text(PLUGIN)
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import theseus, importlib; "
+              "print(importlib.import_module('jax_plugins.xla_cuda12').initialize())")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (proc.stdout, proc.stderr) == ("registered\n", "loading\nregistering\n")
+
+
+@driver
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None, reason="the plan extra's CUDA plugin")
+def test_with_the_cuda_plugin_installed_a_mistake_is_still_one_line(tmp_path):
+    proc = run_python("-m", "theseus.run", "+experiment=gpt_tiny", "trainer.bogus=1", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [proc.stderr.strip()] and proc.stderr.startswith("theseus: error: unknown")

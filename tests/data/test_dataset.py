@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from theseus.config import ConfigError
-from theseus.data.dataset import open_dataset
+from theseus.data.dataset import open_dataset, planned_vocab_size
 from theseus.data.sources import corpus_files
 from theseus.data.tokenizer import HFTokenizer
 
@@ -42,6 +42,18 @@ def test_prepared_folder_opens_as_shards(corpus, config):
     shards = open_dataset(config(source="shards", path=str(prepared.folder), tokenizer="bpe"))
     assert shards.vocab_size == 300 and shards.tokenizer.encode("def f") == prepared.tokenizer.encode("def f")
     np.testing.assert_array_equal(shards.tokens["train"], prepared.tokens["train"])
+
+
+def test_a_planned_run_knows_its_vocabulary_without_its_corpus(tmp_path, corpus, config):
+    HFTokenizer.train([TEXT], vocab_size=270).save(tmp_path)
+    for tokenizer, extra in (("byte", {}), ("bpe", {"bpe_vocab_size": 300}), (str(tmp_path / "tokenizer.json"), {})):
+        prepared = open_dataset(config(source="text", path=str(corpus), tokenizer=tokenizer, **extra))
+        missing = config(source="text", path=str(tmp_path / "on_the_cluster.txt"), tokenizer=tokenizer, **extra)
+        assert planned_vocab_size(missing) == prepared.vocab_size
+    char = config(source="text", path=str(tmp_path / "on_the_cluster.txt"), tokenizer="char")
+    assert planned_vocab_size(char, declared=512) == 512
+    with pytest.raises(ConfigError, match=r"data.tokenizer=char is fitted to the corpus, .* set architecture.vocab_size"):
+        planned_vocab_size(char)
 
 
 def test_foreign_shards_with_a_tokenizer_file(tmp_path, config):

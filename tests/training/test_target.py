@@ -18,14 +18,18 @@ pytest.importorskip("libtpu", reason="the plan extra: pip install 'theseus[plan]
 TINY = ["+experiment=gpt_tiny", "logger.mode=disabled"]
 
 
-def dry_run(tmp_path, *overrides: str, devices: int | None = None) -> str:
-    """The dry run's table (stderr) for ``overrides``; it must succeed and write nothing."""
+def dry_run(tmp_path, *overrides: str, devices: int | None = None) -> list[str]:
+    """The dry run's tables (stderr), one per point of a sweep (``-m``) in its order; it must
+    succeed, write nothing and print nothing else (libtpu and the CUDA plugin say nothing here)."""
     run_dir = tmp_path / "run"
-    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", f"hydra.run.dir={run_dir}", *overrides,
-                      devices=devices, cwd=tmp_path)
+    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", f"hydra.run.dir={run_dir}",
+                      f"hydra.sweep.dir={run_dir}", *overrides, devices=devices, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not run_dir.exists()
-    return proc.stderr
+    tables = re.split(r"^ *theseus dry run.*\n", proc.stderr, flags=re.M)
+    assert tables[0] == "" and all(line.startswith(("│", "┌", "└", "theseus: warning:"))
+                                   for table in tables for line in table.splitlines()), proc.stderr
+    return tables[1:]
 
 
 def row(table: str, name: str) -> str:
@@ -51,25 +55,25 @@ def test_target_names_parse_as_the_clouds_sell_them():
 @pytest.mark.slow
 def test_a_bad_target_is_one_line_and_a_target_needs_a_dry_run(tmp_path):
     proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", "mesh.target=gpu:rtx4090x2", cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith(
         "theseus: error: mesh.target=gpu:rtx4090x2 is not a known target")
     proc = run_python("-m", "theseus.run", *TINY, "mesh.target=tpu:v5e-8", cwd=tmp_path)
-    assert proc.returncode == 2 and "add trainer.dry_run=true" in proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "add trainer.dry_run=true" in proc.stderr
+    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", "mesh.target=tpu:v5e-8",
+                      "trainer.batch_size=12", cwd=tmp_path)  # found once libtpu has made the slice: still one line
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "use a multiple of 8" in proc.stderr
 
 
 @pytest.mark.slow
 def test_fsdp_over_a_v5e_8_matches_eight_cpu_devices_and_over_h100s_fits_with_a_predicted_mfu(tmp_path):
-    mesh = ["mesh.data=1", "mesh.fsdp=8"]
-    tpu = dry_run(tmp_path, "mesh.target=tpu:v5e-8", *mesh)
-    cpu = dry_run(tmp_path, *mesh, devices=8)
-    assert "8 x TPU v5 lite" in row(tpu, "mesh")
+    gpu = importlib.util.find_spec("jax_cuda12_plugin") is not None  # the plan extra's CUDA half
+    targets = "tpu:v5e-8,null" + (",gpu:h100x8" if gpu else "")  # null: this machine's 8 CPU devices
+    tpu, cpu, *planned = dry_run(tmp_path, "-m", f"mesh.target={targets}", "mesh.data=1", "mesh.fsdp=8", devices=8)
+    assert row(tpu, "mesh").endswith("= 8 x TPU v5 lite") and row(cpu, "mesh").endswith("8 x cpu")  # one host
     for name in ("params / device", "optimizer state / device"):  # the same sharding, on other devices
         assert row(tpu, name) == row(cpu, name)
     assert row(tpu, "device memory / device") == "16 GiB (TPU v5e HBM)"
-    tables = [tpu]
-    if importlib.util.find_spec("jax_cuda12_plugin"):  # the plan extra's CUDA half (not in the test extra)
-        tables.append(dry_run(tmp_path, "mesh.target=gpu:h100x8", *mesh))
-    for table in tables:
+    for table in [tpu, *planned]:
         assert row(table, "fits").startswith("yes")
         mfu = float(row(table, "predicted: MFU").rstrip("%"))
         assert 0 < mfu <= 100
@@ -79,23 +83,54 @@ def test_fsdp_over_a_v5e_8_matches_eight_cpu_devices_and_over_h100s_fits_with_a_
 
 @pytest.mark.slow
 def test_a_step_that_does_not_fit_is_told_a_setting_that_makes_it_fit(tmp_path):
-    # a wider model replicated over the slice's chips, each shrunk to 10 MB (trainer.memory_limit):
-    # its parameters and Adam moments alone are over; sharded over the 8 chips they fit
-    wide = ["mesh.target=tpu:v5e-8", "architecture.d_model=192", "architecture.n_layers=2", "architecture.remat=full",
+    # a wider model replicated over the slice's chips (mesh.fsdp=1, data the rest), each shrunk to
+    # 10 MB (trainer.memory_limit): its parameters and Adam moments alone are over; sharded, they fit
+    wide = ["architecture.d_model=192", "architecture.n_layers=2", "architecture.remat=full",
             "trainer.memory_limit=10000000"]
-    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", "mesh.data=8", *wide, cwd=tmp_path)
+    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", "-m", "mesh.target=tpu:v5e-8",
+                      "mesh.fsdp=1,8", *wide, f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert row(proc.stderr, "fits").startswith("NO")
-    assert "shard them (mesh.fsdp)" in proc.stderr.splitlines()[-1]
-    fixed = dry_run(tmp_path, "mesh.data=1", "mesh.fsdp=8", *wide)
-    assert row(fixed, "fits").startswith("yes")
+    replicated, sharded = re.split(r"^ *theseus dry run.*\n", proc.stderr, flags=re.M)[1:]
+    assert row(replicated, "fits").startswith("NO") and "shard them (mesh.fsdp)" in replicated.splitlines()[-1]
+    assert row(sharded, "fits").startswith("yes")
+    plan = {line.split("│")[1].strip(): line.split("│")[3].strip() for line in proc.stdout.splitlines()
+            if line.startswith("│ mesh.fsdp=")}  # the sweep's table: the point that does not fit is marked
+    assert plan == {"mesh.fsdp=1": "NO", "mesh.fsdp=8": "yes"}
+    assert not (tmp_path / "sweep").exists()
 
 
 @pytest.mark.slow
 def test_a_llama_over_a_multi_host_v5p_with_data_fsdp_and_tensor_axes(tmp_path):
     llama = ["architecture.positions=rope", "architecture.activation=swiglu", "architecture.norm=rmsnorm",
              "architecture.n_heads=4", "architecture.n_kv_heads=2"]
-    table = dry_run(tmp_path, *llama, "mesh.target=tpu:v5p-16", "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")
+    corpus = ["data.source=text", f"data.path={tmp_path}/on_the_cluster.txt"]  # a plan reads only the tokenizer
+    [table] = dry_run(tmp_path, *llama, *corpus, "mesh.target=tpu:v5p-16", "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")
     assert "data=2 x fsdp=2 x expert=1 x tensor=2 = 8 x TPU v5 on 2 hosts" in row(table, "mesh")
     assert row(table, "fits").startswith("yes")
     assert float(row(table, "predicted: collectives / step").split()[0]) > 0
+
+
+@pytest.mark.slow
+def test_the_collectives_of_scanned_layers_count_once_per_layer(tmp_path):
+    # data parallel: every gradient is all-reduced once, whether its layer is unrolled or in a scan's body
+    unrolled, scanned = dry_run(tmp_path, "-m", "architecture.scan_layers=false,true", "mesh.target=tpu:v5e-8",
+                                "mesh.data=8", "architecture.n_layers=3")
+    sent = [re.search(r"\((\S+ \S+) sent per device", row(t, "predicted: collectives / step")).group(1)
+            for t in (unrolled, scanned)]
+    assert sent[0] == sent[1]
+    value, unit = sent[0].split()
+    params, params_unit = row(unrolled, "params / device").split()
+    units = {"B": 1, "KiB": 2**10, "MiB": 2**20}
+    assert float(value) * units[unit] >= 2 * float(params) * units[params_unit]  # all-reduce sends twice each
+
+
+@pytest.mark.slow
+def test_a_grad_accum_is_advised_only_once_compiled_for_the_target(tmp_path):
+    # on a TPU, XLA's temporaries of this step stay level as grad_accum doubles: the estimate
+    # (activations halved: 1.94 + 3.47 / 2 MiB) would fit 4.77 MiB, the compiled step does not
+    [table] = dry_run(tmp_path, "mesh.target=tpu:v5e-8", "mesh.data=8", "architecture.remat=full",
+                      "trainer.memory_limit=5000000")
+    assert row(table, "fits").startswith("NO")
+    warning = table.splitlines()[-1]
+    compiled = re.search(r"trainer.grad_accum=2 compiled to (\S+) MiB: over\)", warning)
+    assert compiled and float(compiled.group(1)) * 2**20 > 5000000 and "set trainer.grad_accum" not in warning

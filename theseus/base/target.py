@@ -16,10 +16,12 @@ import re
 from pathlib import Path
 
 from theseus.base.hardware import NODE_NETWORK, Chip, lookup
+from theseus.base.native_output import is_cuda_driver_noise, is_off_tpu_vm_noise, native_lines_dropped
 from theseus.config import ConfigError
 
 SPECS = Path(__file__).parent / "gpu_specs"
 TPU_VERSIONS = {"v4": (3, 2), "v5e": (2, 1), "v5p": (3, 2), "v6e": (2, 1)}  # version -> (torus dims, cores per chip)
+SINGLE_HOST_8 = ("v5e", "v6e")  # versions sold as one host of 8 chips (v5litepod-8, v6e-8)
 GPU_MODELS = ("a100", "b200", "h100", "h200")
 EXAMPLES = "tpu:v4-32, tpu:v5e-8, tpu:v5p-128, tpu:v6e-16, gpu:a100x8, gpu:h100x8, gpu:h200x8, gpu:b200x8, gpu:h100x8x4"
 INSTALL = "pip install 'theseus[plan]'"
@@ -85,25 +87,11 @@ def resolve(name: str) -> Target:
     """The compile-only devices of target ``name`` (ConfigError for an unknown name or a missing extra)."""
     kind, model, n, nodes = parse(name)
     import jax
-    from jax.experimental import topologies
 
     jax.config.update("jax_enable_compilation_cache", False)  # a plan writes nothing (nor could it reload one)
-
-    try:
-        if kind == "tpu":
-            dims, cores = TPU_VERSIONS[model]
-            shape = torus(n // cores, dims)
-            os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no chip to lock: concurrent plans may run
-            os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # not on a TPU VM: no metadata server to ask
-            # libtpu shows v4's two TensorCores a chip as two devices; v5p's as one (megacore)
-            devices = topologies.get_topology_desc(f"{model}:{shape}", "tpu").devices
-            per_chip = len(devices) // (n // cores)
-        else:
-            spec = (SPECS / f"{model}.txtpb").read_text()
-            os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # deviceless: no CUDA runtime needed
-            devices = topologies.get_topology_desc(platform="cuda", topology=f"1x{nodes}x{n}",
-                                                   target_config=spec).devices
-            per_chip = 1
+    try:  # what libtpu and the CUDA plugin say of the machine they are not on is dropped
+        with native_lines_dropped(lambda line: is_off_tpu_vm_noise(line) or is_cuda_driver_noise(line)):
+            devices, per_chip = _devices(kind, model, n, nodes)
     except (RuntimeError, NotImplementedError, ImportError) as exc:
         if "not installed" in str(exc) or "not implemented" in str(exc) or isinstance(exc, ImportError):
             raise ConfigError(f"mesh.target={name} needs {'libtpu' if kind == 'tpu' else 'the CUDA plugin'} to "
@@ -115,3 +103,23 @@ def resolve(name: str) -> Target:
                           f"bandwidth in theseus.base.hardware.CHIPS")
     network = NODE_NETWORK.get(chip.name) if nodes > 1 else None
     return Target(name, list(devices), chip, per_chip, network)
+
+
+def _devices(kind: str, model: str, n: int, nodes: int) -> tuple[list, int]:
+    """The topology's compile-only devices and how many of them a chip is."""
+    from jax.experimental import topologies
+
+    if kind == "tpu":
+        dims, cores = TPU_VERSIONS[model]
+        shape = torus(n // cores, dims)
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no chip to lock: concurrent plans may run
+        os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # not on a TPU VM: no metadata server to ask
+        # v5e and v6e slices of 8 chips are one host (hosts of 4 chips beyond), libtpu's default is 4 a host
+        hosts = {"chips_per_host_bounds": [2, 4, 1]} if model in SINGLE_HOST_8 and n == 8 else {}
+        # libtpu shows v4's two TensorCores a chip as two devices; v5p's as one (megacore)
+        devices = topologies.get_topology_desc(f"{model}:{shape}", "tpu", **hosts).devices
+        return list(devices), len(devices) // (n // cores)
+    spec = (SPECS / f"{model}.txtpb").read_text()
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # deviceless: no CUDA runtime needed
+    devices = topologies.get_topology_desc(platform="cuda", topology=f"1x{nodes}x{n}", target_config=spec).devices
+    return list(devices), 1

@@ -18,7 +18,7 @@ from theseus.data.loader import Loader
 from theseus.data.mixture import Mixture
 from theseus.data.prepare import prepare
 from theseus.data.shards import META_FILE, SPLITS, ShardMeta, read_meta, read_tokens
-from theseus.data.tokenizer import NAMES, HFTokenizer, Tokenizer, load_tokenizer
+from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +78,23 @@ def open_dataset(cfg: DataConfig) -> Dataset | Mixture:
         return Mixture({name: open_source(c) for name, (c, _) in sources.items()},
                        {name: weight for name, (_, weight) in sources.items()})
     return open_source(cfg)
+
+
+def planned_vocab_size(cfg: DataConfig, declared: int | None = None) -> int:
+    """The vocabulary a run of ``cfg`` trains with, known without its corpus (a planned run reads
+    none): byte's 257, a tokenizer.json's own, bpe's ``data.bpe_vocab_size`` (what it is trained
+    to). ``char`` is fitted to the corpus: ``declared`` (architecture.vocab_size) stands for it,
+    else ConfigError."""
+    if cfg.tokenizer not in NAMES:
+        return HFTokenizer.from_file(cfg.tokenizer).vocab_size
+    if cfg.tokenizer == "byte":
+        return ByteTokenizer.vocab_size
+    if cfg.tokenizer == "bpe":
+        return cfg.bpe_vocab_size
+    if declared is None:
+        raise ConfigError("data.tokenizer=char is fitted to the corpus, which a planned run (mesh.target) does not "
+                          "read: set architecture.vocab_size, or use data.tokenizer=byte, bpe or a tokenizer.json")
+    return declared
 
 
 def open_source(cfg: DataConfig) -> Dataset:

@@ -3,10 +3,13 @@ not fit, the smallest ``trainer.grad_accum`` or ``architecture.remat`` that woul
 
 The step's footprint is XLA's memory analysis (``metrics.memory_report``): arguments and
 outputs (params, optimizer state, batch; outputs that reuse donated arguments counted once)
-plus temporaries, which are mostly activations. ``grad_accum`` splits the batch into more
-micro-batches that run one after another, so the temporaries are *estimated* to scale with the
-micro-batch (``temp x grad_accum / candidate``); the remat policies are *compiled* (their
-memory is measured) when a callable is given for that.
+plus temporaries, mostly activations. ``grad_accum`` splits the batch into more micro-batches
+that run one after another, so the temporaries are *estimated* to scale with the micro-batch
+(``temp x grad_accum / candidate``). That holds for activations but not for every temporary
+(on a TPU, XLA's temp can stay level as grad_accum doubles): when a callable that compiles the
+step under another setting is given, the advice is *compiled* (its memory measured) before it
+is named: the smallest grad_accum estimated to fit and, if that does not, the most the batch
+allows; each remat policy in turn.
 """
 
 from __future__ import annotations
@@ -59,41 +62,48 @@ class Fit:
 
 def check_fit(memory: Mapping[str, int], limit: int, source: str, *, batch_size: int, grad_accum: int,
               parallel: int, remat: str | None = None,
-              remat_memory: Callable[[str], Mapping[str, int]] | None = None) -> Fit:
+              compile_memory: Callable[[str, int | str], Mapping[str, int]] | None = None) -> Fit:
     """Whether a step with XLA memory ``memory`` (bytes per device) fits in ``limit``.
 
     ``batch_size``: global sequences per step, split over ``parallel`` = data x fsdp devices and
     ``grad_accum`` micro-batches. ``remat``: the model's current policy (None: a model without
-    the key); ``remat_memory(policy)`` compiles the step under another policy and returns its
-    memory. The advice names the smallest grad_accum estimated to fit, else the first remat
-    policy measured to fit, else says what came closest.
+    the key). ``compile_memory(key, value)`` compiles the step with config key ``key`` (
+    ``trainer.grad_accum``, ``architecture.remat``) set to ``value`` and returns its memory;
+    without it the grad_accum advice is an estimate, said so, and no remat policy is tried.
     """
     needed = memory["total"]
     if needed <= limit:
         return Fit(needed, limit, source, "")
     fixed, temp = needed - memory["temp"], memory["temp"]
-    options = []
+    options, notes = [], []
     if fixed < limit:
         accums = [g for g in range(grad_accum + 1, batch_size // parallel + 1) if batch_size % (g * parallel) == 0]
         fitting = [g for g in accums if fixed + temp * grad_accum / g <= limit]
-        if fitting:
+        if fitting and compile_memory is None:
             g = fitting[0]
-            options.append(f"trainer.grad_accum={g} (estimated {format_bytes(fixed + temp * grad_accum / g)}: "
-                           f"activations scale with the micro-batch)")
-    if remat is not None and remat_memory is not None:
+            options.append(f"trainer.grad_accum={g} (estimated {format_bytes(fixed + temp * grad_accum / g)} if "
+                           f"activations scale with the micro-batch; not compiled)")
+        for g in dict.fromkeys([fitting[0], accums[-1]]) if fitting and compile_memory else ():
+            total = compile_memory("trainer.grad_accum", g)["total"]
+            if total <= limit:
+                options.append(f"trainer.grad_accum={g} (compiled: {format_bytes(total)})")
+                break
+            notes.append(f"trainer.grad_accum={g} compiled to {format_bytes(total)}")
+    if remat is not None and compile_memory is not None:
         for policy in REMAT_ORDER[REMAT_ORDER.index(remat) + 1:]:
-            total = remat_memory(policy)["total"]
+            total = compile_memory("architecture.remat", policy)["total"]
             if total <= limit:
                 options.append(f"architecture.remat={policy} (compiled: {format_bytes(total)})")
                 break
     untried = ("; architecture.remat=full may also help (not compiled: the step compiles slowly)"
-               if remat is not None and remat != "full" and remat_memory is None else "")
+               if remat is not None and remat != "full" and compile_memory is None else "")
+    tried = f" ({', '.join(notes)}: over)" if notes else ""
     if options:
-        return Fit(needed, limit, source, "set " + ", or ".join(options) + untried)
+        return Fit(needed, limit, source, "set " + ", or ".join(options) + tried + untried)
     if fixed >= limit:
         advice = (f"parameters, optimizer state and batch alone take {format_bytes(fixed)}: shard them "
                   f"(mesh.fsdp) or use more devices")
     else:
         advice = ("no trainer.grad_accum dividing the batch fits, nor a remat policy: lower trainer.batch_size "
                   "or architecture.seq_len, or shard over more devices")
-    return Fit(needed, limit, source, advice + untried)
+    return Fit(needed, limit, source, advice + tried + untried)

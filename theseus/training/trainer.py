@@ -32,7 +32,7 @@ from theseus.base.target import Target, resolve
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
-from theseus.data.dataset import open_dataset
+from theseus.data.dataset import open_dataset, planned_vocab_size
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import apply_init_from, run_of, theseus_checkpoint
 from theseus.interop.loading import load_params
@@ -54,7 +54,7 @@ from theseus.training.state import TrainState, bytes_per_device, n_params, shard
 from theseus.training.step import eval_step, train_step
 
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
-REMAT_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each remat policy to advise
+ADVICE_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each setting it would advise
 
 
 class TrainingError(RuntimeError):
@@ -112,14 +112,17 @@ class Trainer:
         if s.batch_size % processes:
             raise ConfigError(f"trainer.batch_size={s.batch_size} must divide by the {processes} "
                               f"processes: each reads an equal share of every batch")
+        declared = OmegaConf.select(cfg, "architecture.vocab_size")
         with configuration(cfg):  # the model's own checks, before the data is prepared (minutes)
-            configure(model_class(cfg), vocab_size=OmegaConf.select(cfg, "architecture.vocab_size") or VOCAB_MULTIPLE)
-        self.dataset = open_dataset(self.data_config)
-        self.cfg = with_vocab(cfg, self.dataset.vocab_size)
+            configure(model_class(cfg), vocab_size=declared or VOCAB_MULTIPLE)
+        # a planned run reads no data (its corpus may be on the cluster): the tokenizer alone sizes the vocabulary
+        self.dataset = None if self.target else open_dataset(self.data_config)
+        vocab = planned_vocab_size(self.data_config, declared) if self.target else self.dataset.vocab_size
+        self.cfg = with_vocab(cfg, vocab)
         with configuration(self.cfg):
             self.model = configure(model_class(self.cfg))
         self.seq_len = self.model.seq_len
-        for split in ("train", "val"):
+        for split in ("train", "val") if self.dataset else ():
             if self.dataset.n_tokens(split) < self.seq_len + 1:
                 raise ConfigError(
                     f"the {split} split has {self.dataset.n_tokens(split)} tokens, fewer than one window of "
@@ -128,7 +131,7 @@ class Trainer:
                 )
         self.plan = self.mesh_config.apply(self.model.plan())
         self.evaluations = load_evaluations(self.cfg, self.dataset, self.model, self.data_config.seed, self.prefetch,
-                                            self.evaluation)
+                                            self.evaluation) if self.dataset else None
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
         self._built: Compiled | None = None  # the training build, once the memory check has made it
         self.console = RunConsole()  # what the run shows; its transcript is open while it runs
@@ -301,7 +304,7 @@ class Trainer:
         rows = self._describe(compiled, peak, source, n_params(abstract_params))
         rows.append(("step time at 100% MFU", _duration(self.flops_per_step / (peak * len(self.devices)))))
         rows.append(("compile time", _duration(seconds)))
-        fit = self.fit(compiled.memory, seconds < REMAT_COMPILE_BUDGET_S) if compiled.memory else None
+        fit = self.fit(compiled.memory, seconds < ADVICE_COMPILE_BUDGET_S) if compiled.memory else None
         rows += fit.rows() if fit else []
         prediction = self.predict(compiled, peak) if self.target else None
         if prediction:
@@ -333,8 +336,8 @@ class Trainer:
             ("predicted: compute / step", f"{_duration(p.compute_s)} (FLOPs at peak)"),
             ("predicted: memory / step", f"{_duration(p.memory_s)} (HBM bytes {p.bytes_source}, "
                                          f"{format_si(self.target.hbm_bandwidth, 'B/s')})"),
-            ("predicted: collectives / step", f"{_duration(p.collective_s)} "
-                                              f"({format_si(self.target.interconnect, 'B/s')} per device)"),
+            ("predicted: collectives / step", f"{_duration(p.collective_s)} ({format_bytes(p.sent)} sent per device "
+                                              f"at {format_si(self.target.interconnect, 'B/s')})"),
             ("predicted: step time", f"{_duration(step)} ({p.bound}-bound; roofline, collectives not overlapped)"
              + (f"; XLA's estimate {_duration(p.xla_optimal_s)}" if p.xla_optimal_s else "")),
             ("predicted: tokens / s", format_si(self.tokens_per_step / step)),
@@ -344,21 +347,21 @@ class Trainer:
 
     def fit(self, memory: dict[str, int], compile_candidates: bool) -> Fit:
         """Whether the step (XLA ``memory`` per device) fits the device (``trainer.memory_limit``
-        overrides its size); with ``compile_candidates``, remat policies are compiled to advise."""
+        overrides its size); with ``compile_candidates``, the settings advised are compiled first."""
         s = self.settings
         limit, source = ((s.memory_limit, "trainer.memory_limit") if s.memory_limit
                          else (int(self.target.hbm), f"{self.target.chip.name} HBM") if self.target
                          else device_memory(jax.local_devices()[0]))
         remat = getattr(self.model, "remat", None)
 
-        def remat_memory(policy: str) -> dict[str, int]:
+        def compile_memory(key: str, value: int | str) -> dict[str, int]:
             cfg = self.composed.copy()
-            OmegaConf.update(cfg, "architecture.remat", policy, force_add=True)
+            OmegaConf.update(cfg, key, value, force_add=True)
             return Trainer(cfg).build().memory
 
         return check_fit(memory, limit, source, batch_size=s.batch_size, grad_accum=s.grad_accum,
                          parallel=self.batch_parallel, remat=remat,
-                         remat_memory=remat_memory if compile_candidates else None)
+                         compile_memory=compile_memory if compile_candidates else None)
 
     def run(self, run_dir: Path) -> float:
         """Train to ``trainer.max_steps``, resuming from checkpoints; returns the final val loss.
