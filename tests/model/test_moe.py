@@ -14,6 +14,7 @@ from theseus.model.generate import generate
 from theseus.model.layers import MLP, Block
 from theseus.model.models.gpt import GPT, stack_layers
 from theseus.model.models.moe_gpt import MoEGPT
+from theseus.model import moe as moe_module
 from theseus.model.moe import MOE_COLLECTION, MoE, MoEBlock, moe_losses
 from theseus.tasks.lm import LanguageModeling, cross_entropy
 
@@ -126,6 +127,50 @@ def test_flops_count_the_router_and_top_k_experts():
     seq = 10
     mlp = configure(MLP, d_model=D, d_ff=8)
     assert layer.flops(seq) == 6 * D * E * seq + 6 * 2 * D * 24 * 2 * seq + mlp.flops(seq)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capacity_factor", [1.0, 1.25, None], ids=["capacity1", "capacity1.25", "dropless"])
+def test_flops_agree_with_xla_but_for_the_empty_slots(capacity_factor):
+    """XLA's count of forward + backward of one sequence is ``flops(seq)`` plus what the
+    experts compute on the slots no choice fills, ``n_experts x capacity - top_k x seq`` per
+    sequence and layer (none at capacity 1; dropless: ``capacity = seq``), to 5%."""
+    swiglu = {"activation": "swiglu", "norm": "rmsnorm", "positions": "rope", "bias": False}
+    cfg = {"architecture": {"n_layers": 2, "d_model": 128, "n_heads": 4, "seq_len": 64, "vocab_size": 256,
+                            "d_ff": 256, **swiglu, "moe": {"n_experts": 4, "capacity_factor": capacity_factor}}}
+    with configuration(cfg):
+        model, layer = configure(MoEGPT), configure(MoE)
+    seq = model.seq_len
+    tokens = jnp.zeros((1, seq), jnp.int32)
+    params = jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
+
+    def loss(p, tokens):
+        return cross_entropy(model.apply({"params": p}, tokens), tokens)
+
+    xla = jax.jit(jax.grad(loss)).lower(params, tokens).compile().cost_analysis()["flops"]
+    empty = layer.n_experts * layer.capacity(seq) - layer.top_k * seq
+    per_slot = 6 * (layer.n_in + 1) * layer.d_model * layer.hidden
+    assert empty == {1.0: 0, 1.25: 32, None: 128}[capacity_factor]
+    computed = model.flops(seq) + model.n_layers * empty * per_slot
+    assert abs(xla - computed) / xla < 0.05, (xla, computed, model.flops(seq))
+    if capacity_factor is None:  # dropless: the padding is most of it; the count without it is far off
+        assert xla > 1.5 * model.flops(seq)
+
+
+def test_the_gradient_through_the_dispatch_is_autodiff_s(monkeypatch):
+    """The dispatch and combine gathers' own gradient (gathers, not scatter-adds) against JAX's
+    derivative of the plain gathers, with drops and empty slots."""
+    layer, params, x = build(top_k=2, capacity_factor=0.9, shared_d_ff=8)
+
+    def grads():
+        return jax.jit(jax.grad(lambda p, x: (layer.apply({"params": p}, x) ** 2).sum(), argnums=(0, 1)))(params, x)
+
+    ours = grads()
+    monkeypatch.setattr(moe_module, "_rows", lambda x, index, inverse: moe_module._take(x, index))
+    reference = grads()
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(reference), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert float(jnp.abs(ours[1]).min()) >= 0 and float(jnp.abs(ours[1]).max()) > 0
 
 
 def tiny(**extra) -> dict:
