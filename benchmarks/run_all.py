@@ -17,7 +17,7 @@ from common import RESULTS, ROOT, show
 from theseus.training.metrics import format_bytes
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ("overhead", "flops", "startup", "scaling", "data", "scale", "large_dry_run", "torch_cpu")
+SCRIPTS = ("overhead", "flops", "startup", "scaling", "data", "scale", "large_dry_run", "torch_cpu", "moe")
 
 
 def checks() -> list[tuple[str, str, str, bool]]:

@@ -315,6 +315,10 @@ def main(argv: list[str] | None = None) -> None:
         else:
             cpu_only_platforms()
             use_compilation_cache()
+            from theseus.interop.init_from import command_line_choice
+
+            # trainer.init_from=HF_DIR without model=: the model the folder loads into (Mixtral: moe)
+            argv = [*argv, *command_line_choice(overrides_of(argv))]
             with BeforeStart():  # a signal while compiling: one line, the signal's exit code
                 checked = preflight(argv)
     except ConfigError as exc:

@@ -41,6 +41,25 @@ def test_a_conflicting_key_fails_in_one_line_and_writes_nothing(llama_folder, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]  # no run, no prepared data
 
 
+def test_a_mixtral_folder_trains_as_model_moe_unless_another_model_is_given(mixtral_folder, tmp_path):
+    """No model= on the command line: the folder's (moe); model=gpt given: refused in one line."""
+    for side in "ab":
+        (tmp_path / side).mkdir()
+    proc = run_python(*train_args(mixtral_folder, tmp_path / "a"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"starting from the weights of {mixtral_folder}" in proc.stderr
+    run = tmp_path / "a" / "run"
+    assert "model: moe" in (run / ".hydra" / "config.yaml").read_text().splitlines()
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [sum(m[f"moe/load_e{i}"] for i in range(4)) for m in logged if "loss" in m] == pytest.approx([1.0, 1.0])
+
+    proc = run_python(*train_args(mixtral_folder, tmp_path / "b", "model=gpt"), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"theseus: error: trainer.init_from={mixtral_folder} is a Hugging Face mixtral "
+                                   f"checkpoint, which loads into model=moe, but model=gpt: set model=moe")
+    assert not (tmp_path / "b" / "run").exists()
+
+
 def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
     """A user's whole path: fine-tune a Llama checkpoint on their text for 2 steps (dropout set,
     context lowered), with scanned layers (loaded stacked, exported unstacked; the unrolled load

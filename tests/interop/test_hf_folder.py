@@ -43,13 +43,26 @@ def test_sampling_a_folder_greedily_equals_transformers(hf_folder, tmp_path, dev
 
 
 @pytest.mark.slow
-def test_evaluating_a_folder_gives_transformers_loss_on_the_same_batches(llama_folder, tmp_path):
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_sampling_a_mixture_of_experts_folder_greedily_equals_transformers(kind, request, tmp_path):
+    """model=moe from the folder's model_type, with nothing given but the folder."""
+    folder = request.getfixturevalue(f"{kind}_folder")
+    proc = run_python("-m", "theseus.sample", str(folder), "--prompt", PROMPT, "--max-new-tokens", "12",
+                      "--temperature", "0", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == PROMPT + hf_greedy(folder, PROMPT, 12) + "\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "qwen2_moe"])
+def test_evaluating_a_folder_gives_transformers_loss_on_the_same_batches(kind, request, tmp_path):
+    folder = request.getfixturevalue(f"{kind}_folder")
     corpus = tmp_path / "notes.txt"
     corpus.write_text(CORPUS.read_text() * 2)
     overrides = ["data.source=text", f"data.path={corpus}", f"data.cache_dir={tmp_path / 'cache'}",
                  "trainer.batch_size=2", "trainer.eval_batches=2"]
     out = tmp_path / "eval.json"
-    proc = run_python("-m", "theseus.evaluate", str(llama_folder), *overrides, "--out", str(out), cwd=tmp_path)
+    proc = run_python("-m", "theseus.evaluate", str(folder), *overrides, "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["step"] is None and record["mesh"] == {"data": record["mesh"]["data"], "fsdp": 1, "expert": 1,
@@ -57,11 +70,11 @@ def test_evaluating_a_folder_gives_transformers_loss_on_the_same_batches(llama_f
     assert "val_loss" in proc.stdout
 
     # the batches the evaluation reads (the trainer's validation loader), scored by transformers
-    cfg = apply_init_from(source_config(llama_folder, overrides))
+    cfg = apply_init_from(source_config(folder, overrides))
     with configuration(cfg):
         data = configure(DataConfig)
     loader = open_dataset(data).loader("val", 64, 2, seed=data.seed, prefetch=0)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(llama_folder).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     losses = []
     for _ in range(2):
         batch = torch.from_numpy(np.asarray(next(loader), np.int64))

@@ -128,6 +128,34 @@ def test_flops_count_the_router_and_top_k_experts():
     assert layer.flops(seq) == 6 * D * E * seq + 6 * 2 * D * 24 * 2 * seq + mlp.flops(seq)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("capacity_factor", [1.0, 1.25, None], ids=["capacity1", "capacity1.25", "dropless"])
+def test_flops_agree_with_xla_but_for_the_empty_slots(capacity_factor):
+    """XLA's count of forward + backward of one sequence is ``flops(seq)`` plus what the
+    experts compute on the slots no choice fills, ``n_experts x capacity - top_k x seq`` per
+    sequence and layer (none at capacity 1; dropless: ``capacity = seq``), to 5%."""
+    swiglu = {"activation": "swiglu", "norm": "rmsnorm", "positions": "rope", "bias": False}
+    cfg = {"architecture": {"n_layers": 2, "d_model": 128, "n_heads": 4, "seq_len": 64, "vocab_size": 256,
+                            "d_ff": 256, **swiglu, "moe": {"n_experts": 4, "capacity_factor": capacity_factor}}}
+    with configuration(cfg):
+        model, layer = configure(MoEGPT), configure(MoE)
+    seq = model.seq_len
+    tokens = jnp.zeros((1, seq), jnp.int32)
+    params = jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
+
+    def loss(p, tokens):
+        return cross_entropy(model.apply({"params": p}, tokens), tokens)
+
+    xla = jax.jit(jax.grad(loss)).lower(params, tokens).compile().cost_analysis()["flops"]
+    empty = layer.n_experts * layer.capacity(seq) - layer.top_k * seq
+    per_slot = 6 * (layer.n_in + 1) * layer.d_model * layer.hidden
+    assert empty == {1.0: 0, 1.25: 32, None: 128}[capacity_factor]
+    computed = model.flops(seq) + model.n_layers * empty * per_slot
+    assert abs(xla - computed) / xla < 0.05, (xla, computed, model.flops(seq))
+    if capacity_factor is None:  # dropless: the padding is most of it; the count without it is far off
+        assert xla > 1.5 * model.flops(seq)
+
+
 def tiny(**extra) -> dict:
     return {"architecture": {"n_layers": 4, "d_model": 32, "n_heads": 4, "seq_len": 16, "vocab_size": 64,
                              "moe": {"n_experts": E, **extra.pop("moe", {})}, **extra}}

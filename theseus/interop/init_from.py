@@ -20,11 +20,13 @@ set. The vocabulary stays the checkpoint's own ``vocab_size`` (not padded to a m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from theseus.config import ConfigError
+from theseus.config.compose import chosen_files
 from theseus.config.registry import every_key, model_class
 from theseus.data.tokenizer import JSON_FILE, NAMES, ByteTokenizer, HFTokenizer
 from theseus.interop.hf_config import architecture, format_of, read_config
@@ -33,6 +35,39 @@ from theseus.model.models.gpt import GPT
 from theseus.model.models.moe_gpt import MoEGPT
 
 KEY = "trainer.init_from"
+
+
+def model_choice(folder: Path, overrides: Sequence[str]) -> list[str]:
+    """``["model=NAME"]``, the model the Hugging Face ``folder`` loads into (``moe`` for Mixtral
+    and Qwen2-MoE), when neither ``overrides`` nor an experiment file they choose picks a model;
+    else ``[]`` (a model given explicitly stays, for ``apply_init_from`` to check)."""
+    if chooses_model(overrides) or not (Path(folder).expanduser() / "config.json").is_file():
+        return []
+    try:
+        return [f"model={format_of(read_config(Path(folder).expanduser().resolve())).model}"]
+    except ConfigError:  # a broken config.json: apply_init_from reports it
+        return []
+
+
+def command_line_choice(overrides: Sequence[str]) -> list[str]:
+    """``model_choice`` of the folder that ``trainer.init_from=PATH`` in ``overrides`` names."""
+    given = [o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == KEY]
+    return model_choice(Path(given[-1]), overrides) if given and given[-1] else []
+
+
+def chooses_model(overrides: Sequence[str]) -> bool:
+    """``model=NAME`` in ``overrides``, or ``override /model: NAME`` in an experiment file they choose."""
+    if any(o.lstrip("+~").partition("=")[0] == "model" for o in overrides):
+        return True
+    for path in chosen_files(overrides):
+        try:
+            defaults = OmegaConf.load(path).get("defaults") or []
+        except Exception:  # a file that does not parse: composing it reports that
+            continue
+        for entry in defaults:
+            if OmegaConf.is_dict(entry) and any(str(k).split()[-1].strip("/") == "model" for k in entry):
+                return True
+    return False
 
 
 def apply_init_from(cfg: DictConfig) -> DictConfig:

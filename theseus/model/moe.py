@@ -175,12 +175,15 @@ class MoE(Module):
         return self.drop(y, deterministic=deterministic)
 
     def _experts(self, x: jax.Array) -> jax.Array:
-        """Each expert's MLP on its slots: ``x: [batch, expert, capacity, d_model]`` -> the same shape."""
+        """Each expert's MLP on its slots: ``x: [batch, expert, capacity, d_model]`` -> the same shape.
+        Computed expert-major (``[expert, batch, capacity, ...]``: each expert's rows contiguous, one
+        matrix product per expert), which a CPU runs faster than with the batch outermost."""
         dtype = self._activation_dtype
-        h = [dense("becd,edf->becf", x, self.w_in[i], None, dtype) for i in range(self.n_in)]
+        x = x.transpose(1, 0, 2, 3)
+        h = [dense("ebcd,edf->ebcf", x, self.w_in[i], None, dtype) for i in range(self.n_in)]
         h = jax.nn.silu(h[0]) * h[1] if self.activation == "swiglu" else jax.nn.gelu(h[0], approximate=True)
-        h = nn.with_logical_constraint(h, (EXPERT_BATCH, EXPERT_AXIS, None, MLP_HIDDEN))
-        out = dense("becf,efd->becd", h, self.w_out, None, dtype)
+        h = nn.with_logical_constraint(h, (EXPERT_AXIS, EXPERT_BATCH, None, MLP_HIDDEN))
+        out = dense("ebcf,efd->ebcd", h, self.w_out, None, dtype).transpose(1, 0, 2, 3)
         return nn.with_logical_constraint(out, (EXPERT_BATCH, EXPERT_AXIS, None, None))
 
     def _sow(self, logits: jax.Array, probs: jax.Array, experts: jax.Array, kept: jax.Array) -> None:

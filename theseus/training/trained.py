@@ -32,7 +32,7 @@ from theseus.data.dataset import open_dataset
 from theseus.data.tokenizer import JSON_FILE, HFTokenizer, Tokenizer
 from theseus.interop.hf_config import CONFIG_FILE, arch_of
 from theseus.interop.init_from import KEY as INIT_FROM
-from theseus.interop.init_from import apply_init_from
+from theseus.interop.init_from import apply_init_from, model_choice
 from theseus.interop.loading import load_params
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.config import TrainerConfig
@@ -70,7 +70,7 @@ def source_config(path: Path, overrides: Sequence[str] = ()) -> DictConfig:
         registry.load()
         return OmegaConf.merge(OmegaConf.load(path / SAVED_CONFIG), OmegaConf.from_dotlist(list(overrides)))
     if (path / CONFIG_FILE).is_file():
-        cfg = compose(overrides)  # checked: unknown keys and wrong types are refused
+        cfg = compose([*model_choice(path, overrides), *overrides])  # checked: unknown keys, wrong types
         OmegaConf.update(cfg, INIT_FROM, str(path.resolve()))
         return cfg
     raise ConfigError(f"{path} is neither a run directory ({SAVED_CONFIG}) nor a Hugging Face folder "
