@@ -90,7 +90,7 @@ def check_words(argv: Sequence[str]) -> None:
             continue
         registry.load()
         choices = {name: f"+{group}={name}" for group in registry.FOLDERS for name in registry.folder_options(group)}
-        choices.update({name: f"{group}={name}" for group in registry.groups() for name in registry.options(group)})
+        choices.update({name: f"{group}={name}" for group in registry.groups() for name in registry.names(group)})
         close = suggest(word, choices, n=1)
         hint = f"did you mean {choices[close[0]]}?" if close else "every argument is KEY=VALUE (see --help)"
         raise ConfigError(f"unexpected argument {word!r}: {hint}")
@@ -236,7 +236,7 @@ def hydra_task(trainer=None):
             claim_devices(hydra_config)  # parallel jobs on one host: each its own GPUs, before JAX starts
             load()  # a fresh worker process (joblib, submitit) registers the user's modules here
             if not is_checked(cfg):  # a sweeper's composition (the preflight checked its own)
-                validate(cfg, choices=OmegaConf.to_container(hydra_config.runtime.choices))
+                validate(cfg)
             initialize(cfg)  # a no-op when main() has joined already; launchers such as submitit call here first
             return execute(cfg, Path(hydra_config.runtime.output_dir), trainer)
         except (ConfigError, TrainingError) as exc:

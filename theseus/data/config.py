@@ -8,14 +8,13 @@ import glob
 import os
 from collections.abc import Mapping
 
-from theseus.config import ConfigError, Configurable, field, register
+from theseus.config import ConfigError, Configurable, field
 
 
 SOURCES = ("stdlib", "text", "shards")
 MIXTURE_KEYS = ("source", "path", "weight")
 
 
-@register("data", "default")
 @dataclasses.dataclass(frozen=True)
 class DataConfig(Configurable):
     source: str = field("data.source", default="stdlib", choices=SOURCES,

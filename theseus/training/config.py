@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from theseus.config import ConfigError, Configurable, field, register
+from theseus.config import ConfigError, Configurable, field
 
 
-@register("trainer", "default")
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig(Configurable):
     max_steps: int = field("trainer.max_steps", default=1000, help="optimizer steps to train")

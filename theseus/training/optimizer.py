@@ -18,14 +18,8 @@ import optax
 import optax.contrib
 from jax.tree_util import DictKey
 
-from theseus.config import ConfigError, Configurable, field, register
-from theseus.config.registry import options
-
-
-def _name(option: str) -> Any:
-    """The ``optimizer.name`` field of one option: its own name, so a composed config names it."""
-    return field("optimizer.name", default=option, choices=(option,),
-                 help="the chosen optimizer: choose another with optimizer=NAME (the config group)")
+from theseus.config import ConfigError, Configurable, field
+from theseus.config.registry import chosen_class, name_of
 
 
 def _require(key: str, ok: bool, value: Any, legal: str) -> None:
@@ -40,7 +34,6 @@ class OptimizerConfig(Configurable):
 
     moments: ClassVar[tuple[str, ...]] = ()  # the option's decay rates, each in [0, 1)
 
-    name: str = _name("adamw")
     lr: float = field("optimizer.lr", default=3e-4, help="peak learning rate")
     weight_decay: float = field(
         "optimizer.weight_decay", default=0.1,
@@ -56,9 +49,6 @@ class OptimizerConfig(Configurable):
 
     def __post_init__(self):
         """Each setting within its range, so a bad value fails before a run starts."""
-        if self.name != type(self).option():
-            raise ConfigError(f"optimizer.name={self.name} does not choose the optimizer: write "
-                              f"optimizer={self.name} (the config group) instead")
         if not self.lr > 0:
             raise ConfigError(f"optimizer.lr must be positive, got {self.lr}: give a peak rate such as "
                               f"optimizer.lr=3e-4")
@@ -72,10 +62,10 @@ class OptimizerConfig(Configurable):
             value, default = getattr(self, key), type(self).__dataclass_fields__[key].default
             _require(key, 0 <= value < 1, value, f"in [0, 1), e.g. optimizer.{key}={default}")
 
-    @classmethod
-    def option(cls) -> str:
-        """The option name this class is registered under (its ``optimizer.name`` default)."""
-        return cls.__dataclass_fields__["name"].default
+    @property
+    def name(self) -> str:
+        """The option of the ``optimizer`` group this class is (``optimizer=NAME``)."""
+        return name_of("optimizer", type(self))
 
     def direction(self) -> optax.GradientTransformation:
         """The optimizer's own preconditioning of the (clipped) gradient, before decay and lr."""
@@ -87,13 +77,11 @@ class OptimizerConfig(Configurable):
                            optax.scale_by_learning_rate(schedule))
 
 
-@register("optimizer", "adamw")
 @dataclasses.dataclass(frozen=True)
 class AdamW(OptimizerConfig):
     """AdamW (Loshchilov & Hutter): Adam moments with decoupled weight decay."""
 
     moments = ("b1", "b2")
-    name: str = _name("adamw")
     b1: float = field("optimizer.b1", default=0.9, help="Adam first-moment decay")
     b2: float = field("optimizer.b2", default=0.95, help="Adam second-moment decay")
     eps: float = field("optimizer.eps", default=1e-8, help="Adam epsilon")
@@ -106,13 +94,11 @@ class AdamW(OptimizerConfig):
         return optax.scale_by_adam(b1=self.b1, b2=self.b2, eps=self.eps)
 
 
-@register("optimizer", "lion")
 @dataclasses.dataclass(frozen=True)
 class Lion(OptimizerConfig):
     """Lion (Chen et al. 2023): the sign of an interpolated momentum; wants a 3-10x lower lr than AdamW."""
 
     moments = ("b1", "b2")
-    name: str = _name("lion")
     b1: float = field("optimizer.b1", default=0.9, help="Lion: interpolation of momentum and gradient")
     b2: float = field("optimizer.b2", default=0.99, help="Lion: momentum decay")
 
@@ -120,12 +106,10 @@ class Lion(OptimizerConfig):
         return optax.scale_by_lion(b1=self.b1, b2=self.b2)
 
 
-@register("optimizer", "adafactor")
 @dataclasses.dataclass(frozen=True)
 class Adafactor(OptimizerConfig):
     """Adafactor (Shazeer & Stern 2018): factored second moments, update clipping, relative steps."""
 
-    name: str = _name("adafactor")
     decay_rate: float = field("optimizer.decay_rate", default=0.8, help="Adafactor: second-moment decay exponent")
     clipping_threshold: float | None = field("optimizer.clipping_threshold", default=1.0,
                                              help="Adafactor: clip each update's RMS to this; null: off")
@@ -154,12 +138,10 @@ class Adafactor(OptimizerConfig):
         )
 
 
-@register("optimizer", "sgd")
 @dataclasses.dataclass(frozen=True)
 class SGD(OptimizerConfig):
     """Stochastic gradient descent with heavy-ball or Nesterov momentum."""
 
-    name: str = _name("sgd")
     momentum: float = field("optimizer.momentum", default=0.9, help="SGD momentum; 0: plain SGD")
     nesterov: bool = field("optimizer.nesterov", default=False, help="SGD: Nesterov momentum")
 
@@ -171,7 +153,6 @@ class SGD(OptimizerConfig):
         return optax.trace(decay=self.momentum, nesterov=self.nesterov) if self.momentum else optax.identity()
 
 
-@register("optimizer", "muon")
 @dataclasses.dataclass(frozen=True)
 class Muon(OptimizerConfig):
     """Muon (Jordan et al. 2024, ``optax.contrib.muon``): orthogonalised momentum for the weight
@@ -179,7 +160,6 @@ class Muon(OptimizerConfig):
     for embeddings, norms and biases. Both follow the shared schedule."""
 
     moments = ("beta", "adam_b1", "adam_b2")
-    name: str = _name("muon")
     beta: float = field("optimizer.beta", default=0.95, help="Muon momentum decay")
     ns_steps: int = field("optimizer.ns_steps", default=5, help="Muon: Newton-Schulz orthogonalisation steps")
     nesterov: bool = field("optimizer.nesterov", default=True, help="Muon: Nesterov momentum")
@@ -199,12 +179,8 @@ class Muon(OptimizerConfig):
 
 
 def optimizer_class(cfg: Any) -> type[OptimizerConfig]:
-    """The registered optimizer class a composed config chose (its ``optimizer.name``)."""
-    name = (cfg.get("optimizer") or {}).get("name", AdamW.option())
-    known = options("optimizer")
-    if name not in known:
-        raise ConfigError(f"unknown optimizer {name!r}; available: {', '.join(known)} (set optimizer=NAME)")
-    return known[name]
+    """The registered optimizer class a composed config chose."""
+    return chosen_class(cfg, "optimizer")
 
 
 def make_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from theseus.base.axis import BATCH, BATCH_MESH_AXES, EMBED, FSDP, HEADS, KV_HEADS, LAYERS, MLP_HIDDEN, SEQ, TENSOR, VOCAB, ShardingPlan
-from theseus.config import ConfigError, configure, field, register
+from theseus.config import ConfigError, configure, field
 from theseus.model.layers import (
     NORMS,
     Block,
@@ -37,7 +37,6 @@ REMAT_POLICIES: dict[str, Callable] = {
 }
 
 
-@register("model", "gpt")
 class GPT(Module):
     """``tokens: int32[batch, seq] -> logits [batch, seq, vocab_size]`` in the activation dtype.
 
