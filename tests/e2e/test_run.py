@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf, open_dict
 
 from support import ROOT, run_python
 
@@ -152,9 +153,10 @@ COUNT_COMPOSITIONS = """
 import atexit, sys
 from hydra._internal.hydra import Hydra
 from theseus.run import main
-composed = []
+composed = []  # compositions of the whole command line (one before it of the group choices alone)
 original = Hydra.compose_config
-Hydra.compose_config = lambda self, *a, **k: composed.append(1) or original(self, *a, **k)
+Hydra.compose_config = lambda self, *a, **k: (
+    composed.append(1) if "trainer.max_steps=2" in k["overrides"] else None) or original(self, *a, **k)
 atexit.register(lambda: print(f"compositions: {len(composed)}"))
 main(sys.argv[1:])
 """
@@ -171,3 +173,36 @@ def test_a_single_run_is_composed_once_and_writes_what_hydra_writes(corpus, tmp_
     assert "max_steps=2" in (hydra / "overrides.yaml").read_text() and "max_steps: 2" in (hydra / "config.yaml").read_text()
     assert "mode: RUN" in (hydra / "hydra.yaml").read_text() and (run_dir / "run.log").is_file()
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 2
+
+
+IMPORTED = """
+import atexit, runpy, sys
+atexit.register(lambda: print("imported:", *sorted(m for m in sys.modules if m.startswith(("theseus.stateful",
+                                                                                            "theseus.tasks.regression")))))
+sys.argv = ["theseus.run", *sys.argv[1:]]
+runpy.run_module("theseus.run", run_name="__main__")
+"""
+
+
+def test_a_gpt_run_imports_no_stateful_module_and_continues_a_run_saved_in_the_older_form(corpus, tmp_path):
+    """The options a run does not choose (task=regression and the stateful API under it) are
+    never imported; a run directory whose config names its choices the older way (model, task
+    and optimizer.name keys) is continued as if it had the record."""
+    run_dir = tmp_path / "run"
+    tiny = ["+experiment=gpt_tiny", *small_data(corpus), "trainer.batch_size=2", "optimizer=sgd",
+            "optimizer.schedule=constant", "optimizer.warmup_steps=0", "trainer.checkpoint_every=2", "trainer.eval_every=0",
+            "logger.mode=disabled", f"hydra.run.dir={run_dir}"]
+    proc = run_python("-c", IMPORTED, *tiny, "trainer.max_steps=2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "imported:"
+    saved = run_dir / ".hydra" / "config.yaml"
+    older = OmegaConf.load(saved)
+    with open_dict(older):
+        del older["choices"]
+        older.model, older.task, older.optimizer.name = "gpt", "lm", "sgd"
+    OmegaConf.save(older, saved)
+    proc = run_python("-c", IMPORTED, *tiny, "trainer.max_steps=4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "imported:" and "resum" in proc.stderr.lower()
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 4

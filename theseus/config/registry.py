@@ -101,6 +101,11 @@ def loaded(group: str, name: str) -> bool:
     return isinstance(_OPTIONS.get(group, {}).get(name), type)
 
 
+def all_loaded() -> bool:
+    """Whether every registered option is imported already."""
+    return all(isinstance(entry, type) for opts in _OPTIONS.values() for entry in opts.values())
+
+
 def name_of(group: str, cls: type) -> str:
     """The name ``cls`` is registered under in ``group``."""
     for name, entry in _OPTIONS.get(group, {}).items():
