@@ -152,7 +152,14 @@ def test_skip_nonfinite_skips_and_counts_the_updates_and_finishes(corpus, tmp_pa
 COUNT_COMPOSITIONS = """
 import atexit, sys
 from hydra._internal.hydra import Hydra
+from hydra.experimental.callback import Callback
 from theseus.run import main
+
+class Probe(Callback):  # a callback of the user's: each hook it sees, in order
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            print("hook:", name)
+        return super().__getattribute__(name)
 composed = []  # compositions of the whole command line (one before it of the group choices alone)
 original = Hydra.compose_config
 Hydra.compose_config = lambda self, *a, **k: (
@@ -165,9 +172,12 @@ main(sys.argv[1:])
 def test_a_single_run_is_composed_once_and_writes_what_hydra_writes(corpus, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_python("-c", COUNT_COMPOSITIONS, "+experiment=gpt_tiny", *small_data(corpus), "trainer.max_steps=2",
-                      "trainer.batch_size=2", "logger.mode=disabled", f"hydra.run.dir={run_dir}")
+                      "trainer.batch_size=2", "logger.mode=disabled", f"hydra.run.dir={run_dir}",
+                      "+hydra.callbacks.probe._target_=__main__.Probe")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "compositions: 1" in proc.stdout
+    hooks = [line.removeprefix("hook: ") for line in proc.stdout.splitlines() if line.startswith("hook: ")]
+    assert hooks == ["on_run_start", "on_job_start", "on_job_end", "on_run_end"]
     hydra = run_dir / ".hydra"
     assert sorted(p.name for p in hydra.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
     assert "max_steps=2" in (hydra / "overrides.yaml").read_text() and "max_steps: 2" in (hydra / "config.yaml").read_text()

@@ -106,17 +106,17 @@ def validate(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
 NOT_KEYS = ("hydra", registry.RECORD)  # top-level entries of a composed config that no field declares
 
 
-def _leaves(cfg: DictConfig, schema: Mapping, prefix: str = ""):
+def _leaves(cfg: DictConfig | Mapping, schema: Mapping, prefix: str = ""):
     """The dotted keys of ``cfg`` that no field in ``schema`` declares (a declared key's own
-    contents, such as a dict's entries, are its value, not keys)."""
-    for name in cfg:
+    contents, such as a dict's entries, are its value, not keys). Interpolations stay unresolved."""
+    tree = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    for name, node in tree.items():
         key = f"{prefix}{name}"
         if key in schema or (not prefix and name in NOT_KEYS):
             continue
-        node = cfg._get_node(name)
         if not _is_prefix(key, schema):
             yield key
-        elif OmegaConf.is_dict(node):
+        elif isinstance(node, Mapping):
             yield from _leaves(node, schema, f"{key}.")
         else:
             yield key  # a value where the schema has a group: architecture=3
