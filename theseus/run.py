@@ -342,6 +342,8 @@ def main(argv: list[str] | None = None) -> None:
             load()
             from theseus.config import registry
 
+            for group in registry.groups():
+                registry.options(group)  # imported: completion offers every option's keys
             registry.store()
             checked = None, []
         else:

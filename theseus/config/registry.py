@@ -96,11 +96,6 @@ def names(group: str) -> tuple[str, ...]:
     return tuple(_OPTIONS.get(group, {}))
 
 
-def loaded(group: str, name: str) -> bool:
-    """Whether option ``name`` of ``group`` is imported already."""
-    return isinstance(_OPTIONS.get(group, {}).get(name), type)
-
-
 def all_loaded() -> bool:
     """Whether every registered option is imported already."""
     return all(isinstance(entry, type) for opts in _OPTIONS.values() for entry in opts.values())
