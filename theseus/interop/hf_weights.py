@@ -1,7 +1,9 @@
 """Safetensors tensors <-> theseus's GPT parameter tree, per Hugging Face ``model_type``.
 
-Both directions are exact rearrangements (split, transpose, reshape, concatenate): import then
-export gives back every tensor bit for bit. Paths are the unrolled tree (``h_0/attn/wq``); a
+Each model_type's mapping is one table of ``Rule``s (``rules``), read in both directions: a rule
+pairs parameters with the tensors they come from, ``load`` one way and ``save``, its exact
+inverse (split, transpose, reshape, concatenate), the other: import then export gives back
+every tensor bit for bit. Paths are the unrolled tree (``h_0/attn/wq``); a
 stacked (scanned) tree adapts ``to_theseus``/``to_hf`` alone.
 
 Layouts: Hugging Face's ``nn.Linear`` weights are ``[out, in]``, GPT-2's ``Conv1D`` weights
