@@ -7,8 +7,6 @@ library upgrade that changes one fails loudly in this file rather than quietly i
   into jobs, to check every job before any runs.
 - ``JobReturn._return_value`` (theseus/sweep.py): a failed job's exception; the public
   ``return_value`` re-raises it and writes to stderr.
-- ``hydra._internal.callbacks.Callbacks`` (theseus/run.py: ``run_composed``): the callbacks
-  ``hydra.core.utils.run_job`` wants, to run a single job already composed.
 - ``DictConfig._set_flag`` / ``_get_flag`` (theseus/config/context.py): the mark ``compose()``
   leaves on a config it has checked; copies keep it.
 """
@@ -17,7 +15,6 @@ from __future__ import annotations
 
 import copy
 
-from hydra._internal.callbacks import Callbacks
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
@@ -53,11 +50,6 @@ def test_a_failed_job_return_holds_its_exception():
     error = FloatingPointError("loss is nan")
     job = JobReturn(status=JobStatus.FAILED, _return_value=error)
     assert job._return_value is error
-
-
-def test_hydra_callbacks_are_built_from_a_config_with_none_declared():
-    callbacks = Callbacks(OmegaConf.create({"hydra": {"callbacks": {}}}))
-    assert callable(callbacks.on_run_start) and callable(callbacks.on_job_start) and callable(callbacks.on_job_end)
 
 
 def test_the_checked_mark_is_an_omegaconf_flag_that_copies_keep():

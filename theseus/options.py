@@ -1,16 +1,25 @@
-"""theseus's own options of every config group: importing this module registers them.
+"""theseus's own options of every config group, each declared by where its class lives.
 
 Declared in pyproject.toml as the ``theseus`` entry point of the group ``theseus.modules``, so
 that discovery (``theseus.config.discovery``) loads it the way it loads a user's package.
+Importing this module imports no option: each is imported when a config chooses it.
 """
 
-# in the order that --help lists the groups
-import theseus.model.models  # noqa: F401  model=gpt
-import theseus.tasks  # noqa: F401  task=lm, task=regression  # isort: skip
-import theseus.training.optimizer  # noqa: F401  optimizer=adamw  # isort: skip
-import theseus.data.config  # noqa: F401  data=default  # isort: skip
-import theseus.training.config  # noqa: F401  trainer=default  # isort: skip
-import theseus.base.mesh  # noqa: F401  mesh=default  # isort: skip
-import theseus.base.distributed  # noqa: F401  distributed=default  # isort: skip
-import theseus.training.logger  # noqa: F401  logger=wandb  # isort: skip
-import theseus.tasks.evaluation  # noqa: F401  evaluation=default  # isort: skip
+from theseus.config.registry import declare
+
+# in the order that --help lists the groups; the first of a group is its default where a config names none
+declare("model", "gpt", "theseus.model.models.gpt:GPT")
+declare("model", "moe", "theseus.model.models.moe_gpt:MoEGPT")
+declare("task", "lm", "theseus.tasks.lm:LanguageModeling")
+declare("task", "regression", "theseus.tasks.regression:PMMRegression")
+declare("optimizer", "adamw", "theseus.training.optimizer:AdamW")
+declare("optimizer", "lion", "theseus.training.optimizer:Lion")
+declare("optimizer", "adafactor", "theseus.training.optimizer:Adafactor")
+declare("optimizer", "sgd", "theseus.training.optimizer:SGD")
+declare("optimizer", "muon", "theseus.training.optimizer:Muon")
+declare("data", "default", "theseus.data.config:DataConfig")
+declare("trainer", "default", "theseus.training.config:TrainerConfig")
+declare("mesh", "default", "theseus.base.mesh:MeshConfig")
+declare("distributed", "default", "theseus.base.distributed:DistributedConfig")
+declare("logger", "wandb", "theseus.training.logger:LoggerConfig")
+declare("evaluation", "default", "theseus.tasks.evaluation:EvaluationConfig")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def check_words(argv: Sequence[str]) -> None:
             continue
         registry.load()
         choices = {name: f"+{group}={name}" for group in registry.FOLDERS for name in registry.folder_options(group)}
-        choices.update({name: f"{group}={name}" for group in registry.groups() for name in registry.options(group)})
+        choices.update({name: f"{group}={name}" for group in registry.groups() for name in registry.names(group)})
         close = suggest(word, choices, n=1)
         hint = f"did you mean {choices[close[0]]}?" if close else "every argument is KEY=VALUE (see --help)"
         raise ConfigError(f"unexpected argument {word!r}: {hint}")
@@ -236,7 +237,7 @@ def hydra_task(trainer=None):
             claim_devices(hydra_config)  # parallel jobs on one host: each its own GPUs, before JAX starts
             load()  # a fresh worker process (joblib, submitit) registers the user's modules here
             if not is_checked(cfg):  # a sweeper's composition (the preflight checked its own)
-                validate(cfg, choices=OmegaConf.to_container(hydra_config.runtime.choices))
+                validate(cfg)
             initialize(cfg)  # a no-op when main() has joined already; launchers such as submitit call here first
             return execute(cfg, Path(hydra_config.runtime.output_dir), trainer)
         except (ConfigError, TrainingError) as exc:
@@ -250,11 +251,42 @@ def hydra_task(trainer=None):
     return task
 
 
+class Callbacks:
+    """The ``hydra.callbacks`` of a composed config, each built with ``hydra.utils.instantiate``,
+    called as Hydra calls them: in order at a start, in reverse at an end; one that raises is a
+    warning. What ``run_job`` (and ``run_composed``) call."""
+
+    def __init__(self, composed: DictConfig):
+        from hydra.utils import instantiate
+
+        declared = OmegaConf.select(composed, "hydra.callbacks") or {}
+        self.callbacks = [instantiate(params) for params in declared.values()]
+
+    def _notify(self, hook: str, reverse: bool = False, **kwargs) -> None:
+        for callback in reversed(self.callbacks) if reverse else self.callbacks:
+            try:
+                getattr(callback, hook)(**kwargs)
+            except Exception as exc:
+                warnings.warn(f"Callback {type(callback).__name__}.{hook} raised {type(exc).__name__}: {exc}",
+                              stacklevel=3)
+
+    def on_run_start(self, **kwargs) -> None:
+        self._notify("on_run_start", **kwargs)
+
+    def on_job_start(self, **kwargs) -> None:
+        self._notify("on_job_start", **kwargs)
+
+    def on_job_end(self, **kwargs) -> None:
+        self._notify("on_job_end", reverse=True, **kwargs)
+
+    def on_run_end(self, **kwargs) -> None:
+        self._notify("on_run_end", reverse=True, **kwargs)
+
+
 def run_composed(composed: DictConfig, task) -> None:
     """Run ``task`` on the single job ``composed`` (a composition with its ``hydra`` node) as
     ``hydra.main`` runs one: its output directory, ``.hydra/`` files, logging and callbacks,
-    without composing it again. Hydra's ``Callbacks`` is private (tests/test_private_apis.py)."""
-    from hydra._internal.callbacks import Callbacks
+    without composing it again (``hydra.core.utils.run_job``, Hydra's public job runner)."""
     from hydra.core.utils import run_job
     from hydra.types import HydraContext
 
@@ -310,6 +342,8 @@ def main(argv: list[str] | None = None) -> None:
             load()
             from theseus.config import registry
 
+            for group in registry.groups():
+                registry.options(group)  # imported: completion offers every option's keys
             registry.store()
             checked = None, []
         else:

@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 from omegaconf import OmegaConf
 
-from theseus.config import ConfigError, Configurable, configuration, configure, derive, field, gather, schema_of, specs, structured
+from theseus.config import (
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    ConfigError,
+    Configurable,
+    Range,
+    configuration,
+    configure,
+    derive,
+    field,
+    gather,
+    schema_of,
+    specs,
+    structured,
+)
 
 
 @dataclasses.dataclass
@@ -124,3 +140,56 @@ def test_structured_schema_types_and_missing():
 def test_bad_key_is_rejected_at_declaration():
     with pytest.raises(ValueError, match="must be identifiers"):
         field("architecture/n-layers", default=1)
+
+
+@pytest.mark.parametrize("check, words", [
+    (POSITIVE, "positive"), (NON_NEGATIVE, "0 or more"), (FRACTION, "in [0, 1)"), (Range(gt=0, lt=1), "in (0, 1)"),
+    (Range(gt=0, le=1), "in (0, 1]"), (Range(ge=1), "1 or more"), (Range(le=2.5), "at most 2.5"),
+    (Range(ge=0, says="0 (no thread) or more"), "0 (no thread) or more"),
+])
+def test_a_range_says_its_bounds_in_words(check, words):
+    assert check.words() == words
+
+
+def test_a_declared_range_is_one_line_at_construction_with_a_fix():
+    @dataclasses.dataclass(frozen=True)
+    class Counts(Configurable):
+        steps: int = field("probe.steps", default=10, check=POSITIVE)
+        rate: float = field("probe.rate", default=0.5, check=Range(gt=0, lt=1, fix="halve it"))
+        cap: int | None = field("probe.cap", default=None, check=Range(ge=1))
+
+    assert Counts(cap=None).cap is None  # None is for the type to allow, not the range
+    with pytest.raises(ConfigError, match=r"^probe.steps must be positive, got 0: e.g. probe.steps=10$"):
+        Counts(steps=0)
+    with pytest.raises(ConfigError, match=r"^probe.rate must be in \(0, 1\), got 1.5: halve it$"):
+        configure(Counts, rate=1.5)
+    with configuration({"probe.cap": 0}), pytest.raises(ConfigError, match=r"^probe.cap must be 1 or more, got 0$"):
+        configure(Counts)
+
+
+def _outside(check: Range, tp) -> float:
+    """A value just outside ``check``: below its lower bound, else above its upper one."""
+    low, high = (check.gt if check.gt is not None else check.ge), (check.lt if check.lt is not None else check.le)
+    value = low - 1 if low is not None else high + 1
+    return int(value) if "int" in str(tp) else float(value)
+
+
+def test_every_declared_range_is_enforced_by_its_class():
+    """Each field of theseus's options declared with a range refuses a value outside it, in
+    its own words, wherever the class that declares it is built."""
+    from theseus.config import registry
+
+    registry.load()
+    checked = set()  # (declaring class, attribute): each declaration once, built as the first class that has it
+    for group in registry.groups():
+        for cls in registry.options(group).values():
+            for built in gather(cls):
+                for spec in specs(built):
+                    if spec.check is None or (spec.owner, spec.name) in checked:
+                        continue
+                    bad = _outside(spec.check, spec.type)
+                    with configuration({"architecture.vocab_size": 64}), pytest.raises(
+                            ConfigError, match=f"^{re.escape(spec.key)} must be {re.escape(spec.check.words())}"):
+                        configure(built, **{spec.name: bad})
+                    checked.add((spec.owner, spec.name))
+    assert len(checked) >= 30, sorted(f"{owner.__name__}.{name}" for owner, name in checked)

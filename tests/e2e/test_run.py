@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf, open_dict
 
 from support import ROOT, run_python
 
@@ -151,10 +152,18 @@ def test_skip_nonfinite_skips_and_counts_the_updates_and_finishes(corpus, tmp_pa
 COUNT_COMPOSITIONS = """
 import atexit, sys
 from hydra._internal.hydra import Hydra
+from hydra.experimental.callback import Callback
 from theseus.run import main
-composed = []
+
+class Probe(Callback):  # a callback of the user's: each hook it sees, in order
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            print("hook:", name)
+        return super().__getattribute__(name)
+composed = []  # compositions of the whole command line (one before it of the group choices alone)
 original = Hydra.compose_config
-Hydra.compose_config = lambda self, *a, **k: composed.append(1) or original(self, *a, **k)
+Hydra.compose_config = lambda self, *a, **k: (
+    composed.append(1) if "trainer.max_steps=2" in k["overrides"] else None) or original(self, *a, **k)
 atexit.register(lambda: print(f"compositions: {len(composed)}"))
 main(sys.argv[1:])
 """
@@ -163,11 +172,47 @@ main(sys.argv[1:])
 def test_a_single_run_is_composed_once_and_writes_what_hydra_writes(corpus, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_python("-c", COUNT_COMPOSITIONS, "+experiment=gpt_tiny", *small_data(corpus), "trainer.max_steps=2",
-                      "trainer.batch_size=2", "logger.mode=disabled", f"hydra.run.dir={run_dir}")
+                      "trainer.batch_size=2", "logger.mode=disabled", f"hydra.run.dir={run_dir}",
+                      "+hydra.callbacks.probe._target_=__main__.Probe")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "compositions: 1" in proc.stdout
+    hooks = [line.removeprefix("hook: ") for line in proc.stdout.splitlines() if line.startswith("hook: ")]
+    assert hooks == ["on_run_start", "on_job_start", "on_job_end", "on_run_end"]
     hydra = run_dir / ".hydra"
     assert sorted(p.name for p in hydra.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
     assert "max_steps=2" in (hydra / "overrides.yaml").read_text() and "max_steps: 2" in (hydra / "config.yaml").read_text()
     assert "mode: RUN" in (hydra / "hydra.yaml").read_text() and (run_dir / "run.log").is_file()
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 2
+
+
+IMPORTED = """
+import atexit, runpy, sys
+atexit.register(lambda: print("imported:", *sorted(m for m in sys.modules if m.startswith(("theseus.stateful",
+                                                                                            "theseus.tasks.regression")))))
+sys.argv = ["theseus.run", *sys.argv[1:]]
+runpy.run_module("theseus.run", run_name="__main__")
+"""
+
+
+def test_a_gpt_run_imports_no_stateful_module_and_continues_a_run_saved_in_the_older_form(corpus, tmp_path):
+    """The options a run does not choose (task=regression and the stateful API under it) are
+    never imported; a run directory whose config names its choices the older way (model, task
+    and optimizer.name keys) is continued as if it had the record."""
+    run_dir = tmp_path / "run"
+    tiny = ["+experiment=gpt_tiny", *small_data(corpus), "trainer.batch_size=2", "optimizer=sgd",
+            "optimizer.schedule=constant", "optimizer.warmup_steps=0", "trainer.checkpoint_every=2", "trainer.eval_every=0",
+            "logger.mode=disabled", f"hydra.run.dir={run_dir}"]
+    proc = run_python("-c", IMPORTED, *tiny, "trainer.max_steps=2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "imported:"
+    saved = run_dir / ".hydra" / "config.yaml"
+    older = OmegaConf.load(saved)
+    with open_dict(older):
+        del older["choices"]
+        older.model, older.task, older.optimizer.name = "gpt", "lm", "sgd"
+    OmegaConf.save(older, saved)
+    proc = run_python("-c", IMPORTED, *tiny, "trainer.max_steps=4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "imported:" and "resum" in proc.stderr.lower()
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 4

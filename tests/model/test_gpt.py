@@ -49,9 +49,8 @@ def random_params(model: GPT, x: jax.Array, std: float = 0.02) -> dict:
     return jax.tree.map(lambda s: jnp.asarray(rng.normal(0, std, s.shape), s.dtype), abstract)
 
 
-def test_import_registers_gpt_with_the_architecture_keys():
-    import theseus.model.models  # noqa: F401
-
+def test_gpt_is_the_model_option_with_the_architecture_keys():
+    registry.load()
     assert registry.options("model")["gpt"] is GPT
     keys = {key.removeprefix("architecture.") for key in schema_of(GPT)}
     assert keys == {

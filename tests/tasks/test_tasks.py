@@ -13,6 +13,7 @@ import pytest
 
 from theseus.config import ConfigError, register
 from theseus.config.compose import compose
+from theseus.config.registry import chosen
 from theseus.tasks import JobTask, LanguageModeling, task_class
 from theseus.tasks.lm import cross_entropy
 from theseus.training.trainer import Trainer
@@ -48,8 +49,8 @@ def test_a_users_task_is_what_the_trainer_optimises(tmp_path):
 
 
 def test_the_composed_config_names_its_task():
-    assert compose([]).task == "lm" and task_class(compose([])) is LanguageModeling
-    assert compose(["+experiment=pmm_regression"]).task == "regression"
+    assert chosen(compose([]), "task") == "lm" and task_class(compose([])) is LanguageModeling
+    assert chosen(compose(["+experiment=pmm_regression"]), "task") == "regression"
     assert issubclass(task_class(compose(["+experiment=pmm_regression"])), JobTask)
 
 

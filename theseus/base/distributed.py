@@ -22,7 +22,7 @@ from jax._src import clusters  # JAX's own detection: what initialize() with no 
 from omegaconf import DictConfig
 
 from theseus.base.native_output import drop_native_lines, is_gloo_noise
-from theseus.config import ConfigError, Configurable, configuration, configure, field, register
+from theseus.config import ConfigError, Configurable, configuration, configure, field
 
 # The environments whose jobs join without settings, in the order JAX tries them.
 CLUSTERS = (clusters.OmpiCluster, clusters.SlurmCluster, clusters.GkeTpuCluster, clusters.GceTpuCluster)
@@ -30,7 +30,6 @@ GRACE = 30  # seconds JAX's own deadline trails ours, so that ours reports first
 KEYS = {"coordinator_address": "coordinator", "num_processes": "num_processes", "process_id": "process_id"}
 
 
-@register("distributed", "default")
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig(Configurable):
     """Multi-host settings for ``jax.distributed``; unset: detected, or a single process."""

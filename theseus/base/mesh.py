@@ -13,11 +13,10 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 
 from theseus.base.axis import BATCH_MESH_AXES, LOGICAL_AXES, MESH_AXES, ShardingPlan
-from theseus.config import ConfigError, Configurable, field, register
+from theseus.config import ConfigError, Configurable, field
 from theseus.config.errors import suggest
 
 
-@register("mesh", "default")
 @dataclasses.dataclass(frozen=True)
 class MeshConfig(Configurable):
     """The shape of the device mesh; its product must equal the device count."""

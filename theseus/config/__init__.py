@@ -5,16 +5,31 @@
 
 from theseus.config.context import Snapshot, active, configuration, configure
 from theseus.config.errors import ConfigError
-from theseus.config.fields import MISSING, Configurable, FieldSpec, field, gather, specs
+from theseus.config.fields import (
+    FRACTION,
+    MISSING,
+    NON_NEGATIVE,
+    POSITIVE,
+    Configurable,
+    FieldSpec,
+    Range,
+    field,
+    gather,
+    specs,
+)
 from theseus.config.registry import register
 from theseus.config.schema import Schema, derive, schema_of, structured
 
 __all__ = [
+    "FRACTION",
     "MISSING",
+    "NON_NEGATIVE",
+    "POSITIVE",
     "ConfigError",
     "Configurable",
     "FieldSpec",
     "Schema",
+    "Range",
     "Snapshot",
     "active",
     "configuration",

@@ -38,15 +38,12 @@ def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig
     choices or an unknown experiment. ``hydra=True`` keeps the ``hydra`` node.
     """
     registry.load()
-    registry.store()
     _check_folder_choices(overrides)
-    for key, where in undeclared(overrides):
+    chosen = None if registry.all_loaded() else choices(overrides)
+    registry.resolve(chosen or {})  # the chosen options imported, the nodes of those imported published
+    for key, where in undeclared(overrides, None if chosen is None else registry.schema(chosen)):
         raise unknown_key(key, where)
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=JOB_NAME):
-            cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
-    except HydraException as exc:
-        raise explain(exc, overrides) from exc
+    cfg = _hydra(overrides)
     try:
         validate(cfg, overrides)
     except OmegaConfBaseException as exc:  # an interpolation that does not resolve, ...
@@ -57,6 +54,24 @@ def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig
     return cfg
 
 
+def _hydra(overrides: Sequence[str]) -> DictConfig:
+    """Hydra's composition of ``overrides`` (its ``hydra`` node kept); its errors in one line."""
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=JOB_NAME):
+            return hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+    except HydraException as exc:
+        raise explain(exc, overrides) from exc
+
+
+def choices(overrides: Sequence[str]) -> dict[str, str]:
+    """``{group: option}``: the options ``overrides`` choose (with the experiment and sweep files
+    they name), known before any option is imported: Hydra composes only the group choices,
+    every option published as its ``choices`` record alone."""
+    registry.store(placeholders=True)
+    picks = [o for o in overrides if o.lstrip("+~").partition("=")[0] in (*registry.groups(), *registry.FOLDERS)]
+    return registry.choices_of(_hydra(picks))
+
+
 JOB_NAME = "run"  # hydra.job.name, as Hydra names a job of theseus/run.py (its log: run.log)
 
 
@@ -65,19 +80,17 @@ def conf_dir() -> Path:
     return registry.shipped("conf")
 
 
-def validate(cfg: DictConfig, overrides: Sequence[str] = (), choices: Mapping | None = None) -> None:
-    """Check that every key of ``cfg`` is declared by the options it chose (``choices``, by
-    default its ``hydra.runtime.choices``) and each value against its field, then mark ``cfg``
-    checked (``configure()`` takes its values as they are).
+def validate(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
+    """Check that every key of ``cfg`` is declared by the options it chose (its ``choices``
+    record) and each value against its field, then mark ``cfg`` checked (``configure()`` takes
+    its values as they are).
 
     OmegaConf's schema nodes have typed most values during composition; here the choices are
     checked, and the types OmegaConf cannot express. A key of another option
     (``optimizer.momentum`` with ``optimizer=adamw``), added with ``+`` or written in an
     experiment file, is refused here.
     """
-    if choices is None and "hydra" in cfg:
-        choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
-    schema = registry.schema(choices)
+    schema = registry.chosen_schema(cfg)
     for key in _leaves(cfg, schema):
         raise unknown_key(key, origin(key, overrides))
     for key, spec in schema.items():
@@ -90,20 +103,20 @@ def validate(cfg: DictConfig, overrides: Sequence[str] = (), choices: Mapping | 
     mark_checked(cfg)
 
 
-NOT_KEYS = ("hydra", "model", "task")  # top-level entries of a composed config that no field declares
+NOT_KEYS = ("hydra", registry.RECORD)  # top-level entries of a composed config that no field declares
 
 
-def _leaves(cfg: DictConfig, schema: Mapping, prefix: str = ""):
+def _leaves(cfg: DictConfig | Mapping, schema: Mapping, prefix: str = ""):
     """The dotted keys of ``cfg`` that no field in ``schema`` declares (a declared key's own
-    contents, such as a dict's entries, are its value, not keys)."""
-    for name in cfg:
+    contents, such as a dict's entries, are its value, not keys). Interpolations stay unresolved."""
+    tree = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    for name, node in tree.items():
         key = f"{prefix}{name}"
         if key in schema or (not prefix and name in NOT_KEYS):
             continue
-        node = cfg._get_node(name)
         if not _is_prefix(key, schema):
             yield key
-        elif OmegaConf.is_dict(node):
+        elif isinstance(node, Mapping):
             yield from _leaves(node, schema, f"{key}.")
         else:
             yield key  # a value where the schema has a group: architecture=3
@@ -113,14 +126,21 @@ def _is_prefix(key: str, schema: Mapping) -> bool:
     return any(known.startswith(f"{key}.") for known in schema)
 
 
-def undeclared(overrides: Sequence[str]) -> Iterator[tuple[str, str]]:
+def undeclared(overrides: Sequence[str], chosen: Mapping | None = None) -> Iterator[tuple[str, str]]:
     """``(key, where)`` for every key that no option declares, set by ``overrides``: on the
     command line (``where`` empty), or in the experiment and sweep files they choose
     (``where``: ``in PATH: ``), a sweep file's ``hydra.sweeper.params`` included.
 
+    ``chosen``: the schema of the options chosen; a key it lacks is looked for among every
+    option's (imported then: only a mistake imports the options not chosen).
     Group choices (``model=gpt``), Hydra's own settings and what its parser reports are not keys.
     """
-    known = registry.every_key()
+    for key, where in _undeclared(overrides, chosen if chosen is not None else registry.every_key()):
+        if chosen is None or not _declared(key, registry.every_key()):
+            yield key, where
+
+
+def _undeclared(overrides: Sequence[str], known: Mapping) -> Iterator[tuple[str, str]]:
     for override in overrides:
         if override.startswith("-") or "=" not in override and not override.startswith("~"):
             continue

@@ -16,6 +16,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+from theseus.config.errors import ConfigError
+
 MISSING = dataclasses.MISSING
 
 _META = "theseus"  # the dataclass metadata entry a config field carries
@@ -33,6 +35,7 @@ class FieldSpec:
     choices: tuple | None
     owner: type  # the class whose body declares it
     resumable: bool = False  # may change when a run resumes (logging, cadence, layout: not shapes or data)
+    check: Range | None = None  # the legal range of a number (None: any)
 
     @property
     def required(self) -> bool:
@@ -46,19 +49,75 @@ class FieldSpec:
         return f"{text}: {self.help}" if self.help else text
 
 
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The legal values of a number: above ``gt`` or from ``ge``, below ``lt`` or up to ``le``.
+
+    Out of range, ``{key} must be {says}, got {value}: {fix}``: ``says`` defaults to the bounds
+    in words (``positive``, ``0 or more``, ``in [0, 1)``), ``fix`` to ``e.g. {key}={default}``.
+    None is never out of range (whether a field may be None is its type's business).
+    """
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    says: str = ""
+    fix: str = ""
+
+    def holds(self, value: Any) -> bool:
+        return value is None or not (
+            (self.gt is not None and not value > self.gt) or (self.ge is not None and not value >= self.ge)
+            or (self.lt is not None and not value < self.lt) or (self.le is not None and not value <= self.le))
+
+    def words(self) -> str:
+        """The bounds in words: ``positive``, ``1 or more``, ``in (0, 1)``, ``at most 1``."""
+        if self.says:
+            return self.says
+        low, high = (self.gt if self.gt is not None else self.ge), (self.lt if self.lt is not None else self.le)
+        if low is not None and high is not None:
+            return f"in {'(' if self.gt is not None else '['}{low:g}, {high:g}{')' if self.lt is not None else ']'}"
+        if low is not None:
+            return "positive" if self.gt == 0 else f"above {low:g}" if self.gt is not None else f"{low:g} or more"
+        return f"below {high:g}" if self.lt is not None else f"at most {high:g}"
+
+    def problem(self, spec: FieldSpec, value: Any) -> str | None:
+        """The one-line error for ``value`` of ``spec``'s key, None when it is in range."""
+        if self.holds(value):
+            return None
+        fix = self.fix or (f"e.g. {spec.key}={spec.default!r}" if self.holds(spec.default) and spec.default not in
+                           (None, MISSING) else "")
+        return f"{spec.key} must be {self.words()}, got {value!r}" + (f": {fix}" if fix else "")
+
+
+POSITIVE = Range(gt=0)
+NON_NEGATIVE = Range(ge=0)
+FRACTION = Range(ge=0, lt=1)  # a rate in [0, 1): dropout, a moment's decay
+
+
+def check_ranges(obj: Any) -> None:
+    """ConfigError naming the first field of ``obj`` (a dataclass) outside its declared range."""
+    for spec in specs(type(obj)):
+        problem = spec.check and spec.check.problem(spec, getattr(obj, spec.name))
+        if problem:
+            raise ConfigError(problem)
+
+
 def field(
     key: str,
     default: Any = MISSING,
     *,
     help: str = "",
     choices: Sequence | None = None,
+    check: Range | None = None,
     kw_only: bool = False,
     resumable: bool | None = None,
 ) -> Any:
     """Bind a dataclass attribute to the config key ``key`` (dotted: "trainer.max_steps"; the slash form "trainer/max_steps" is accepted too).
 
     Without a default the field is required (``???`` in the schema) and keyword-only.
-    ``choices`` restricts the legal values. ``kw_only`` suits a base class's fields, so that
+    ``choices`` restricts the legal values; ``check``, a number's range (``POSITIVE``,
+    ``Range(ge=0, lt=1)``), enforced where the class is built (``check_ranges``). ``kw_only`` suits a base class's fields, so that
     subclasses may still declare positional ones. ``resumable``: the key may change when a run
     resumes, as it leaves the numbers alone (None: the declaring class's ``RESUMABLE``, False
     unless it sets one). Works on Flax modules and plain dataclasses.
@@ -67,7 +126,7 @@ def field(
     if not all(part.isidentifier() for part in parts):
         raise ValueError(f"config key {key!r} must be identifiers joined by '.' (e.g. \"architecture.d_model\")")
     metadata = {_META: {"key": ".".join(parts), "help": help, "choices": tuple(choices) if choices else None,
-                        "resumable": resumable}}
+                        "resumable": resumable, "check": check}}
     if default is MISSING:
         return dataclasses.field(kw_only=True, metadata=metadata)
     if isinstance(default, list | dict | set):
@@ -101,6 +160,7 @@ def specs(cls: type) -> tuple[FieldSpec, ...]:
                 choices=meta["choices"],
                 owner=owner,
                 resumable=bool(resumable),
+                check=meta["check"],
             )
         )
     return tuple(out)
@@ -129,7 +189,11 @@ def gather(*roots: type) -> list[type]:
 
 
 class Configurable:
-    """Mixin for classes that construct configurable children: components() and gather()."""
+    """Mixin for classes that construct configurable children: components() and gather(); a
+    subclass's fields are checked against their declared ranges when it is built."""
+
+    def __post_init__(self):
+        check_ranges(self)
 
     @classmethod
     def components(cls) -> list[type]:

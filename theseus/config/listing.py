@@ -24,7 +24,7 @@ def listing() -> str:
 def choices() -> str:
     """One line per group: its options, then the experiment and sweep files."""
     registry.load()
-    lines = [f"  {group}: {', '.join(registry.options(group))}" for group in registry.groups()]
+    lines = [f"  {group}: {', '.join(registry.names(group))}" for group in registry.groups()]
     for group, folder in registry.FOLDERS.items():
         names = ", ".join(registry.folder_options(group)) or "(none)"
         lines.append(f"  +{group}: {names}  ({folder}/)")

@@ -1,7 +1,9 @@
 """Safetensors tensors <-> theseus's GPT parameter tree, per Hugging Face ``model_type``.
 
-Both directions are exact rearrangements (split, transpose, reshape, concatenate): import then
-export gives back every tensor bit for bit. Paths are the unrolled tree (``h_0/attn/wq``); a
+Each model_type's mapping is one table of ``Rule``s (``rules``), read in both directions: a rule
+pairs parameters with the tensors they come from, ``load`` one way and ``save``, its exact
+inverse (split, transpose, reshape, concatenate), the other: import then export gives back
+every tensor bit for bit. Paths are the unrolled tree (``h_0/attn/wq``); a
 stacked (scanned) tree adapts ``to_theseus``/``to_hf`` alone.
 
 Layouts: Hugging Face's ``nn.Linear`` weights are ``[out, in]``, GPT-2's ``Conv1D`` weights
@@ -11,8 +13,10 @@ head_dim]``, ``wo: [heads, head_dim, d_model]``, ``w_in: [n_in, d_model, d_ff]``
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -96,115 +100,156 @@ class Checkpoint:
         return sorted(name for name in self.files if name not in self.used and not name.endswith(IGNORED))
 
 
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """Theseus parameters ``paths`` <-> Hugging Face tensors ``names``: ``load`` computes the
+    parameters from the tensors, ``save`` the tensors from the parameters, its exact inverse."""
+
+    paths: tuple[str, ...]
+    names: tuple[str, ...]
+    load: Callable[..., tuple[np.ndarray, ...]]
+    save: Callable[..., tuple[np.ndarray, ...]]
+
+
+def rules(model_type: str, arch: Mapping[str, Any], vocab_size: int) -> list[Rule]:
+    """The mapping of ``model_type``, one table used in both directions: every parameter of a
+    theseus model of architecture ``arch`` with the tensors it comes from (``vocab_size``: the
+    rows an exported vocabulary keeps). ConfigError for a model_type without a mapping."""
+    if model_type not in TABLES:
+        raise ConfigError(f"model_type {model_type!r} has no weight mapping ({', '.join(TABLES)})")
+    head = [] if arch["tie_embeddings"] else [Rule(("lm_head",), ("lm_head.weight",), lambda x: (x.T,),
+                                                    lambda w: (w[:, :vocab_size].T,))]
+    return [*TABLES[model_type](model_type, arch, vocab_size), *head]
+
+
 def to_theseus(model_type: str, arch: Mapping[str, Any], read: Read) -> dict[str, Callable[[], np.ndarray]]:
-    """Each theseus param path -> a thunk computing it from the checkpoint (one tensor at a time).
+    """Each theseus param path -> a thunk computing it from the checkpoint (one rule at a time).
 
     ``arch``: the run's architecture values (``theseus.interop.hf_config.arch_of``).
     """
-    d, heads, kv, hd = _heads(arch)
     out: dict[str, Callable[[], np.ndarray]] = {}
-    if model_type == "gpt2":
-        def name(key: str) -> str:
-            return GPT2_PREFIX + key
-
-        out["wte/embedding"] = lambda: read(name("wte.weight"))
-        out["wpe/embedding"] = lambda: read(name("wpe.weight"))[: arch["seq_len"]]  # seq_len may be lowered
-        for i in range(arch["n_layers"]):
-            p, t = f"h.{i}", f"h_{i}"
-            qkv = _gpt2_qkv(read, name(f"{p}.attn.c_attn"), d, heads, hd)
-            for j, w in enumerate(("q", "k", "v")):
-                out[f"{t}/attn/w{w}"] = functools.partial(qkv, "weight", j)
-                out[f"{t}/attn/b{w}"] = functools.partial(qkv, "bias", j)
-            out.update({
-                f"{t}/attn/wo": _reshaped(read, name(f"{p}.attn.c_proj.weight"), (heads, hd, d)),
-                f"{t}/attn/bo": _reshaped(read, name(f"{p}.attn.c_proj.bias"), None),
-                f"{t}/mlp/w_in": _reshaped(read, name(f"{p}.mlp.c_fc.weight"), None, stack=True),
-                f"{t}/mlp/b_in": _reshaped(read, name(f"{p}.mlp.c_fc.bias"), None, stack=True),
-                f"{t}/mlp/w_out": _reshaped(read, name(f"{p}.mlp.c_proj.weight"), None),
-                f"{t}/mlp/b_out": _reshaped(read, name(f"{p}.mlp.c_proj.bias"), None),
-            })
-            for norm in ("ln_1", "ln_2"):
-                out[f"{t}/{norm}/scale"] = _reshaped(read, name(f"{p}.{norm}.weight"), None)
-                out[f"{t}/{norm}/bias"] = _reshaped(read, name(f"{p}.{norm}.bias"), None)
-        out["ln_f/scale"] = _reshaped(read, name("ln_f.weight"), None)
-        out["ln_f/bias"] = _reshaped(read, name("ln_f.bias"), None)
-        if not arch["tie_embeddings"]:
-            out["lm_head"] = _linear(read, "lm_head.weight", None)
-        return out
-    if model_type in LLAMA_LIKE:
-        out["wte/embedding"] = lambda: read("model.embed_tokens.weight")
-        for i in range(arch["n_layers"]):
-            p, t = f"model.layers.{i}", f"h_{i}"
-            out.update({
-                f"{t}/ln_1/scale": _reshaped(read, f"{p}.input_layernorm.weight", None),
-                f"{t}/attn/wq": _linear(read, f"{p}.self_attn.q_proj.weight", (d, heads, hd)),
-                f"{t}/attn/wk": _linear(read, f"{p}.self_attn.k_proj.weight", (d, kv, hd)),
-                f"{t}/attn/wv": _linear(read, f"{p}.self_attn.v_proj.weight", (d, kv, hd)),
-                f"{t}/attn/wo": _linear(read, f"{p}.self_attn.o_proj.weight", (heads, hd, d)),
-                f"{t}/ln_2/scale": _reshaped(read, f"{p}.post_attention_layernorm.weight", None),
-            })
-            out.update({f"{t}/mlp/{path}": thunk for path, thunk in _mlp_to_theseus(model_type, arch, i, read, p)})
-            if arch["qkv_bias"]:
-                for w, n in (("q", heads), ("k", kv), ("v", kv)):
-                    out[f"{t}/attn/b{w}"] = _reshaped(read, f"{p}.self_attn.{w}_proj.bias", (n, hd))
-        out["ln_f/scale"] = _reshaped(read, "model.norm.weight", None)
-        if not arch["tie_embeddings"]:
-            out["lm_head"] = _linear(read, "lm_head.weight", None)
-        return out
-    raise ConfigError(f"model_type {model_type!r} has no weight mapping ({', '.join(('gpt2', *LLAMA_LIKE))})")
+    for rule in rules(model_type, arch, arch["vocab_size"]):
+        for j, path in enumerate(rule.paths):
+            out[path] = functools.partial(lambda rule, j: rule.load(*map(read, rule.names))[j], rule, j)
+    return out
 
 
 def to_hf(model_type: str, arch: Mapping[str, Any], params: Params, vocab_size: int) -> dict[str, np.ndarray]:
     """The Hugging Face tensors of a flat param tree, the inverse of ``to_theseus``; the
     vocabulary is cut to its first ``vocab_size`` rows (the trainer's padding removed).
     ConfigError when the mapping needs a parameter the tree lacks, or leaves one unused."""
-    d, heads, kv, hd = _heads(arch)
-    params = _Reads(params, model_type)
-    wte = params["wte/embedding"][:vocab_size]
+    reads = _Reads(params, model_type)
     out: dict[str, np.ndarray] = {}
-    if model_type == "gpt2":
-        out["wte.weight"], out["wpe.weight"] = wte, params["wpe/embedding"]
-        for i in range(arch["n_layers"]):
-            p, t = f"h.{i}", f"h_{i}"
-            qkv = [params[f"{t}/attn/w{w}"].reshape(d, d) for w in "qkv"]
-            out.update({
-                f"{p}.attn.c_attn.weight": np.concatenate(qkv, axis=1),
-                f"{p}.attn.c_attn.bias": np.concatenate([params[f"{t}/attn/b{w}"].reshape(d) for w in "qkv"]),
-                f"{p}.attn.c_proj.weight": params[f"{t}/attn/wo"].reshape(d, d),
-                f"{p}.attn.c_proj.bias": params[f"{t}/attn/bo"],
-                f"{p}.mlp.c_fc.weight": params[f"{t}/mlp/w_in"][0], f"{p}.mlp.c_fc.bias": params[f"{t}/mlp/b_in"][0],
-                f"{p}.mlp.c_proj.weight": params[f"{t}/mlp/w_out"], f"{p}.mlp.c_proj.bias": params[f"{t}/mlp/b_out"],
-            })
-            for norm in ("ln_1", "ln_2"):
-                out[f"{p}.{norm}.weight"], out[f"{p}.{norm}.bias"] = (params[f"{t}/{norm}/scale"],
-                                                                      params[f"{t}/{norm}/bias"])
-        out["ln_f.weight"], out["ln_f.bias"] = params["ln_f/scale"], params["ln_f/bias"]
-        out = {GPT2_PREFIX + key: value for key, value in out.items()}
-    elif model_type in LLAMA_LIKE:
-        out["model.embed_tokens.weight"] = wte
-        for i in range(arch["n_layers"]):
-            p, t = f"model.layers.{i}", f"h_{i}"
-            out.update({
-                f"{p}.input_layernorm.weight": params[f"{t}/ln_1/scale"],
-                f"{p}.self_attn.q_proj.weight": params[f"{t}/attn/wq"].reshape(d, heads * hd).T,
-                f"{p}.self_attn.k_proj.weight": params[f"{t}/attn/wk"].reshape(d, kv * hd).T,
-                f"{p}.self_attn.v_proj.weight": params[f"{t}/attn/wv"].reshape(d, kv * hd).T,
-                f"{p}.self_attn.o_proj.weight": params[f"{t}/attn/wo"].reshape(heads * hd, d).T,
-                f"{p}.post_attention_layernorm.weight": params[f"{t}/ln_2/scale"],
-            })
-            out.update(_mlp_to_hf(model_type, arch, i, lambda path, t=t: params[f"{t}/mlp/{path}"], p))
-            if arch["qkv_bias"]:
-                out.update({f"{p}.self_attn.{w}_proj.bias": params[f"{t}/attn/b{w}"].reshape(-1) for w in "qkv"})
-        out["model.norm.weight"] = params["ln_f/scale"]
-    else:
-        raise ConfigError(f"model_type {model_type!r} has no weight mapping ({', '.join(('gpt2', *LLAMA_LIKE))})")
-    if not arch["tie_embeddings"]:
-        out["lm_head.weight"] = params["lm_head"][:, :vocab_size].T
-    unused = params.unused()
+    for rule in rules(model_type, arch, vocab_size):
+        out.update(zip(rule.names, rule.save(*(reads[path] for path in rule.paths)), strict=True))
+    unused = reads.unused()
     if unused:
         raise ConfigError(f"parameter {unused[0]} (and {len(unused) - 1} more) has no place in a Hugging Face "
                           f"{model_type} checkpoint")
     return {key: np.ascontiguousarray(value) for key, value in out.items()}
+
+
+def _same(path: str, name: str) -> Rule:
+    return Rule((path,), (name,), lambda x: (x,), lambda w: (w,))
+
+
+def _reshaped(path: str, name: str, shape: tuple, stored: tuple) -> Rule:
+    """A tensor stored as ``stored``, the parameter shaped ``shape``."""
+    return Rule((path,), (name,), lambda x: (x.reshape(shape),), lambda w: (w.reshape(stored),))
+
+
+def _stacked(path: str, name: str) -> Rule:
+    """The parameter with a leading axis of 1 (GELU's one input projection in ``w_in: [1, d, d_ff]``)."""
+    return Rule((path,), (name,), lambda x: (x[None],), lambda w: (w[0],))
+
+
+def _linear(path: str, name: str, shape: tuple | None = None, n_in: int = 1) -> Rule:
+    """An ``nn.Linear`` weight ``[out, in]`` as ``[in, out]`` reshaped to ``shape`` (None: as is),
+    its first ``n_in`` axes the input (``wo: [heads, head_dim, d_model]``: 2)."""
+    return Rule((path,), (name,), lambda x: (x.T if shape is None else x.T.reshape(shape),),
+                lambda w: (w.reshape(math.prod(w.shape[:n_in]), -1).T,))
+
+
+def _gate_up(path: str, gate: str, up: str) -> Rule:
+    """SwiGLU's ``w_in: [2, d_model, d_ff]``, gate then up (each stored ``[d_ff, d_model]``)."""
+    return Rule((path,), (gate, up), lambda g, u: (np.stack([g.T, u.T]),), lambda w: (w[0].T, w[1].T))
+
+
+def _gpt2(model_type: str, arch: Mapping[str, Any], vocab_size: int) -> list[Rule]:
+    """GPT-2: ``Conv1D`` weights ``[in, out]``, q, k and v fused in ``c_attn``, learned positions."""
+    d, heads, _, hd = _heads(arch)
+    table = [Rule(("wte/embedding",), (f"{GPT2_PREFIX}wte.weight",), lambda x: (x,), lambda w: (w[:vocab_size],)),
+             Rule(("wpe/embedding",), (f"{GPT2_PREFIX}wpe.weight",), lambda x: (x[: arch["seq_len"]],),
+                  lambda w: (w,))]  # seq_len may be lowered
+    for i in range(arch["n_layers"]):
+        p, t = f"{GPT2_PREFIX}h.{i}", f"h_{i}"
+        table += [
+            Rule(tuple(f"{t}/attn/w{w}" for w in "qkv"), (f"{p}.attn.c_attn.weight",),
+                 lambda x: tuple(part.reshape(d, heads, hd) for part in np.split(x, 3, axis=-1)),
+                 lambda *ws: (np.concatenate([w.reshape(d, d) for w in ws], axis=1),)),
+            Rule(tuple(f"{t}/attn/b{w}" for w in "qkv"), (f"{p}.attn.c_attn.bias",),
+                 lambda x: tuple(part.reshape(heads, hd) for part in np.split(x, 3, axis=-1)),
+                 lambda *bs: (np.concatenate([b.reshape(d) for b in bs]),)),
+            _reshaped(f"{t}/attn/wo", f"{p}.attn.c_proj.weight", (heads, hd, d), (d, d)),
+            _same(f"{t}/attn/bo", f"{p}.attn.c_proj.bias"),
+            _stacked(f"{t}/mlp/w_in", f"{p}.mlp.c_fc.weight"),
+            _stacked(f"{t}/mlp/b_in", f"{p}.mlp.c_fc.bias"),
+            _same(f"{t}/mlp/w_out", f"{p}.mlp.c_proj.weight"),
+            _same(f"{t}/mlp/b_out", f"{p}.mlp.c_proj.bias"),
+        ]
+        table += [_same(f"{t}/{norm}/{kind}", f"{p}.{norm}.{name}") for norm in ("ln_1", "ln_2")
+                  for kind, name in (("scale", "weight"), ("bias", "bias"))]
+    return [*table, _same("ln_f/scale", f"{GPT2_PREFIX}ln_f.weight"), _same("ln_f/bias", f"{GPT2_PREFIX}ln_f.bias")]
+
+
+def _llama(model_type: str, arch: Mapping[str, Any], vocab_size: int) -> list[Rule]:
+    """Llama's layout (and Qwen2's, Mixtral's, Qwen2-MoE's): ``nn.Linear`` weights ``[out, in]``,
+    RMSNorm scales, a SwiGLU MLP or a mixture of experts."""
+    d, heads, kv, hd = _heads(arch)
+    table = [Rule(("wte/embedding",), ("model.embed_tokens.weight",), lambda x: (x,), lambda w: (w[:vocab_size],))]
+    for i in range(arch["n_layers"]):
+        p, t = f"model.layers.{i}", f"h_{i}"
+        table += [
+            _same(f"{t}/ln_1/scale", f"{p}.input_layernorm.weight"),
+            _linear(f"{t}/attn/wq", f"{p}.self_attn.q_proj.weight", (d, heads, hd)),
+            _linear(f"{t}/attn/wk", f"{p}.self_attn.k_proj.weight", (d, kv, hd)),
+            _linear(f"{t}/attn/wv", f"{p}.self_attn.v_proj.weight", (d, kv, hd)),
+            _linear(f"{t}/attn/wo", f"{p}.self_attn.o_proj.weight", (heads, hd, d), n_in=2),
+            _same(f"{t}/ln_2/scale", f"{p}.post_attention_layernorm.weight"),
+            *_mlp(model_type, arch, i, f"{t}/mlp", p),
+        ]
+        if arch["qkv_bias"]:
+            table += [_reshaped(f"{t}/attn/b{w}", f"{p}.self_attn.{w}_proj.bias", (n, hd), (n * hd,))
+                      for w, n in (("q", heads), ("k", kv), ("v", kv))]
+    return [*table, _same("ln_f/scale", "model.norm.weight")]
+
+
+def _mlp(model_type: str, arch: Mapping[str, Any], layer: int, t: str, p: str) -> list[Rule]:
+    """Layer ``layer``'s feed-forward (params under ``t``): a SwiGLU MLP, or a router ``[d, expert]``,
+    experts ``w_in: [2, expert, d, f]``, ``w_out: [expert, f, d]`` and Qwen2-MoE's shared expert
+    with its gate ``[d, 1]``."""
+    if not _is_moe(model_type, arch, layer):
+        return [_gate_up(f"{t}/w_in", f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"),
+                _linear(f"{t}/w_out", f"{p}.mlp.down_proj.weight")]
+    module, (gate, up, down) = EXPERTS[model_type]
+    experts = [f"{p}.{module}.experts.{j}" for j in range(arch["moe.n_experts"])]
+    table = [
+        _linear(f"{t}/router", f"{p}.{module}.gate.weight"),
+        Rule((f"{t}/w_in",), tuple(f"{e}.{name}.weight" for e in experts for name in (gate, up)),
+             lambda *xs: (np.stack([np.stack([g.T, u.T]) for g, u in zip(xs[::2], xs[1::2], strict=True)], axis=1),),
+             lambda w: tuple(w[k, j].T for j in range(w.shape[1]) for k in (0, 1))),
+        Rule((f"{t}/w_out",), tuple(f"{e}.{down}.weight" for e in experts),
+             lambda *xs: (np.stack([x.T for x in xs]),), lambda w: tuple(x.T for x in w)),
+    ]
+    if model_type == "qwen2_moe":
+        shared = f"{p}.mlp.shared_expert"
+        table += [_gate_up(f"{t}/shared/w_in", f"{shared}.gate_proj.weight", f"{shared}.up_proj.weight"),
+                  _linear(f"{t}/shared/w_out", f"{shared}.down_proj.weight"),
+                  _linear(f"{t}/shared_gate", f"{p}.mlp.shared_expert_gate.weight")]
+    return table
+
+
+TABLES = {"gpt2": _gpt2, **dict.fromkeys(LLAMA_LIKE, _llama)}  # model_type -> its table
 
 
 class _Reads:
@@ -267,84 +312,9 @@ def _heads(arch: Mapping[str, Any]) -> tuple[int, int, int, int]:
     return d, heads, arch["n_kv_heads"] or heads, d // heads
 
 
-def _reshaped(read: Read, name: str, shape: tuple | None, stack: bool = False) -> Callable[[], np.ndarray]:
-    """A thunk: tensor ``name`` as stored, reshaped to ``shape`` (None: as is), with a leading
-    axis of 1 when ``stack`` (GELU's one input projection in ``w_in: [1, d, d_ff]``)."""
-    def thunk() -> np.ndarray:
-        x = read(name)
-        x = x if shape is None else x.reshape(shape)
-        return x[None] if stack else x
-    return thunk
-
-
-def _linear(read: Read, name: str, shape: tuple | None) -> Callable[[], np.ndarray]:
-    """A thunk: an ``nn.Linear`` weight ``[out, in]`` as ``[in, out]``, reshaped to ``shape``."""
-    def thunk() -> np.ndarray:
-        x = read(name).T
-        return x if shape is None else x.reshape(shape)
-    return thunk
-
-
-def _gate_up(read: Read, prefix: str, gate: str, up: str) -> Callable[[], np.ndarray]:
-    """A thunk: SwiGLU's ``w_in: [2, d_model, d_ff]``, gate then up (each ``[d_ff, d_model]`` stored)."""
-    return lambda: np.stack([read(f"{prefix}.{gate}.weight").T, read(f"{prefix}.{up}.weight").T])
-
-
 def _is_moe(model_type: str, arch: Mapping[str, Any], layer: int) -> bool:
     """Whether layer ``layer`` is a mixture of experts (MoEGPT's ``architecture.moe.every``)."""
     return model_type in EXPERTS and (layer + 1) % arch.get("moe.every", 1) == 0
-
-
-def _mlp_to_theseus(model_type: str, arch: Mapping[str, Any], layer: int, read: Read,
-                    p: str) -> list[tuple[str, Callable[[], np.ndarray]]]:
-    """Layer ``layer``'s feed-forward params (paths under ``h_i/mlp/``) as thunks: a SwiGLU MLP,
-    or a router ``[d, expert]``, experts ``w_in: [2, expert, d, f]``, ``w_out: [expert, f, d]``
-    and Qwen2-MoE's shared expert with its gate ``[d, 1]``."""
-    if not _is_moe(model_type, arch, layer):
-        return [("w_in", _gate_up(read, f"{p}.mlp", "gate_proj", "up_proj")),
-                ("w_out", _linear(read, f"{p}.mlp.down_proj.weight", None))]
-    module, (gate, up, down) = EXPERTS[model_type]
-    experts = [f"{p}.{module}.experts.{j}" for j in range(arch["moe.n_experts"])]
-    out = [("router", _linear(read, f"{p}.{module}.gate.weight", None)),
-           ("w_in", lambda: np.stack([_gate_up(read, e, gate, up)() for e in experts], axis=1)),
-           ("w_out", lambda: np.stack([read(f"{e}.{down}.weight").T for e in experts]))]
-    if model_type == "qwen2_moe":
-        out += [("shared/w_in", _gate_up(read, f"{p}.mlp.shared_expert", "gate_proj", "up_proj")),
-                ("shared/w_out", _linear(read, f"{p}.mlp.shared_expert.down_proj.weight", None)),
-                ("shared_gate", _linear(read, f"{p}.mlp.shared_expert_gate.weight", None))]
-    return out
-
-
-def _mlp_to_hf(model_type: str, arch: Mapping[str, Any], layer: int, param: Callable[[str], np.ndarray],
-               p: str) -> dict[str, np.ndarray]:
-    """The inverse of ``_mlp_to_theseus``: ``param(path)`` reads ``h_i/mlp/path``."""
-    if not _is_moe(model_type, arch, layer):
-        w_in = param("w_in")
-        return {f"{p}.mlp.gate_proj.weight": w_in[0].T, f"{p}.mlp.up_proj.weight": w_in[1].T,
-                f"{p}.mlp.down_proj.weight": param("w_out").T}
-    module, (gate, up, down) = EXPERTS[model_type]
-    w_in, w_out = param("w_in"), param("w_out")
-    out = {f"{p}.{module}.gate.weight": param("router").T}
-    for j in range(arch["moe.n_experts"]):
-        e = f"{p}.{module}.experts.{j}"
-        out.update({f"{e}.{gate}.weight": w_in[0, j].T, f"{e}.{up}.weight": w_in[1, j].T,
-                    f"{e}.{down}.weight": w_out[j].T})
-    if model_type == "qwen2_moe":
-        shared = param("shared/w_in")
-        out.update({f"{p}.mlp.shared_expert.gate_proj.weight": shared[0].T,
-                    f"{p}.mlp.shared_expert.up_proj.weight": shared[1].T,
-                    f"{p}.mlp.shared_expert.down_proj.weight": param("shared/w_out").T,
-                    f"{p}.mlp.shared_expert_gate.weight": param("shared_gate").T})
-    return out
-
-
-def _gpt2_qkv(read: Read, prefix: str, d: int, heads: int, hd: int) -> Callable[[str, int], np.ndarray]:
-    """``(kind, j)`` -> the j-th of q, k, v in GPT-2's fused ``c_attn`` (weight ``[d, 3d]`` or bias
-    ``[3d]``), as ``[d, heads, head_dim]`` or ``[heads, head_dim]``."""
-    def part(kind: str, j: int) -> np.ndarray:
-        x = np.split(read(f"{prefix}.{kind}"), 3, axis=-1)[j]
-        return x.reshape((d, heads, hd) if kind == "weight" else (heads, hd))
-    return part
 
 
 def _float32(value: Any) -> np.ndarray:

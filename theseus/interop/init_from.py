@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from theseus.config import ConfigError
 from theseus.config.compose import chosen_files
-from theseus.config.registry import every_key, model_class
+from theseus.config.registry import chosen, chosen_schema, model_class, read_saved
 from theseus.data.tokenizer import JSON_FILE, NAMES, ByteTokenizer, HFTokenizer
 from theseus.interop.hf_config import architecture, format_of, read_config
 from theseus.interop.hf_weights import Checkpoint
@@ -89,8 +89,8 @@ def apply_init_from(cfg: DictConfig) -> DictConfig:
     cls = model_class(cfg)
     if not issubclass(cls, GPT) or issubclass(cls, MoEGPT) != (model == "moe"):
         raise ConfigError(f"{KEY}={given} is a Hugging Face {hf['model_type']} checkpoint, which loads into "
-                          f"model={model}, but model={cfg.get('model')}: set model={model}")
-    defaults = every_key()
+                          f"model={model}, but model={chosen(cfg, 'model')}: set model={model}")
+    defaults = chosen_schema(cfg)
     cfg = cfg.copy()
     for name, value in arch.items():
         key = f"architecture.{name}"
@@ -143,8 +143,8 @@ def _from_run(cfg: DictConfig, checkpoint: Path) -> DictConfig:
     if run is None:
         raise ConfigError(f"{KEY}={checkpoint} has no .hydra/config.yaml beside its checkpoints: give the run "
                           f"directory a theseus run wrote")
-    saved = OmegaConf.load(run / ".hydra" / "config.yaml")
-    defaults = every_key()
+    saved = read_saved(run / ".hydra" / "config.yaml")
+    defaults = chosen_schema(cfg)
     cfg = cfg.copy()
     for key in (key for key in defaults if key.startswith("architecture.") or key == "data.tokenizer"):
         value = OmegaConf.select(saved, key)

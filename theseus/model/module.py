@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from theseus.base.axis import ShardingPlan, merge
 from theseus.config.context import Snapshot, active, configuration, configure
-from theseus.config.fields import Configurable, field, specs
+from theseus.config.fields import Configurable, check_ranges, field, specs
 
 M = TypeVar("M", bound="Module")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -48,6 +48,7 @@ class Module(nn.Module, Configurable):
         super().__init_subclass__(**kwargs)
 
     def __post_init__(self):
+        check_ranges(self)  # each field within its declared range
         if self._config is None:
             object.__setattr__(self, "_config", active())
         super().__post_init__()

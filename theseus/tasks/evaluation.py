@@ -30,14 +30,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 from omegaconf import OmegaConf
 
 from theseus.base.mesh import on_devices
-from theseus.config import ConfigError, Configurable, configuration, configure, field, register
+from theseus.config import ConfigError, Configurable, configuration, configure, field
 from theseus.data.dataset import Dataset
 from theseus.data.mixture import Mixture
 from theseus.data.tokenizer import Tokenizer
 from theseus.tasks.multiple_choice import Examples, accuracy, load_examples, log_likelihoods, per_example, score
 
 
-@register("evaluation", "default")
 @dataclasses.dataclass(frozen=True)
 class EvaluationConfig(Configurable):
     RESUMABLE: ClassVar[bool] = True  # every key may change on resuming: none alters the numbers

@@ -16,12 +16,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.config import register
 from theseus.model.moe import MOE_COLLECTION, moe_losses
 from theseus.tasks.task import LossTask
 
 
-@register("task", "lm")
 @dataclasses.dataclass(frozen=True)
 class LanguageModeling(LossTask):
     """Next-token prediction: mean cross-entropy; evaluations also give bits per byte."""

@@ -12,7 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from theseus.config import ConfigError, configuration, configure, field, register
+from theseus.config import ConfigError, configuration, configure, field
 from theseus.stateful.elementwise import Tanh
 from theseus.stateful.fit import FitSettings, train
 from theseus.stateful.linear import Linear
@@ -21,7 +21,6 @@ from theseus.stateful.pmm import AffineEigenvaluePMM
 from theseus.tasks.task import JobTask
 
 
-@register("task", "regression")
 @dataclasses.dataclass(frozen=True)
 class PMMRegression(JobTask):
     """The pmm_regression experiment: an AffineEigenvaluePMM (with a linear read-out of its

@@ -19,8 +19,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from theseus.config import ConfigError, Configurable
-from theseus.config.registry import options
+from theseus.config import Configurable
+from theseus.config.registry import chosen_class
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +62,5 @@ class JobTask(Task):
 
 
 def task_class(cfg: Any) -> type[Task]:
-    """The registered task class a composed config chose (its ``task`` key; ``lm`` unset)."""
-    name = cfg.get("task") or "lm"
-    found = options("task")
-    if name not in found:
-        raise ConfigError(f"unknown task {name!r}; available: {', '.join(found)}")
-    return found[name]
+    """The registered task class a composed config chose."""
+    return chosen_class(cfg, "task")

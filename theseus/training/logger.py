@@ -31,13 +31,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from theseus.config import ConfigError, Configurable, field, register
+from theseus.config import ConfigError, Configurable, field
 from theseus.training.progress import Progress
 from theseus.training.runs import RESULT, record_failure
 from theseus.training.tensorboard import TensorBoard, job_hparams
 
 
-@register("logger", "wandb")
 @dataclasses.dataclass(frozen=True)
 class LoggerConfig(Configurable):
     RESUMABLE: ClassVar[bool] = True  # every key may change on resuming: none alters the numbers

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, ClassVar
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -18,64 +18,35 @@ import optax
 import optax.contrib
 from jax.tree_util import DictKey
 
-from theseus.config import ConfigError, Configurable, field, register
-from theseus.config.registry import options
-
-
-def _name(option: str) -> Any:
-    """The ``optimizer.name`` field of one option: its own name, so a composed config names it."""
-    return field("optimizer.name", default=option, choices=(option,),
-                 help="the chosen optimizer: choose another with optimizer=NAME (the config group)")
-
-
-def _require(key: str, ok: bool, value: Any, legal: str) -> None:
-    """A ConfigError naming ``optimizer.KEY`` when ``ok`` is false."""
-    if not ok:
-        raise ConfigError(f"optimizer.{key} must be {legal}, got {value!r}")
+from theseus.config import FRACTION, NON_NEGATIVE, Configurable, Range, field
+from theseus.config.registry import chosen_class, name_of
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig(Configurable):
     """The settings every optimizer shares; each option subclasses it and adds its own."""
 
-    moments: ClassVar[tuple[str, ...]] = ()  # the option's decay rates, each in [0, 1)
-
-    name: str = _name("adamw")
-    lr: float = field("optimizer.lr", default=3e-4, help="peak learning rate")
+    lr: float = field("optimizer.lr", default=3e-4, check=Range(gt=0, fix="give a peak rate such as optimizer.lr=3e-4"),
+                      help="peak learning rate")
     weight_decay: float = field(
-        "optimizer.weight_decay", default=0.1,
+        "optimizer.weight_decay", default=0.1, check=NON_NEGATIVE,
         help="decoupled weight decay x lr, on weight matrices only (not norms, biases, embeddings)",
     )
-    clip_norm: float | None = field("optimizer.clip_norm", default=1.0, help="global gradient-norm clip; null: off")
+    clip_norm: float | None = field("optimizer.clip_norm", default=1.0,
+                                    check=Range(ge=0, says="0 or more (or null: no clipping)"),
+                                    help="global gradient-norm clip; null: off")
     schedule: str = field("optimizer.schedule", default="cosine", choices=("constant", "cosine", "wsd"),
                           help="learning-rate schedule")
-    warmup_steps: int = field("optimizer.warmup_steps", default=100, help="linear warmup steps")
-    min_lr_ratio: float = field("optimizer.min_lr_ratio", default=0.1,
+    warmup_steps: int = field("optimizer.warmup_steps", default=100, check=NON_NEGATIVE, help="linear warmup steps")
+    min_lr_ratio: float = field("optimizer.min_lr_ratio", default=0.1, check=Range(ge=0, le=1),
                                 help="final lr as a fraction of lr (cosine, wsd)")
-    decay_fraction: float = field("optimizer.decay_fraction", default=0.2, help="wsd: fraction of steps spent decaying")
+    decay_fraction: float = field("optimizer.decay_fraction", default=0.2, check=Range(ge=0, le=1),
+                                  help="wsd: fraction of steps spent decaying")
 
-    def __post_init__(self):
-        """Each setting within its range, so a bad value fails before a run starts."""
-        if self.name != type(self).option():
-            raise ConfigError(f"optimizer.name={self.name} does not choose the optimizer: write "
-                              f"optimizer={self.name} (the config group) instead")
-        if not self.lr > 0:
-            raise ConfigError(f"optimizer.lr must be positive, got {self.lr}: give a peak rate such as "
-                              f"optimizer.lr=3e-4")
-        for key in ("weight_decay", "warmup_steps"):
-            _require(key, getattr(self, key) >= 0, getattr(self, key), "0 or more")
-        if self.clip_norm is not None and not self.clip_norm >= 0:
-            raise ConfigError(f"optimizer.clip_norm must be positive (or null: no clipping), got {self.clip_norm}")
-        for key in ("min_lr_ratio", "decay_fraction"):
-            _require(key, 0 <= getattr(self, key) <= 1, getattr(self, key), "in [0, 1]")
-        for key in self.moments:
-            value, default = getattr(self, key), type(self).__dataclass_fields__[key].default
-            _require(key, 0 <= value < 1, value, f"in [0, 1), e.g. optimizer.{key}={default}")
-
-    @classmethod
-    def option(cls) -> str:
-        """The option name this class is registered under (its ``optimizer.name`` default)."""
-        return cls.__dataclass_fields__["name"].default
+    @property
+    def name(self) -> str:
+        """The option of the ``optimizer`` group this class is (``optimizer=NAME``)."""
+        return name_of("optimizer", type(self))
 
     def direction(self) -> optax.GradientTransformation:
         """The optimizer's own preconditioning of the (clipped) gradient, before decay and lr."""
@@ -87,61 +58,43 @@ class OptimizerConfig(Configurable):
                            optax.scale_by_learning_rate(schedule))
 
 
-@register("optimizer", "adamw")
 @dataclasses.dataclass(frozen=True)
 class AdamW(OptimizerConfig):
     """AdamW (Loshchilov & Hutter): Adam moments with decoupled weight decay."""
 
-    moments = ("b1", "b2")
-    name: str = _name("adamw")
-    b1: float = field("optimizer.b1", default=0.9, help="Adam first-moment decay")
-    b2: float = field("optimizer.b2", default=0.95, help="Adam second-moment decay")
-    eps: float = field("optimizer.eps", default=1e-8, help="Adam epsilon")
-
-    def __post_init__(self):
-        super().__post_init__()
-        _require("eps", self.eps >= 0, self.eps, "0 or more")
+    b1: float = field("optimizer.b1", default=0.9, check=FRACTION, help="Adam first-moment decay")
+    b2: float = field("optimizer.b2", default=0.95, check=FRACTION, help="Adam second-moment decay")
+    eps: float = field("optimizer.eps", default=1e-8, check=NON_NEGATIVE, help="Adam epsilon")
 
     def direction(self) -> optax.GradientTransformation:
         return optax.scale_by_adam(b1=self.b1, b2=self.b2, eps=self.eps)
 
 
-@register("optimizer", "lion")
 @dataclasses.dataclass(frozen=True)
 class Lion(OptimizerConfig):
     """Lion (Chen et al. 2023): the sign of an interpolated momentum; wants a 3-10x lower lr than AdamW."""
 
-    moments = ("b1", "b2")
-    name: str = _name("lion")
-    b1: float = field("optimizer.b1", default=0.9, help="Lion: interpolation of momentum and gradient")
-    b2: float = field("optimizer.b2", default=0.99, help="Lion: momentum decay")
+    b1: float = field("optimizer.b1", default=0.9, check=FRACTION, help="Lion: interpolation of momentum and gradient")
+    b2: float = field("optimizer.b2", default=0.99, check=FRACTION, help="Lion: momentum decay")
 
     def direction(self) -> optax.GradientTransformation:
         return optax.scale_by_lion(b1=self.b1, b2=self.b2)
 
 
-@register("optimizer", "adafactor")
 @dataclasses.dataclass(frozen=True)
 class Adafactor(OptimizerConfig):
     """Adafactor (Shazeer & Stern 2018): factored second moments, update clipping, relative steps."""
 
-    name: str = _name("adafactor")
-    decay_rate: float = field("optimizer.decay_rate", default=0.8, help="Adafactor: second-moment decay exponent")
+    decay_rate: float = field("optimizer.decay_rate", default=0.8, check=Range(gt=0, le=1),
+                              help="Adafactor: second-moment decay exponent")
     clipping_threshold: float | None = field("optimizer.clipping_threshold", default=1.0,
-                                             help="Adafactor: clip each update's RMS to this; null: off")
+                                             check=Range(gt=0, says="positive (or null: off)"), help="Adafactor: clip each update's RMS to this; null: off")
     multiply_by_parameter_scale: bool = field("optimizer.multiply_by_parameter_scale", default=True,
                                               help="Adafactor: scale updates by each parameter block's RMS")
-    min_dim_size_to_factor: int = field("optimizer.min_dim_size_to_factor", default=128,
+    min_dim_size_to_factor: int = field("optimizer.min_dim_size_to_factor", default=128, check=Range(ge=1),
                                         help="Adafactor: factor the moments of dimensions at least this large")
-    momentum: float | None = field("optimizer.momentum", default=None, help="Adafactor: first-moment decay; null: none")
-
-    def __post_init__(self):
-        super().__post_init__()
-        _require("decay_rate", 0 < self.decay_rate <= 1, self.decay_rate, "in (0, 1]")
-        _require("clipping_threshold", self.clipping_threshold is None or self.clipping_threshold > 0,
-                 self.clipping_threshold, "positive (or null: off)")
-        _require("min_dim_size_to_factor", self.min_dim_size_to_factor >= 1, self.min_dim_size_to_factor, "1 or more")
-        _require("momentum", self.momentum is None or 0 <= self.momentum < 1, self.momentum, "in [0, 1) or null")
+    momentum: float | None = field("optimizer.momentum", default=None, check=Range(ge=0, lt=1, says="in [0, 1) or null"),
+                                   help="Adafactor: first-moment decay; null: none")
 
     def direction(self) -> optax.GradientTransformation:
         """optax.adafactor's chain, without its learning rate and its (lr-free) decay."""
@@ -154,41 +107,31 @@ class Adafactor(OptimizerConfig):
         )
 
 
-@register("optimizer", "sgd")
 @dataclasses.dataclass(frozen=True)
 class SGD(OptimizerConfig):
     """Stochastic gradient descent with heavy-ball or Nesterov momentum."""
 
-    name: str = _name("sgd")
-    momentum: float = field("optimizer.momentum", default=0.9, help="SGD momentum; 0: plain SGD")
+    momentum: float = field("optimizer.momentum", default=0.9, check=FRACTION, help="SGD momentum; 0: plain SGD")
     nesterov: bool = field("optimizer.nesterov", default=False, help="SGD: Nesterov momentum")
-
-    def __post_init__(self):
-        super().__post_init__()
-        _require("momentum", 0 <= self.momentum < 1, self.momentum, "in [0, 1), e.g. optimizer.momentum=0.9")
 
     def direction(self) -> optax.GradientTransformation:
         return optax.trace(decay=self.momentum, nesterov=self.nesterov) if self.momentum else optax.identity()
 
 
-@register("optimizer", "muon")
 @dataclasses.dataclass(frozen=True)
 class Muon(OptimizerConfig):
     """Muon (Jordan et al. 2024, ``optax.contrib.muon``): orthogonalised momentum for the weight
     matrices (exactly those ``decay_mask`` decays, with decoupled decay); AdamW without decay
     for embeddings, norms and biases. Both follow the shared schedule."""
 
-    moments = ("beta", "adam_b1", "adam_b2")
-    name: str = _name("muon")
-    beta: float = field("optimizer.beta", default=0.95, help="Muon momentum decay")
-    ns_steps: int = field("optimizer.ns_steps", default=5, help="Muon: Newton-Schulz orthogonalisation steps")
+    beta: float = field("optimizer.beta", default=0.95, check=FRACTION, help="Muon momentum decay")
+    ns_steps: int = field("optimizer.ns_steps", default=5, check=Range(ge=1),
+                          help="Muon: Newton-Schulz orthogonalisation steps")
     nesterov: bool = field("optimizer.nesterov", default=True, help="Muon: Nesterov momentum")
-    adam_b1: float = field("optimizer.adam_b1", default=0.9, help="Muon: first-moment decay of the Adam part")
-    adam_b2: float = field("optimizer.adam_b2", default=0.999, help="Muon: second-moment decay of the Adam part")
-
-    def __post_init__(self):
-        super().__post_init__()
-        _require("ns_steps", self.ns_steps >= 1, self.ns_steps, "1 or more")
+    adam_b1: float = field("optimizer.adam_b1", default=0.9, check=FRACTION,
+                           help="Muon: first-moment decay of the Adam part")
+    adam_b2: float = field("optimizer.adam_b2", default=0.999, check=FRACTION,
+                           help="Muon: second-moment decay of the Adam part")
 
     def transform(self, schedule: optax.Schedule) -> optax.GradientTransformation:
         return optax.contrib.muon(
@@ -199,12 +142,8 @@ class Muon(OptimizerConfig):
 
 
 def optimizer_class(cfg: Any) -> type[OptimizerConfig]:
-    """The registered optimizer class a composed config chose (its ``optimizer.name``)."""
-    name = (cfg.get("optimizer") or {}).get("name", AdamW.option())
-    known = options("optimizer")
-    if name not in known:
-        raise ConfigError(f"unknown optimizer {name!r}; available: {', '.join(known)} (set optimizer=NAME)")
-    return known[name]
+    """The registered optimizer class a composed config chose."""
+    return chosen_class(cfg, "optimizer")
 
 
 def make_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:

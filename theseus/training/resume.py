@@ -25,18 +25,20 @@ from theseus.config.schema import flatten
 MAX_STEPS = "trainer.max_steps"
 
 
-def resumable_keys() -> frozenset[str]:
-    """The keys declared ``resumable`` (by their field or its class) by any registered option."""
+def resumable_keys(*configs: Mapping[str, Any]) -> frozenset[str]:
+    """The keys declared ``resumable`` (by their field or its class) by the options ``configs``
+    chose (none given: by any registered option)."""
     registry.load()
-    return frozenset(key for key, spec in registry.every_key().items() if spec.resumable)
+    schemas = [registry.chosen_schema(cfg) for cfg in configs] or [registry.every_key()]
+    return frozenset(key for schema in schemas for key, spec in schema.items() if spec.resumable)
 
 
 def unsafe_changes(saved: Mapping[str, Any], new: Mapping[str, Any],
                    also: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
     """``(key, saved value, new value)`` for every change a resume cannot honour: any but of a
     resumable key (or of an entry of one: ``mesh.rules.embed``) or of a key in ``also``."""
-    old, cur = flatten(saved), flatten(new)
-    safe = resumable_keys() | set(also)
+    old, cur = ({**flatten(cfg), **flatten({registry.RECORD: registry.choices_of(cfg)})} for cfg in (saved, new))
+    safe = resumable_keys(saved, new) | set(also)
 
     def may_change(key: str) -> bool:
         parts = key.split(".")
@@ -79,7 +81,7 @@ def last_run(root: Path, config: Mapping[str, Any]) -> Path | None:
         run_dir = saved.parent.parent
         if not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*")):
             continue
-        if unsafe_changes(OmegaConf.to_container(OmegaConf.load(saved), resolve=True), config, (MAX_STEPS,)):
+        if unsafe_changes(OmegaConf.to_container(registry.read_saved(saved), resolve=True), config, (MAX_STEPS,)):
             continue
         candidates.append((max(p.stat().st_mtime for p in (run_dir / "checkpoints").iterdir()), run_dir))
     return max(candidates)[1] if candidates else None

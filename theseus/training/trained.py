@@ -68,7 +68,7 @@ def source_config(path: Path, overrides: Sequence[str] = ()) -> DictConfig:
     path = path.expanduser()
     if is_run_dir(path):
         registry.load()
-        return OmegaConf.merge(OmegaConf.load(path / SAVED_CONFIG), OmegaConf.from_dotlist(list(overrides)))
+        return OmegaConf.merge(registry.read_saved(path / SAVED_CONFIG), OmegaConf.from_dotlist(list(overrides)))
     if (path / CONFIG_FILE).is_file():
         cfg = compose([*model_choice(path, overrides), *overrides])  # checked: unknown keys, wrong types
         OmegaConf.update(cfg, INIT_FROM, str(path.resolve()))

@@ -30,7 +30,7 @@ from theseus.base.hardware import peak_flops
 from theseus.base.mesh import MeshConfig, auto_cpu_devices, compiler_options, make_mesh, on_devices, use_cpu_devices
 from theseus.base.target import Target, resolve
 from theseus.config import ConfigError, configuration, configure
-from theseus.config.registry import model_class
+from theseus.config.registry import chosen, model_class, read_saved
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset, planned_vocab_size
 from theseus.interop.hf_config import arch_of
@@ -90,7 +90,7 @@ class Trainer:
             self.task = configure(task_class(cfg))
             self.evaluation = configure(EvaluationConfig)  # its files checked before the data is prepared
         if not isinstance(self.task, LossTask):
-            raise ConfigError(f"task={cfg.get('task')} runs its job itself, not in the trainer: "
+            raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
                               f"run it with python -m theseus.run")
         s = self.settings  # each settings class has checked its own ranges
         micro = s.batch_size // s.grad_accum if s.batch_size % s.grad_accum == 0 else 1
@@ -189,7 +189,7 @@ class Trainer:
                               f"checkpoints/, its checkpoints/ folder or one step's folder (or auto, last, never)")
         saved = run_dir / ".hydra" / "config.yaml"
         if resume in ("auto", "last") and used and saved.is_file():
-            old = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
+            old = OmegaConf.to_container(read_saved(saved), resolve=True)
             check_resume(run_dir, old, OmegaConf.to_container(self.composed, resolve=True),
                          self._extension_problem(run_dir, old["trainer"]["max_steps"]))
         if not self.settings.dry_run:
@@ -222,7 +222,7 @@ class Trainer:
         if not source:
             return None
         checkpoints, run = Checkpointer.at(source), run_of(source)
-        optimizer = OmegaConf.select(OmegaConf.load(run / ".hydra" / "config.yaml"), "optimizer.name") if run else None
+        optimizer = chosen(read_saved(run / ".hydra" / "config.yaml"), "optimizer") if run else None
         return checkpoints, checkpoints.saved_layout(checkpoints.requested_step), optimizer
 
     def _check_init_from(self, target: TrainState) -> None:

@@ -1,6 +1,1 @@
-"""Full models; importing this package registers them as options of the ``model`` group."""
-
-from theseus.model.models.gpt import GPT
-from theseus.model.models.moe_gpt import MoEGPT
-
-__all__ = ["GPT", "MoEGPT"]
+"""Full models, the options of the ``model`` group (declared in ``theseus.options``)."""

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from theseus.base.axis import BATCH, BATCH_MESH_AXES, EMBED, FSDP, HEADS, KV_HEADS, LAYERS, MLP_HIDDEN, SEQ, TENSOR, VOCAB, ShardingPlan
-from theseus.config import ConfigError, configure, field, register
+from theseus.config import FRACTION, POSITIVE, configure, field
 from theseus.model.layers import (
     NORMS,
     Block,
@@ -37,7 +37,6 @@ REMAT_POLICIES: dict[str, Callable] = {
 }
 
 
-@register("model", "gpt")
 class GPT(Module):
     """``tokens: int32[batch, seq] -> logits [batch, seq, vocab_size]`` in the activation dtype.
 
@@ -58,14 +57,17 @@ class GPT(Module):
 
     # The whole architecture, so that a GPT's fields alone determine its network: its children
     # take these values (Module.own_configuration), whatever configuration they are built under.
-    vocab_size: int | None = field("architecture.vocab_size", default=None, help="vocabulary; None: the tokenizer's")
-    seq_len: int = field("architecture.seq_len", default=1024, help="context length; data windows use it")
-    n_layers: int = field("architecture.n_layers", default=12, help="transformer blocks")
-    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
-    n_heads: int = field("architecture.n_heads", default=12, help="attention (query) heads")
-    n_kv_heads: int | None = field("architecture.n_kv_heads", default=None, help="key/value heads; None: n_heads")
-    d_ff: int | None = field("architecture.d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
-    dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
+    vocab_size: int | None = field("architecture.vocab_size", default=None, check=POSITIVE,
+                                   help="vocabulary; None: the tokenizer's")
+    seq_len: int = field("architecture.seq_len", default=1024, check=POSITIVE, help="context length; data windows use it")
+    n_layers: int = field("architecture.n_layers", default=12, check=POSITIVE, help="transformer blocks")
+    d_model: int = field("architecture.d_model", default=768, check=POSITIVE, help="width of the residual stream")
+    n_heads: int = field("architecture.n_heads", default=12, check=POSITIVE, help="attention (query) heads")
+    n_kv_heads: int | None = field("architecture.n_kv_heads", default=None, check=POSITIVE,
+                                   help="key/value heads; None: n_heads")
+    d_ff: int | None = field("architecture.d_ff", default=None, check=POSITIVE,
+                             help="hidden width of the MLP; None: 4 x d_model")
+    dropout: float = field("architecture.dropout", default=0.0, check=FRACTION, help="dropout rate (training only)")
     bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
     qkv_bias: bool = field("architecture.qkv_bias", default=False,
                            help="biases on the query, key and value projections even with bias=false (Qwen2)")
@@ -76,10 +78,12 @@ class GPT(Module):
     positions: str = field(
         "architecture.positions", default="learned", choices=("learned", "rope"), help="position encoding"
     )
-    rope_theta: float = field("architecture.rope_theta", default=10000.0, help="RoPE base wavelength")
-    norm_eps: float = field("architecture.norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
+    rope_theta: float = field("architecture.rope_theta", default=10000.0, check=POSITIVE, help="RoPE base wavelength")
+    norm_eps: float = field("architecture.norm_eps", default=1e-5, check=POSITIVE,
+                            help="epsilon added to the norms' mean square")
     tie_embeddings: bool = field("architecture.tie_embeddings", default=True, help="output head = token embedding")
-    init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
+    init_std: float = field("architecture.init_std", default=0.02, check=POSITIVE,
+                            help="stddev of the normal initialiser")
     attention_impl: str | None = field(
         "architecture.attention_impl", default=None, choices=(None, "xla", "cudnn"),
         help="jax.nn.dot_product_attention implementation; None: JAX chooses",
@@ -97,16 +101,9 @@ class GPT(Module):
 
     def __post_init__(self):
         check_vocab_size(self.vocab_size)
-        for key in ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "rope_theta",
-                    "init_std", "norm_eps"):
-            value = getattr(self, key)
-            if value is not None and value <= 0:
-                raise ConfigError(f"architecture.{key} must be positive, got {value}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"architecture.dropout must be in [0, 1), got {self.dropout}")
+        super().__post_init__()  # each field within its declared range, before the shapes are checked
         check_heads(self.d_model, self.n_heads, self.n_kv_heads, self.positions)
         check_norm(self.norm, type(self))
-        super().__post_init__()
 
     @classmethod
     def components(cls) -> list[type]:

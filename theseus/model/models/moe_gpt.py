@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from theseus.config import ConfigError, field, register
+from theseus.config import ConfigError, field
 from theseus.model.layers import Block
 from theseus.model.models.gpt import GPT
 from theseus.model.moe import MoEBlock
 from theseus.model.module import Module
 
 
-@register("model", "moe")
 class MoEGPT(GPT):
     """GPT with ``moe_block_cls`` at layers ``i`` where ``(i + 1) % every == 0`` (Qwen2-MoE's
     ``decoder_sparse_step``) and ``dense_block_cls`` elsewhere; ``every=1``: every layer."""
