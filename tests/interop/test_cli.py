@@ -9,6 +9,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 from interop.hf_models import CORPUS, hf_logits, torch, transformers
 
 from support import run_python
@@ -49,7 +50,7 @@ def test_a_mixtral_folder_trains_as_model_moe_unless_another_model_is_given(mixt
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"starting from the weights of {mixtral_folder}" in proc.stderr
     run = tmp_path / "a" / "run"
-    assert "model: moe" in (run / ".hydra" / "config.yaml").read_text().splitlines()
+    assert OmegaConf.load(run / ".hydra" / "config.yaml").choices.model == "moe"
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [sum(m[f"moe/load_e{i}"] for i in range(4)) for m in logged if "loss" in m] == pytest.approx([1.0, 1.0])
 
