@@ -39,7 +39,8 @@ def test_init_from_a_folder_without_weights(tmp_path):
 def test_a_step_that_does_not_fit_is_refused_before_the_run(tmp_path):
     """The step's memory (XLA's analysis) against the device's, here trainer.memory_limit: 8 MiB,
     more than gpt_tiny's parameters, optimizer state and batch, less than its activations."""
-    [line] = refused(tmp_path, f"trainer.memory_limit={8 * 2**20}")
+    compiling, line = refused(tmp_path, f"trainer.memory_limit={8 * 2**20}")  # XLA's analysis needs the compile
+    assert compiling == "theseus: compiling GPT's train step for 2 cpu devices (data=2)"
     assert line.startswith("theseus: error: the step needs ")
     assert "per device, more than the 8 MiB of the device (trainer.memory_limit): set trainer.grad_accum=" in line
     accum = int(line.split("trainer.grad_accum=")[1].split()[0])

@@ -40,6 +40,13 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, seq_len: int,
     return TrainState(step=zero, params=params, opt_state=tx.init(params), nonfinite=zero, first_nonfinite=zero)
 
 
+def param_shapes(model: nn.Module, seq_len: int) -> Any:
+    """The parameters' ShapeDtypeStructs (unboxed), traced without allocating: what a
+    checkpoint's weights must match before anything is compiled."""
+    tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
+    return nn.unbox(jax.eval_shape(lambda t: model.init(jax.random.key(0), t, deterministic=True)["params"], tokens))
+
+
 def state_shardings(abstract: TrainState, plan: ShardingPlan, mesh: Mesh) -> Any:
     """NamedShardings for every leaf of a (boxed) abstract state: params and moments by plan."""
     specs = plan.specs(abstract)

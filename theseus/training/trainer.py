@@ -50,7 +50,7 @@ from theseus.training.preemption import Preemption
 from theseus.training.profiler import Profiler
 from theseus.training.progress import RunConsole, evaluation_line
 from theseus.training.resume import check_resume, init_from_problem
-from theseus.training.state import TrainState, bytes_per_device, n_params, sharded_init
+from theseus.training.state import TrainState, bytes_per_device, n_params, param_shapes, sharded_init
 from theseus.training.step import eval_step, train_step
 
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
@@ -193,8 +193,8 @@ class Trainer:
             check_resume(run_dir, old, OmegaConf.to_container(self.composed, resolve=True),
                          self._extension_problem(run_dir, old["trainer"]["max_steps"]))
         if not self.settings.dry_run:
+            self._check_init_from()
             self._check_memory()
-            self._check_init_from(self._built.target)
 
     def _extension_problem(self, run_dir: Path, saved_steps: int) -> str | None:
         """Why ``run_dir`` (trained for ``saved_steps``) cannot go on to this run's
@@ -225,15 +225,16 @@ class Trainer:
         optimizer = chosen(read_saved(run / ".hydra" / "config.yaml"), "optimizer") if run else None
         return checkpoints, checkpoints.saved_layout(checkpoints.requested_step), optimizer
 
-    def _check_init_from(self, target: TrainState) -> None:
+    def _check_init_from(self) -> None:
         """ConfigError when ``trainer.init_from`` (a theseus checkpoint) cannot start this run:
-        another optimizer's state asked for, a parameter of another shape."""
+        another optimizer's state asked for, a parameter of another shape (before compiling)."""
         source = self._init_source()
         if source is None:
             return
         _, layout, optimizer = source
         problem = init_from_problem(self.settings.init_from, optimizer, self.optimizer.name, self.settings.init_optimizer,
-                                    path_shapes(layout["params"]), path_shapes(target.params))
+                                    path_shapes(layout["params"]),
+                                    path_shapes(param_shapes(self.model, self.seq_len)))
         if problem:
             raise ConfigError(problem)
 
@@ -560,8 +561,7 @@ class Trainer:
             self._say(f"starting from the weights of {path}")
             state = state.replace(params=None)
             return state.replace(params=load_params(path, arch_of(self.model), compiled.target.params)), 0, None
-        self._check_init_from(compiled.target)
-        checkpoints, layout, optimizer = source
+        checkpoints, layout, optimizer = source  # checked by check_run_dir
         target = compiled.target
         if optimizer not in (None, self.optimizer.name):  # another optimizer's state: read as saved, then dropped
             replicated = NamedSharding(compiled.mesh, PartitionSpec())
