@@ -133,8 +133,10 @@ def test_a_step_that_does_not_fit_is_told_a_setting_that_makes_it_fit(tmp_path):
 def test_a_llama_over_a_multi_host_v5p_with_data_fsdp_and_tensor_axes(tmp_path):
     llama = ["architecture.positions=rope", "architecture.activation=swiglu", "architecture.norm=rmsnorm",
              "architecture.n_heads=4", "architecture.n_kv_heads=2"]
-    corpus = ["data.source=text", f"data.path={tmp_path}/on_the_cluster.txt"]  # a plan reads only the tokenizer
-    [table] = dry_run(tmp_path, *llama, *corpus, "mesh.target=tpu:v5p-16", "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")
+    # a plan reads only the tokenizer: a mixture's corpus may be on the cluster alone
+    mixture = f"data.mixture={{web: {{source: text, path: '{tmp_path}/on_the_cluster', weight: 0.7}}, " \
+              "code: {source: stdlib, weight: 0.3}}"
+    [table] = dry_run(tmp_path, *llama, mixture, "mesh.target=tpu:v5p-16", "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")
     assert "data=2 x fsdp=2 x expert=1 x tensor=2 = 8 x TPU v5 on 2 hosts" in row(table, "mesh")
     assert row(table, "fits").startswith("yes")
     assert float(row(table, "predicted: collectives / step").split()[0]) > 0
@@ -143,8 +145,9 @@ def test_a_llama_over_a_multi_host_v5p_with_data_fsdp_and_tensor_axes(tmp_path):
 @pytest.mark.slow
 def test_the_collectives_of_scanned_layers_count_once_per_layer(tmp_path):
     # data parallel: every gradient is all-reduced once, whether its layer is unrolled or in a scan's body
+    corpus = ["data.source=text", f"data.path={tmp_path}/on_the_cluster.txt"]  # a plan reads only the tokenizer
     unrolled, scanned = dry_run(tmp_path, "-m", "architecture.scan_layers=false,true", "mesh.target=tpu:v5e-8",
-                                "mesh.data=8", "architecture.n_layers=3")
+                                "mesh.data=8", "architecture.n_layers=3", *corpus)
     sent = [re.search(r"\((\S+ \S+) sent per device", row(t, "predicted: collectives / step")).group(1)
             for t in (unrolled, scanned)]
     assert sent[0] == sent[1]
