@@ -1,10 +1,13 @@
-"""Data: the loader's throughput (tokens/s) against what training consumes.
+"""Data: the loader's throughput (tokens/s) against what training consumes, per process.
 
 For each job's batch shape: the bare gather (``Windows.batch``, on the calling thread), the
 loader as the trainer sees it (``next()``, fed by its prefetching thread), and that plus the
-global device array the trainer builds from each batch. Demand is the most a job could eat:
-its tokens/s at 100% MFU, on this machine (gpt_small, the measured CPU peak) and on an H200
-(gpt2_124m, bf16 from the peak table).
+global device array the trainer builds from each batch. Every source reads memory-mapped token
+shards (stdlib's are prepared into the cache); the mixture draws each sequence from one of two
+by weight. Demand is the most one process could eat: its devices' tokens/s at 100% MFU, on this
+machine (gpt_small, the measured CPU peak), and for the largest shipped experiment (gpt2_124m)
+on the target whose process drives the most FLOP/s: a B200 node (``gpu:b200x8``, one process
+for its 8 GPUs; a TPU host has 4 or 8 chips of at most 918 TFLOP/s), bf16 from the peak table.
 
     python benchmarks/data.py [--seconds S]
 """
@@ -17,13 +20,18 @@ import time
 import jax
 from common import experiment, make_trainer, save, show
 
+from theseus.base.axis import MESH_AXES
 from theseus.base.hardware import lookup
 
-# job -> (overrides, device kind for demand; None: this machine's). Bytes as tokens: the
-# loader gathers the same int windows whatever the tokenizer.
+# job -> (overrides, (device kind, devices per process) for demand; None: this machine's).
+# Bytes as tokens: the loader gathers the same int windows whatever the tokenizer.
+GPT2 = [*experiment("gpt2_124m"), "data.tokenizer=byte"]
+NODE = ("NVIDIA B200", 8)
 JOBS = {
     "gpt_small": (experiment("gpt_small"), None),
-    "gpt2_124m": ([*experiment("gpt2_124m"), "data.tokenizer=byte"], "NVIDIA H200"),
+    "gpt2_124m": (GPT2, NODE),
+    "gpt2_124m mixture": ([*GPT2, "data.mixture={a: {source: stdlib, weight: 0.7}, b: {source: stdlib, weight: 0.3}}"],
+                          NODE),
 }
 
 
@@ -37,11 +45,11 @@ def rate(fetch, tokens_per_call: int, seconds: float) -> float:
 
 
 def measure(job: str, seconds: float) -> dict:
-    overrides, device_kind = JOBS[job]
+    overrides, demand_on = JOBS[job]
     trainer = make_trainer(overrides)
     s = trainer.settings
     loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.data_config.seed)
-    mesh = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"))
+    mesh = jax.make_mesh((1,) * len(MESH_AXES), MESH_AXES)
     windows, position = loader.windows, iter(range(0, 1 << 62, loader.windows.stride))
     rates = {
         "gather": rate(lambda: windows.batch(next(position)), trainer.tokens_per_step, seconds),
@@ -51,10 +59,11 @@ def measure(job: str, seconds: float) -> dict:
     }
     loader.close()
     flops_per_token = trainer.flops_per_step / trainer.tokens_per_step
-    peak = lookup(device_kind).peak("bfloat16") if device_kind else trainer.peak()[0] * jax.device_count()
+    kind, devices = demand_on or (jax.devices()[0].device_kind, jax.device_count())
+    peak = lookup(kind).peak("bfloat16") * devices if demand_on else trainer.peak()[0] * devices
     demand = peak / flops_per_token
     return {"batch_size": s.batch_size, "seq_len": trainer.seq_len, "tokens_per_step": trainer.tokens_per_step,
-            "tokens_per_s": rates, "demand_device": device_kind or jax.devices()[0].device_kind,
+            "tokens_per_s": rates, "demand_device": f"{devices} x {kind}",
             "demand_tokens_per_s_at_100pct_mfu": demand,
             "headroom": {name: r / demand for name, r in rates.items()}}
 

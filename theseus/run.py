@@ -154,7 +154,7 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     (one each; none for a task of its own, or one checked where it runs), or None when there
     is nothing left for Hydra to do (a dry run has been done).
     """
-    from theseus.sweep import print_plans
+    from theseus.sweep import print_plans, write_plan
     from theseus.tasks.task import JobTask, task_class
     from theseus.training.trainer import Trainer
 
@@ -180,9 +180,15 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
         trainers.append(trainer)
         labels.append(overrides)
     if trainers and all(t.settings.dry_run for t in trainers):
+        plan_file = trainers[0].settings.plan_file
+        if plan_file and not Path(plan_file).absolute().parent.is_dir():
+            raise ConfigError(f"trainer.plan_file={plan_file}: its folder does not exist")
         plans = [trainer.dry_run() for trainer in trainers]
         if len(plans) > 1 and any(plan["target"] for plan in plans):
             print_plans(labels, plans)
+        if plan_file:
+            write_plan(plan_file, labels, plans)
+            print(f"plan: {plan_file} ({sum(plan['fits'] is True for plan in plans)} of {len(plans)} points fit)")
         return None
     return base, trainers
 

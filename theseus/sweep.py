@@ -137,6 +137,18 @@ def print_plans(jobs: Sequence[Sequence[str]], plans: Sequence[dict]) -> None:
     console.print(out)
 
 
+PLANNING = ("trainer.dry_run", "mesh.target", "trainer.plan_file")  # what a planned point's real run drops
+
+
+def write_plan(path: Path | str, jobs: Sequence[Sequence[str]], plans: Sequence[dict]) -> None:
+    """``trainer.plan_file``: one JSON line per point (``jobs``: each job's overrides), with the
+    overrides that run it on its target (the planning keys dropped), and its plan: target,
+    fits, memory and limit (bytes per chip), predicted step_s and chip_hours. Replaced whole."""
+    lines = [json.dumps({"overrides": [o for o in job if o.lstrip("+~").split("=")[0] not in PLANNING], **plan})
+             for job, plan in zip(jobs, plans)]
+    _replace(Path(path), "".join(line + "\n" for line in lines))
+
+
 def log_groups(config: DictConfig, sweep_dir: Path, jobs: Sequence[Job]) -> None:
     """With seeds swept and W&B on (``logger.mode``), a W&B run ``seed groups`` in the sweep's
     group (its jobs' group): a table of each group's mean, interval and p-value, and the same

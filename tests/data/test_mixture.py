@@ -121,7 +121,6 @@ def test_a_mixture_of_two_corpora_prepares_each_once_and_normalises_weights(tmp_
     ({"source": "web", "path": "a.txt", "weight": 1},
      "data.mixture.web.source='web' is not a source: use one of stdlib, text, shards"),
     ({"source": "text", "weight": 1}, "data.mixture.web.path is missing: source text reads a file, folder or glob"),
-    ({"source": "text", "path": "missing.txt", "weight": 1}, "data.mixture.web.path=missing.txt does not exist"),
     ({"source": "text", "path": "a.txt", "weight": 1, "tokenizer": "bpe"},
      "data.mixture.web.tokenizer is not a mixture key: a source takes only source, path, weight"),
     ("a.txt", "data.mixture.web must be a mapping of source, path and weight"),
@@ -132,6 +131,14 @@ def test_a_bad_source_is_one_line_naming_its_key(entry, message, tmp_path, monke
     with pytest.raises(ConfigError) as err:
         DataConfig(mixture={"web": entry})
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_missing_path_is_refused_when_the_source_is_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = DataConfig(mixture={"web": {"source": "text", "path": "missing.txt", "weight": 1}})  # a plan reads no corpus
+    with pytest.raises(ConfigError) as err:
+        open_dataset(cfg)
+    assert str(err.value) == "data.mixture.web.path=missing.txt does not exist: point it at a file, a folder or a glob"
 
 
 def test_a_fitted_tokenizer_is_refused_for_a_mixture():

@@ -4,7 +4,7 @@ lacks, as a user meets it (``python -m theseus.run ... trainer.dry_run=true mesh
 from __future__ import annotations
 
 import importlib.util
-
+import json
 import re
 
 import pytest
@@ -12,6 +12,7 @@ import pytest
 from support import run_python
 from theseus.base.target import parse, torus
 from theseus.config import ConfigError
+from theseus.training.config import TrainerConfig
 
 pytest.importorskip("libtpu", reason="the plan extra: pip install 'theseus[plan]'")
 
@@ -60,6 +61,12 @@ def test_target_names_parse_as_the_clouds_sell_them():
         parse("tpu:v9-8")
 
 
+def test_a_plan_file_is_written_only_by_a_dry_run():
+    assert TrainerConfig(dry_run=True, plan_file="plan.jsonl").plan_file == "plan.jsonl"
+    with pytest.raises(ConfigError, match=r"^trainer.plan_file=plan.jsonl is written by a dry run: add trainer.dry_run=true$"):
+        TrainerConfig(plan_file="plan.jsonl")
+
+
 @pytest.mark.slow
 def test_a_bad_target_is_one_line_and_a_target_needs_a_dry_run(tmp_path):
     proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", "mesh.target=gpu:rtx4090x2", cwd=tmp_path)
@@ -70,6 +77,11 @@ def test_a_bad_target_is_one_line_and_a_target_needs_a_dry_run(tmp_path):
     proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", "mesh.target=tpu:v5e-8",
                       "trainer.batch_size=12", cwd=tmp_path)  # found once libtpu has made the slice: still one line
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "use a multiple of 8" in proc.stderr
+    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", "mesh.target=tpu:v5e-8",
+                      "trainer.plan_file=missing/plan.jsonl", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr == (
+        "theseus: error: trainer.plan_file=missing/plan.jsonl: its folder does not exist\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
@@ -96,7 +108,8 @@ def test_a_step_that_does_not_fit_is_told_a_setting_that_makes_it_fit(tmp_path):
     wide = ["architecture.d_model=192", "architecture.n_layers=2", "architecture.remat=full",
             "trainer.memory_limit=10000000"]
     proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", "-m", "mesh.target=tpu:v5e-8",
-                      "mesh.fsdp=1,8", *wide, f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+                      "mesh.fsdp=1,8", *wide, f"hydra.sweep.dir={tmp_path}/sweep", "trainer.plan_file=plan.jsonl",
+                      cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     replicated, sharded = tables_of(proc.stderr)
     assert row(replicated, "fits").startswith("NO") and "shard them (mesh.fsdp)" in replicated.splitlines()[-1]
@@ -105,14 +118,25 @@ def test_a_step_that_does_not_fit_is_told_a_setting_that_makes_it_fit(tmp_path):
             if line.startswith("│ mesh.fsdp=")}  # the sweep's table: the point that does not fit is marked
     assert plan == {"mesh.fsdp=1": "NO", "mesh.fsdp=8": "yes"}
     assert not (tmp_path / "sweep").exists()
+    # trainer.plan_file: each point's plan, and the overrides that run it on the target (planning keys dropped)
+    assert proc.stdout.splitlines()[-1] == "plan: plan.jsonl (1 of 2 points fit)"
+    points = [json.loads(line) for line in (tmp_path / "plan.jsonl").read_text().splitlines()]
+    assert [point["overrides"] for point in points] == [[*TINY, f"mesh.fsdp={n}", *wide, f"hydra.sweep.dir={tmp_path}/sweep"]
+                                                        for n in (1, 8)]
+    assert [(p["target"], p["fits"], p["limit"]) for p in points] == [("tpu:v5e-8", False, 10000000),
+                                                                      ("tpu:v5e-8", True, 10000000)]
+    assert points[0]["memory"] > 10000000 >= points[1]["memory"] > 0
+    assert all(p["step_s"] > 0 and p["chip_hours"] == pytest.approx(p["step_s"] * 60 * 8 / 3600) for p in points)
 
 
 @pytest.mark.slow
 def test_a_llama_over_a_multi_host_v5p_with_data_fsdp_and_tensor_axes(tmp_path):
     llama = ["architecture.positions=rope", "architecture.activation=swiglu", "architecture.norm=rmsnorm",
              "architecture.n_heads=4", "architecture.n_kv_heads=2"]
-    corpus = ["data.source=text", f"data.path={tmp_path}/on_the_cluster.txt"]  # a plan reads only the tokenizer
-    [table] = dry_run(tmp_path, *llama, *corpus, "mesh.target=tpu:v5p-16", "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")
+    # a plan reads only the tokenizer: a mixture's corpus may be on the cluster alone
+    mixture = f"data.mixture={{web: {{source: text, path: '{tmp_path}/on_the_cluster', weight: 0.7}}, " \
+              "code: {source: stdlib, weight: 0.3}}"
+    [table] = dry_run(tmp_path, *llama, mixture, "mesh.target=tpu:v5p-16", "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")
     assert "data=2 x fsdp=2 x expert=1 x tensor=2 = 8 x TPU v5 on 2 hosts" in row(table, "mesh")
     assert row(table, "fits").startswith("yes")
     assert float(row(table, "predicted: collectives / step").split()[0]) > 0
@@ -121,8 +145,9 @@ def test_a_llama_over_a_multi_host_v5p_with_data_fsdp_and_tensor_axes(tmp_path):
 @pytest.mark.slow
 def test_the_collectives_of_scanned_layers_count_once_per_layer(tmp_path):
     # data parallel: every gradient is all-reduced once, whether its layer is unrolled or in a scan's body
+    corpus = ["data.source=text", f"data.path={tmp_path}/on_the_cluster.txt"]  # a plan reads only the tokenizer
     unrolled, scanned = dry_run(tmp_path, "-m", "architecture.scan_layers=false,true", "mesh.target=tpu:v5e-8",
-                                "mesh.data=8", "architecture.n_layers=3")
+                                "mesh.data=8", "architecture.n_layers=3", *corpus)
     sent = [re.search(r"\((\S+ \S+) sent per device", row(t, "predicted: collectives / step")).group(1)
             for t in (unrolled, scanned)]
     assert sent[0] == sent[1]

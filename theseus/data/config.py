@@ -59,7 +59,8 @@ class DataConfig(Configurable):
 
 def check_source(key: str, entry: object) -> None:
     """ConfigError naming ``KEY.FIELD`` unless ``entry`` is ``{source, path, weight}`` with a known
-    source, a positive weight, and a path (that exists, unless a glob) where the source reads one."""
+    source, a positive weight, and a path where the source reads one (whether it exists is
+    ``check_path``'s, when the source is read: a planned run reads none)."""
     example = f"{key}={{source: text, path: corpus.txt, weight: 0.5}}"
     if not isinstance(entry, Mapping):
         raise ConfigError(f"{key} must be a mapping of source, path and weight, got {entry!r}: e.g. {example}")
@@ -77,5 +78,9 @@ def check_source(key: str, entry: object) -> None:
         return
     if path is None:
         raise ConfigError(f"{key}.path is missing: source {source} reads a file, folder or glob there")
-    if not glob.has_magic(str(path)) and not os.path.exists(os.path.expanduser(str(path))):
+
+
+def check_path(key: str, path: str | None) -> None:
+    """ConfigError naming ``KEY.path`` unless ``path`` (a source's; None for stdlib) exists or is a glob."""
+    if path is not None and not glob.has_magic(str(path)) and not os.path.exists(os.path.expanduser(str(path))):
         raise ConfigError(f"{key}.path={path} does not exist: point it at a file, a folder or a glob")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from theseus.config import ConfigError
-from theseus.data.config import DataConfig
+from theseus.data.config import DataConfig, check_path
 from theseus.data.loader import Loader
 from theseus.data.mixture import Mixture
 from theseus.data.prepare import prepare
@@ -75,6 +75,8 @@ def open_dataset(cfg: DataConfig) -> Dataset | Mixture:
     """
     if cfg.mixture:
         sources = cfg.sources()
+        for name, (source, _) in sources.items():
+            check_path(f"data.mixture.{name}", source.path)
         return Mixture({name: open_source(c) for name, (c, _) in sources.items()},
                        {name: weight for name, (_, weight) in sources.items()})
     return open_source(cfg)

@@ -31,6 +31,9 @@ class TrainerConfig(Configurable):
     seed: int = field("trainer.seed", default=0, help="seed of parameter init and dropout")
     dry_run: bool = field("trainer.dry_run", default=False, help="build and compile, print memory and FLOPs, then exit",
                           resumable=True)
+    plan_file: str | None = field("trainer.plan_file", default=None,
+                                  help="with trainer.dry_run: write each point (its overrides, fit, memory, predicted "
+                                       "step time and chip-hours) as a line of this JSONL file", resumable=True)
     skip_nonfinite: bool = field("trainer.skip_nonfinite", default=False,
                                  help="skip updates whose loss or gradients are NaN/Inf (counted) instead of stopping")
     init_from: str | None = field("trainer.init_from", default=None,
@@ -63,5 +66,7 @@ class TrainerConfig(Configurable):
         if steps is not None and (len(steps) != 2 or not 1 <= steps[0] <= steps[1]):
             raise ConfigError(f"trainer.profile_steps must be [START, END] with 1 <= START <= END (the steps "
                               f"to trace), got {list(steps)}")
+        if self.plan_file and not self.dry_run:
+            raise ConfigError(f"trainer.plan_file={self.plan_file} is written by a dry run: add trainer.dry_run=true")
         if not self.resume:
             raise ConfigError("trainer.resume is empty: set it to auto, last, never or a checkpoint path")
