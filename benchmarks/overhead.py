@@ -37,7 +37,7 @@ from common import child, experiment, interleaved, make_trainer, program_cost, s
 
 from theseus.data.loader import Windows
 from theseus.training.logger import RunLogger
-from theseus.training.loop import Loop
+from theseus.training.loop import LoopState
 from theseus.training.optimizer import decay_mask
 
 # Settings the bare loop implements too: no dropout, a cosine schedule, no accumulation.
@@ -62,7 +62,7 @@ class TheseusLoop:
         loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.data_config.seed,
                                         prefetch=trainer.prefetch)
         logger = RunLogger(trainer.logger_config, run_dir, resolved_config=trainer.resolved, total_steps=s.max_steps)
-        self.loop = Loop(run_dir, self.compiled, self.compiled.init(), loader, logger, checkpointer=None,
+        self.loop = LoopState(run_dir, self.compiled, self.compiled.init(), loader, logger, checkpointer=None,
                          dropout_key=jax.random.key(s.seed + 1), peak=trainer.peak()[0], step=0,
                          last_step=s.max_steps)
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from theseus.config.compose import compose
-from theseus.training.loop import LogWindow, Loop
+from theseus.training.loop import LogWindow, LoopState
 from theseus.training.trainer import Trainer
 
 TINY = ["+experiment=gpt_tiny", "trainer.max_steps=6", "trainer.eval_every=0", "trainer.eval_batches=1",
@@ -25,7 +25,7 @@ class Profiled(Trainer):
         self.seen: list[int] = []
         return [*super().hooks(), self.every_other_step]
 
-    def every_other_step(self, loop: Loop) -> None:
+    def every_other_step(self, loop: LoopState) -> None:
         if loop.due(2):
             self.seen.append(loop.step)
 

@@ -1,8 +1,8 @@
 """The training loop's state between steps, and its log window: the one place time is kept.
 
 ``Trainer.run`` takes a step, then runs its hooks (log, preempt, evaluate, checkpoint) on the
-``Loop``; each hook decides with ``Loop.due`` whether its cadence falls on this step. A new
-piece of cadence (a profiler, an extra evaluation) is one more hook.
+``LoopState``; each hook decides with ``LoopState.due`` whether its cadence falls on this step.
+A new piece of cadence (a profiler, an extra evaluation) is one more hook.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class LogWindow:
 
 
 @dataclass
-class Loop:
+class LoopState:
     """A run in progress: what the trainer's step and hooks read and update."""
 
     run_dir: Path
@@ -99,4 +99,4 @@ class Loop:
         return (every > 0 and self.step % every == 0) or self.step == self.last_step
 
 
-Hook = Callable[[Loop], None]  # runs after every step; decides with loop.due whether it acts
+Hook = Callable[[LoopState], None]  # runs after every step; decides with loop.due whether it acts

@@ -23,11 +23,9 @@ from jax.sharding import Mesh
 from omegaconf import DictConfig, OmegaConf
 
 from theseus.base.axis import ShardingPlan
-from theseus.base.mesh import MeshConfig, make_mesh, use_cpu_devices
-from theseus.config import ConfigError, configuration, configure, registry
+from theseus.base.mesh import make_mesh, use_cpu_devices
+from theseus.config import ConfigError, registry
 from theseus.config.compose import compose
-from theseus.config.registry import model_class
-from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.data.tokenizer import JSON_FILE, HFTokenizer, Tokenizer
 from theseus.interop.hf_config import CONFIG_FILE, arch_of
@@ -35,10 +33,9 @@ from theseus.interop.init_from import KEY as INIT_FROM
 from theseus.interop.init_from import apply_init_from, model_choice
 from theseus.interop.loading import load_params
 from theseus.training.checkpoint import Checkpointer
-from theseus.training.config import TrainerConfig
-from theseus.training.optimizer import make_optimizer, optimizer_class
+from theseus.training.optimizer import make_optimizer
+from theseus.training.resolve import configure_settings, resolve_model
 from theseus.training.state import TrainState, sharded_init
-from theseus.training.trainer import with_vocab
 
 SAVED_CONFIG = Path(".hydra") / "config.yaml"
 
@@ -109,18 +106,13 @@ def load_trained(path: Path, step: int | None = None) -> Trained:
     when there is none, or the folder lacks its tokenizer.json."""
     path = path.expanduser()
     cfg = apply_init_from(source_config(path))
-    with configuration(cfg):
-        data, mesh_config, settings = configure(DataConfig), configure(MeshConfig), configure(TrainerConfig)
-        optimizer = configure(optimizer_class(cfg))
-    use_cpu_devices(mesh_config.cpu_devices)  # before anything counts the devices
-    tokenizer = open_dataset(data).tokenizer if is_run_dir(path) else _folder_tokenizer(path)
-    cfg = with_vocab(cfg, tokenizer.vocab_size)
-    with configuration(cfg):
-        model = configure(model_class(cfg))
-    mesh = make_mesh(mesh_config)
-    plan = mesh_config.apply(model.plan())
-    tx, _ = make_optimizer(optimizer, settings.max_steps)  # a checkpoint's state holds the optimizer's too
-    _, target, _ = sharded_init(model, tx, model.seq_len, settings.seed, plan, mesh)
+    settings = configure_settings(cfg)
+    use_cpu_devices(settings.mesh.cpu_devices)  # before anything counts the devices
+    tokenizer = open_dataset(settings.data).tokenizer if is_run_dir(path) else _folder_tokenizer(path)
+    cfg, model, plan = resolve_model(cfg, tokenizer.vocab_size, settings.mesh)
+    mesh = make_mesh(settings.mesh)
+    tx, _ = make_optimizer(settings.optimizer, settings.trainer.max_steps)  # a checkpoint's state holds its too
+    _, target, _ = sharded_init(model, tx, model.seq_len, settings.trainer.seed, plan, mesh)
     params, at = trained_params(path, step, model, target)
     return Trained(path, cfg, model, params, tokenizer, mesh, plan, at)
 

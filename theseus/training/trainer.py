@@ -27,11 +27,10 @@ from optax import ScaleByScheduleState
 
 from theseus.base.axis import BATCH_MESH_AXES
 from theseus.base.hardware import peak_flops
-from theseus.base.mesh import MeshConfig, auto_cpu_devices, compiler_options, make_mesh, on_devices, use_cpu_devices
+from theseus.base.mesh import auto_cpu_devices, compiler_options, make_mesh, on_devices, use_cpu_devices
 from theseus.base.target import Target, resolve
 from theseus.config import ConfigError, configuration, configure
-from theseus.config.registry import chosen, model_class, read_saved
-from theseus.data.config import DataConfig
+from theseus.config.registry import chosen, read_saved
 from theseus.data.dataset import open_dataset, planned_vocab_size
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import apply_init_from, run_of, theseus_checkpoint
@@ -39,21 +38,20 @@ from theseus.interop.loading import load_params
 from theseus.tasks.evaluation import EvaluationConfig, evaluate, load_evaluations
 from theseus.tasks.task import LossTask, task_class
 from theseus.training.checkpoint import Checkpointer, path_shapes
-from theseus.training.config import TrainerConfig
 from theseus.training.fit_check import Fit, check_fit, device_memory
 from theseus.training.logger import LoggerConfig, RunLogger, scrub, secrets, sync_command
-from theseus.training.loop import Hook, Loop
+from theseus.training.loop import Hook, LoopState
 from theseus.training.metrics import format_bytes, format_duration, format_si, memory_report, throughput, xla_flops
-from theseus.training.optimizer import make_optimizer, make_schedule, optimizer_class
+from theseus.training.optimizer import make_optimizer, make_schedule
 from theseus.training.predict import Prediction, predict
 from theseus.training.preemption import Preemption
 from theseus.training.profiler import Profiler
 from theseus.training.progress import RunConsole, evaluation_line
+from theseus.training.resolve import check_model, configure_settings, resolve_model
 from theseus.training.resume import check_resume, init_from_problem
 from theseus.training.state import TrainState, bytes_per_device, n_params, param_shapes, sharded_init
 from theseus.training.step import eval_step, train_step
 
-VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
 ADVICE_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each setting it would advise
 
 
@@ -81,11 +79,10 @@ class Trainer:
     def __init__(self, cfg: DictConfig):
         self.composed = cfg
         cfg = apply_init_from(cfg)  # trainer.init_from: a Hugging Face folder's architecture and tokenizer
+        settings = configure_settings(cfg)
+        self.settings, self.optimizer = settings.trainer, settings.optimizer
+        self.data_config, self.mesh_config = settings.data, settings.mesh
         with configuration(cfg):
-            self.settings = configure(TrainerConfig)
-            self.optimizer = configure(optimizer_class(cfg))
-            self.data_config = configure(DataConfig)
-            self.mesh_config = configure(MeshConfig)
             self.logger_config = configure(LoggerConfig)
             self.task = configure(task_class(cfg))
             self.evaluation = configure(EvaluationConfig)  # its files checked before the data is prepared
@@ -112,15 +109,12 @@ class Trainer:
         if s.batch_size % processes:
             raise ConfigError(f"trainer.batch_size={s.batch_size} must divide by the {processes} "
                               f"processes: each reads an equal share of every batch")
-        declared = OmegaConf.select(cfg, "architecture.vocab_size")
-        with configuration(cfg):  # the model's own checks, before the data is prepared (minutes)
-            configure(model_class(cfg), vocab_size=declared or VOCAB_MULTIPLE)
+        check_model(cfg)
         # a planned run reads no data (its corpus may be on the cluster): the tokenizer alone sizes the vocabulary
         self.dataset = None if self.target else open_dataset(self.data_config)
-        vocab = planned_vocab_size(self.data_config, declared) if self.target else self.dataset.vocab_size
-        self.cfg = with_vocab(cfg, vocab)
-        with configuration(self.cfg):
-            self.model = configure(model_class(self.cfg))
+        vocab = (planned_vocab_size(self.data_config, OmegaConf.select(cfg, "architecture.vocab_size"))
+                 if self.target else self.dataset.vocab_size)
+        self.cfg, self.model, self.plan = resolve_model(cfg, vocab, self.mesh_config)
         self.seq_len = self.model.seq_len
         for split in ("train", "val") if self.dataset else ():
             if self.dataset.n_tokens(split) < self.seq_len + 1:
@@ -129,7 +123,6 @@ class Trainer:
                     f"architecture.seq_len+1={self.seq_len + 1}: lower architecture.seq_len, use more data or "
                     f"raise data.val_fraction"
                 )
-        self.plan = self.mesh_config.apply(self.model.plan())
         self.evaluations = load_evaluations(self.cfg, self.dataset, self.model, self.data_config.seed, self.prefetch,
                                             self.evaluation) if self.dataset else None
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
@@ -407,7 +400,7 @@ class Trainer:
         every = self.settings.log_every
         return min(self.settings.max_steps, (step // every + 1) * every)
 
-    def start(self, run_dir: Path) -> Loop:
+    def start(self, run_dir: Path) -> LoopState:
         """Compile, restore the state (a checkpoint or a fresh init) and the loader, open the
         logger with the run's summary: the loop before its first step."""
         s = self.settings
@@ -425,7 +418,7 @@ class Trainer:
         logger = RunLogger(self.logger_config, run_dir, resolved_config=self.resolved, total_steps=s.max_steps,
                            start_step=start, is_main=jax.process_index() == 0, record=self.console.record)
         logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
-        return Loop(run_dir, compiled, state, loader, logger, checkpointer, jax.random.key(s.seed + 1), peak,
+        return LoopState(run_dir, compiled, state, loader, logger, checkpointer, jax.random.key(s.seed + 1), peak,
                     step=start, last_step=s.max_steps,
                     profiler=Profiler(s.profile_steps, run_dir / "profile", report=self._say))
 
@@ -434,7 +427,7 @@ class Trainer:
         first: the window it closes ends when its last step has finished."""
         return [self.log, self.preempt, self.evaluate, self.checkpoint]
 
-    def train_step(self, loop: Loop) -> None:
+    def train_step(self, loop: LoopState) -> None:
         """One optimizer step on the loader's next batch (dispatched: nothing waits for it)."""
         loop.profiler.on_step(loop.step + 1, loop.state)
         tokens = self._global_batch(next(loop.loader), loop.compiled.mesh)
@@ -442,12 +435,12 @@ class Trainer:
         loop.step += 1
         loop.window.add(loop.metrics["loss"], loop.loader.last_wait)
 
-    def log(self, loop: Loop) -> None:
+    def log(self, loop: LoopState) -> None:
         """Every ``trainer.log_every`` steps: log the window's metrics."""
         if loop.due(self.settings.log_every):
             self.log_window(loop)
 
-    def log_window(self, loop: Loop) -> dict[str, float]:
+    def log_window(self, loop: LoopState) -> dict[str, float]:
         """Log the metrics of the steps since the last log (``loss``: their mean; lr, grad_norm:
         the last step's; throughput from the mean step time), then stop on a NaN/Inf."""
         metrics = loop.window.close(loop.metrics)
@@ -458,17 +451,17 @@ class Trainer:
         self._check_finite(loop.state, loop.checkpointer)
         return metrics
 
-    def preempt(self, loop: Loop) -> None:
+    def preempt(self, loop: LoopState) -> None:
         """Agree on a stop signal (compared across processes at log steps only)."""
         loop.stop = loop.preemption.agreed(loop.step, now=loop.due(self.settings.log_every))
 
-    def evaluate(self, loop: Loop) -> None:
+    def evaluate(self, loop: LoopState) -> None:
         """Every ``trainer.eval_every`` steps: the validation loss, logged with the task's metrics."""
         loop.evaluated = loop.due(self.settings.eval_every)
         if loop.evaluated:
             self._evaluate_now(loop, record=True)
 
-    def _evaluate_now(self, loop: Loop, record: bool) -> None:
+    def _evaluate_now(self, loop: LoopState, record: bool) -> None:
         """Evaluate the current params and show the numbers; ``record``: also log them."""
         metrics = self.evaluation_metrics(loop.compiled, loop.state.params)
         loop.val_loss, loop.evaluation = metrics["val_loss"], (loop.step, metrics)
@@ -476,14 +469,14 @@ class Trainer:
             loop.logger.log(loop.step, metrics, progress=False)
         loop.logger.message(evaluation_line(loop.step, metrics))
 
-    def checkpoint(self, loop: Loop) -> None:
+    def checkpoint(self, loop: LoopState) -> None:
         """Every ``trainer.checkpoint_every`` steps, and when stopping: save (asynchronously)."""
         if loop.due(self.settings.checkpoint_every) or loop.stop:
             self._check_finite(loop.state, loop.checkpointer)
             loop.checkpointer.save(loop.step, loop.state, loop.loader.get_state(), self.resolved,
                                    loop.val_loss if loop.evaluated else None)
 
-    def _report_end(self, loop: Loop) -> None:
+    def _report_end(self, loop: LoopState) -> None:
         """The session's summary table, then the commands that go on from the run."""
         run_dir, step = loop.run_dir, loop.step
         kept = loop.checkpointer.steps()
@@ -644,25 +637,6 @@ class Trainer:
         ]
         rows += [(f"XLA {name} / device", format_bytes(v)) for name, v in compiled.memory.items()]
         return rows
-
-
-def with_vocab(cfg: DictConfig, vocab_size: int) -> DictConfig:
-    """``cfg`` with architecture.vocab_size from the tokenizer (or checked against it).
-
-    Unset, it is the tokenizer's size rounded up to a multiple of VOCAB_MULTIPLE, so that the
-    embedding splits evenly over tensor-parallel devices and matmuls tile well (nanoGPT pads
-    GPT-2's 50257 to 50304 for the same reason); the extra rows are never targets.
-    """
-    declared = OmegaConf.select(cfg, "architecture.vocab_size")
-    if declared is not None and declared < vocab_size:
-        raise ConfigError(
-            f"architecture.vocab_size={declared} is smaller than the tokenizer's vocabulary ({vocab_size}): "
-            f"set architecture.vocab_size>={vocab_size} or leave it unset"
-        )
-    cfg = cfg.copy()
-    padded = -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-    OmegaConf.update(cfg, "architecture.vocab_size", declared or padded, force_add=True)
-    return cfg
 
 
 def restart_schedule(opt_state: Any) -> Any:
