@@ -262,3 +262,50 @@ def test_dropless_decoding_through_the_cache_equals_the_full_pass():
     for _ in range(4):
         expected = jnp.concatenate([expected, model.apply({"params": params}, expected)[:, -1:].argmax(-1)], axis=1)
     np.testing.assert_array_equal(out, expected)
+
+
+def test_route_bias_chooses_the_experts_and_the_gates_stay_unbiased():
+    layer, params, x = build(top_k=2, capacity_factor=None, bias_update_rate=0.01)
+    assert float(jnp.abs(params["b_route"]).max()) == 0  # initialised to zero
+    unbiased, _ = reference({k: v for k, v in params.items() if k != "b_route"}, x, 2, None, swiglu=False)
+    assert np.allclose(layer.apply({"params": params}, x), unbiased, atol=1e-4)
+    # a bias of 2 on expert 3 makes it every token's choice (probabilities are below 1)
+    biased = {**params, "b_route": jnp.array([0.0, 0.0, 0.0, 2.0])}
+    y, sown = layer.apply({"params": biased}, x, mutable=[MOE_COLLECTION])
+    _, metrics = moe_losses(sown)
+    assert float(metrics["moe/load_e3"]) == pytest.approx(0.5)
+    assert float(metrics["moe/bias_e3"]) == 2.0
+    logits = np.asarray(x, np.float64) @ np.asarray(params["router"], np.float64)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    other = np.argmax(np.where(np.arange(E) == 3, -1, probs), -1)  # the best of the rest
+    expected = np.zeros_like(np.asarray(x, np.float64))
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    for b, s in np.ndindex(*x.shape[:2]):
+        gates = probs[b, s, [3, other[b, s]]] / probs[b, s, [3, other[b, s]]].sum()
+        for gate, e in zip(gates, [3, other[b, s]], strict=True):
+            expected[b, s] += gate * expert_mlp(np.asarray(x[b, s], np.float64), p["w_in"][:, e], p["w_out"][e], False)
+    assert np.allclose(y, expected, atol=1e-4)
+
+
+def test_route_bias_gradient_is_the_load_imbalance_and_the_loss_unchanged():
+    with configuration(tiny(moe={"bias_update_rate": 0.01})):
+        model = configure(MoEGPT)
+    with configuration(tiny()):
+        plain = configure(MoEGPT)
+    tokens = jax.random.randint(jax.random.key(2), (2, 17), 0, 64)
+    params = model.init(jax.random.key(0), tokens[:, :-1])["params"]
+    task = LanguageModeling()
+    (loss, metrics), grads = jax.value_and_grad(lambda p: task.loss_and_metrics(model, p, tokens, None),
+                                                has_aux=True)(params)
+    no_bias = jax.tree.map(lambda p: p, params)
+    for block in no_bias.values():
+        if isinstance(block, dict) and "mlp" in block:
+            del block["mlp"]["b_route"]
+    assert float(loss) == float(task.loss_and_metrics(plain, no_bias, tokens, None)[0])
+    _, sown = model.apply({"params": params}, tokens[:, :-1], mutable=[MOE_COLLECTION])
+    layers = [name for name in params if isinstance(params[name], dict) and "mlp" in params[name]]
+    assert len(layers) == 4
+    for name in layers:
+        load = sown[MOE_COLLECTION][name]["mlp"]["routing"][0]["load"]
+        np.testing.assert_allclose(nn.unbox(grads[name]["mlp"]["b_route"]), (load - 1 / E) / len(layers), atol=1e-7)

@@ -96,11 +96,13 @@ def test_flops_agree_with_xla(corpus, tmp_path):
 
 @pytest.mark.slow
 def test_moe_small_logs_each_experts_load(corpus, tmp_path):
-    """The README's command, on an expert-parallel mesh of 2 CPU devices, two steps."""
+    """The README's command, on an expert-parallel mesh of 2 CPU devices, two steps, with
+    bias-balanced routing: its biases are logged, zero at the first step, then each moved by
+    the rate (their mean over layers within it)."""
     proc = run_python("-m", "theseus.run", "+experiment=moe_small", "mesh.expert=2", "mesh.cpu_devices=2",
                       "data.source=text", f"data.path={corpus}", "data.val_fraction=0.2", "trainer.max_steps=2",
                       "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "logger.mode=disabled",
-                      "hydra.run.dir=run", cwd=tmp_path)
+                      "architecture.moe.bias_update_rate=0.001", "hydra.run.dir=run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     logged = [line for line in lines if "loss" in line]
@@ -110,3 +112,6 @@ def test_moe_small_logs_each_experts_load(corpus, tmp_path):
         assert sum(loads) == pytest.approx(1.0, abs=1e-5) and min(loads) >= 0
         assert 0 <= line["moe/dropped"] < 1 and line["moe/aux_loss"] > 0 and line["moe/z_loss"] > 0
         assert line["loss"] > line["lm_loss"] and math.isfinite(line["mfu"])
+    biases = [[line[f"moe/bias_e{i}"] for i in range(8)] for line in logged]
+    assert biases[0] == [0.0] * 8
+    assert all(abs(b) <= 0.001 * (1 + 1e-6) for b in biases[1]) and any(b != 0 for b in biases[1])

@@ -63,3 +63,48 @@ def test_nonfinite_updates_are_refused(skip):
     moved = not np.allclose(after_next.params["w"], after_bad.params["w"])
     assert moved == skip  # skipping goes on; stopping keeps the last good state
     assert int(after_next.step) == 3 and int(after_next.first_nonfinite) == 2
+
+
+def moe_steps(rate: float, steps: int) -> tuple[list[float], list[dict], dict]:
+    """``steps`` AdamW steps of a 2-layer MoEGPT (4 experts, top-1) whose router is scaled up to
+    route unevenly, on one fixed batch: each step's mean over layers of the largest expert's
+    load, the biases before each step, and the first step's per-layer loads."""
+    from theseus.config import configuration, configure
+    from theseus.model.models.moe_gpt import MoEGPT
+    from theseus.model.moe import MOE_COLLECTION
+    from theseus.tasks.lm import LanguageModeling
+
+    arch = {"n_layers": 2, "d_model": 32, "n_heads": 4, "seq_len": 16, "vocab_size": 64,
+            "moe": {"n_experts": 4, "top_k": 1, "capacity_factor": None, "bias_update_rate": rate}}
+    with configuration({"architecture": arch}):
+        model = configure(MoEGPT)
+    tx = optax.adamw(1e-4, weight_decay=0.1)  # slow: the router learns little in the steps
+    state = nn.unbox(init_state(model, tx, seq_len=16, seed=0))
+    state = state.replace(params=jax.tree_util.tree_map_with_path(
+        lambda path, p: p * 30 if path[-1].key == "router" else p, state.params))
+    tokens = jax.random.randint(jax.random.key(1), (1, 8, 17), 0, 64)
+    step = jax.jit(functools.partial(train_step, model=model, task=LanguageModeling(), tx=tx, schedule=lambda s: 1e-4))
+    _, sown = model.apply({"params": state.params}, tokens[0, :, :-1], mutable=[MOE_COLLECTION])
+    first = {name: layer["mlp"]["routing"][0]["load"] for name, layer in sown[MOE_COLLECTION].items()}
+    largest, biases = [], []
+    for _ in range(steps):
+        biases.append({name: state.params[name]["mlp"].get("b_route") for name in first})
+        state, metrics = step(state, tokens, jax.random.key(0))
+        largest.append(max(float(metrics[f"moe/load_e{i}"]) for i in range(4)))
+    return largest, biases, first
+
+
+def test_bias_balanced_routing_moves_each_bias_by_the_rate_against_its_load():
+    """DeepSeek-V3's update outside the gradient: after one step each layer's bias is
+    ``-rate x sign(load - 1/4)`` of the first step's loads (AdamW, weight decay on, leaves it
+    to that), and over steps the largest expert's load falls, where without the bias it stays."""
+    rate = 0.05
+    largest, biases, first = moe_steps(rate, 12)
+    after_one = {name: np.asarray(b) for name, b in moe_steps(rate, 2)[1][1].items()}
+    for name, load in first.items():
+        np.testing.assert_array_equal(np.asarray(biases[0][name]), 0.0)
+        np.testing.assert_allclose(after_one[name], -rate * np.sign(np.asarray(load) - 0.25), rtol=1e-6)
+    unbalanced, no_bias, _ = moe_steps(0.0, 12)
+    assert all(b is None for step in no_bias for b in step.values())  # rate 0: no parameter
+    assert largest[0] == pytest.approx(unbalanced[0]) and largest[0] > 0.3  # balanced: 0.25
+    assert max(largest[-4:]) < 0.27 < min(unbalanced[-4:]), (largest, unbalanced)

@@ -15,6 +15,15 @@ sequence, then a sharding constraint moves the ``expert`` dimension onto the ``e
 axis (XLA emits an all-to-all over it), the experts compute where their weights live, and the
 reverse constraint brings the results back (another all-to-all) to be combined.
 
+Bias-balanced routing (DeepSeek-V3's auxiliary-loss-free balancing), with
+``bias_update_rate`` gamma > 0: a per-expert bias ``b_route: [expert]`` is added to the
+routing probabilities to choose the top-k only (the gates stay the unbiased probabilities),
+and after each step, outside the gradient, ``b_e -= gamma x sign(load_e - 1 / n_experts)``
+(``route_bias_step``): an overloaded expert is chosen less. The bias is a parameter whose
+gradient channel carries the step's load imbalance (``_sow`` adds ``(b - stop_gradient(b)) x
+imbalance`` to the loss: zero in value); the train step takes that channel out
+(``route_bias_signal``) before the norm, clipping and optimizer see the gradients.
+
 The layer sows into the ``moe`` collection (``nn.Module.sow``) what the task adds to the loss
 and logs: ``moe_losses`` reads it back.
 
@@ -47,6 +56,7 @@ from theseus.model.layers import MLP, Block, dense, param
 from theseus.model.module import Module
 
 MOE_COLLECTION = "moe"  # the Flax collection the layers sow their routing statistics into
+ROUTE_BIAS = "b_route"  # the name of bias-balanced routing's per-expert bias (a bias: never weight-decayed)
 
 
 class MoE(Module):
@@ -84,6 +94,10 @@ class MoE(Module):
                             help="coefficient of the load-balancing loss (Switch/Mixtral; top_k at perfect balance)")
     z_loss: float = field("architecture.moe.z_loss", default=0.001,
                           help="coefficient of the router z-loss, mean logsumexp(router logits)^2 (ST-MoE)")
+    bias_update_rate: float = field(
+        "architecture.moe.bias_update_rate", default=0.0,
+        help="bias-balanced routing (DeepSeek-V3): each step, a per-expert selection bias moves by this much "
+             "against the expert's load imbalance; 0: off")
 
     shared_cls: ClassVar[type[Module]] = MLP
 
@@ -96,7 +110,7 @@ class MoE(Module):
         if self.capacity_factor is not None and not self.capacity_factor > 0:
             raise ConfigError(f"architecture.moe.capacity_factor must be positive (or null: dropless), "
                               f"got {self.capacity_factor}")
-        for key in ("shared_d_ff", "aux_loss", "z_loss"):
+        for key in ("shared_d_ff", "aux_loss", "z_loss", "bias_update_rate"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"architecture.moe.{key} must be >= 0, got {getattr(self, key)}")
         super().__post_init__()
@@ -133,6 +147,8 @@ class MoE(Module):
         self.w_out = param(self, "w_out", init, (EXPERT_AXIS, MLP_HIDDEN, EMBED), (e, f, d))
         self.shared = configure(self.shared_cls, d_ff=self.shared_d_ff) if self.shared_d_ff else None
         self.gate = param(self, "shared_gate", init, (EMBED, None), (d, 1)) if self.shared and self.shared_gate else None
+        self.route_bias = (param(self, ROUTE_BIAS, nn.initializers.zeros, (None,), (e,))
+                           if self.bias_update_rate else None)
         self.drop = nn.Dropout(self.dropout)
 
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
@@ -144,6 +160,9 @@ class MoE(Module):
         logits = nn.with_logical_constraint(logits, (BATCH, SEQ, None))
         probs = jax.nn.softmax(logits, axis=-1)  # [batch, seq, expert]
         weights, experts = _top_k(probs, k)  # [batch, seq, k]
+        if self.route_bias is not None:  # the bias chooses the experts; their gates stay unbiased
+            _, experts = _top_k(probs + jax.lax.stop_gradient(self.route_bias.astype(jnp.float32)), k)
+            weights = jnp.take_along_axis(probs, experts, axis=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdims=True)
         slot, kept = _slots(experts, e, c)  # [batch, seq, k]: e * c + position, or e * c when dropped
@@ -191,16 +210,22 @@ class MoE(Module):
 
         ``load``: each expert's share of the top-k choices (before capacity; sums to 1);
         ``balance``: Switch/Mixtral's ``n_experts x sum_e (choices_e / tokens) x mean prob_e``;
-        ``z``: mean ``logsumexp(logits)^2``; ``dropped``: the fraction of choices over capacity.
+        ``z``: mean ``logsumexp(logits)^2``; ``dropped``: the fraction of choices over capacity;
+        ``bias``: bias-balanced routing's bias, whose gradient is ``load - 1 / n_experts``.
         """
         chosen = jax.nn.one_hot(experts, self.n_experts, dtype=jnp.float32).sum(-2)  # [batch, seq, expert]
         per_token = chosen.mean((0, 1))
         balance = self.n_experts * jnp.sum(per_token * probs.mean((0, 1)))
         z = jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-        self.sow(MOE_COLLECTION, "routing", {
-            "penalty": self.aux_loss * balance + self.z_loss * z, "balance": balance, "z": z,
-            "dropped": (~kept).astype(jnp.float32).mean(), "load": per_token / self.top_k,
-        })
+        load = per_token / self.top_k
+        routing = {"penalty": self.aux_loss * balance + self.z_loss * z, "balance": balance, "z": z,
+                   "dropped": (~kept).astype(jnp.float32).mean(), "load": load}
+        if self.route_bias is not None:
+            bias = self.route_bias.astype(jnp.float32)
+            imbalance = jax.lax.stop_gradient(load - 1 / self.n_experts)
+            routing["penalty"] += jnp.sum((bias - jax.lax.stop_gradient(bias)) * imbalance)
+            routing["bias"] = bias
+        self.sow(MOE_COLLECTION, "routing", routing)
 
     def flops(self, seq: int) -> int:
         """The router (d_model x experts) for every token, the ``top_k`` experts each token
@@ -246,7 +271,8 @@ def moe_losses(sown: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The auxiliary loss and routing metrics from a model's ``moe`` collection, averaged over
     its MoE layers (a scan's stacked layers included): ``(penalty, metrics)``, ``(0, {})``
     for a model without them. Metrics: ``moe/aux_loss`` (load balance), ``moe/z_loss``,
-    ``moe/dropped`` (fraction of choices over capacity), ``moe/load_e{i}`` (expert i's share)."""
+    ``moe/dropped`` (fraction of choices over capacity), ``moe/load_e{i}`` (expert i's share),
+    with bias-balanced routing ``moe/bias_e{i}`` (expert i's selection bias)."""
     layers = jax.tree.leaves(sown, is_leaf=lambda node: isinstance(node, dict) and "penalty" in node)
     if not layers:
         return jnp.zeros((), jnp.float32), {}
@@ -259,4 +285,26 @@ def moe_losses(sown: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
     load = mean("load", trailing=1)
     metrics = {"moe/aux_loss": mean("balance"), "moe/z_loss": mean("z"), "moe/dropped": mean("dropped"),
                **{f"moe/load_e{i}": load[i] for i in range(load.shape[0])}}
+    if "bias" in layers[0]:
+        bias = mean("bias", trailing=1)
+        metrics.update({f"moe/bias_e{i}": bias[i] for i in range(bias.shape[0])})
     return mean("penalty"), metrics
+
+
+def _is_route_bias(path: tuple) -> bool:
+    return getattr(path[-1], "key", None) == ROUTE_BIAS
+
+
+def route_bias_signal(grads: Any) -> tuple[Any, Any]:
+    """Split a gradient tree: ``(grads, signal)``, the routing biases' entries zeroed in the first
+    (the optimizer leaves a parameter of zero gradient where it is), their gradients (each
+    expert's load imbalance, ``load - 1 / n_experts`` up to a positive scale) in the second
+    (zero elsewhere)."""
+    signal = jax.tree_util.tree_map_with_path(lambda p, g: g if _is_route_bias(p) else jnp.zeros_like(g), grads)
+    return jax.tree_util.tree_map_with_path(lambda p, g: jnp.zeros_like(g) if _is_route_bias(p) else g, grads), signal
+
+
+def route_bias_step(params: Any, signal: Any, rate: float) -> Any:
+    """DeepSeek-V3's bias update: ``b -= rate x sign(load imbalance)`` for every routing bias."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, w, g: (w - rate * jnp.sign(g)).astype(w.dtype) if _is_route_bias(p) else w, params, signal)

@@ -5,7 +5,9 @@ A batch arrives as ``batch: [grad_accum, micro_batch, *example]`` (the task's ex
 micro-batch (its metrics, such as a mixture of experts' routing, are averaged like the loss).
 Gradients of the micro-batches are summed in a ``lax.scan`` so memory holds one micro-batch of
 activations at a time; each micro-batch's loss is scaled by 1 / grad_accum first, so the sum
-is the mean.
+is the mean. A model with bias-balanced routing (``bias_update_rate``, see
+``theseus.model.moe``) has its routing biases updated from their gradient channel, outside
+the optimizer.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from theseus.model.moe import route_bias_signal, route_bias_step
 from theseus.tasks.task import LossTask
 from theseus.training.state import TrainState
 
@@ -48,9 +51,14 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
                               jax.eval_shape(micro_loss, state.params, tokens[0], step_key)[1])
     (loss, grads, task_metrics), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros, no_metrics),
                                                   (jnp.arange(n_micro), tokens))
+    bias_rate = getattr(model, "bias_update_rate", 0.0)
+    if bias_rate:
+        grads, bias_signal = route_bias_signal(grads)
     grad_norm = optax.global_norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    if bias_rate:
+        params = route_bias_step(params, bias_signal, bias_rate)
 
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     first = jnp.where((state.first_nonfinite == 0) & ~finite, state.step + 1, state.first_nonfinite)

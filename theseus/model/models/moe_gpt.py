@@ -27,6 +27,8 @@ class MoEGPT(GPT):
 
     every: int = field("architecture.moe.every", default=1,
                        help="a mixture-of-experts feed-forward every N-th layer (layers N-1, 2N-1, ...), dense between")
+    bias_update_rate: float = field("architecture.moe.bias_update_rate", default=0.0,
+                                    help="bias-balanced routing's step size (the train step applies it)")
 
     def __post_init__(self):
         if self.every < 1:
