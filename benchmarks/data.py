@@ -47,8 +47,8 @@ def rate(fetch, tokens_per_call: int, seconds: float) -> float:
 def measure(job: str, seconds: float) -> dict:
     overrides, demand_on = JOBS[job]
     trainer = make_trainer(overrides)
-    s = trainer.settings
-    loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.data_config.seed)
+    s = trainer.settings.trainer
+    loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.settings.data.seed)
     mesh = jax.make_mesh((1,) * len(MESH_AXES), MESH_AXES)
     windows, position = loader.windows, iter(range(0, 1 << 62, loader.windows.stride))
     rates = {

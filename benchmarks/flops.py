@@ -101,7 +101,7 @@ def count(size: str) -> dict:
             "vocab_size": m.vocab_size, "n_params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
             "model_flops": analytic, **{f"{k}_flops": v for k, v in counts.items()},
             **{f"{k}_over_model": v / analytic for k, v in counts.items()},
-            "batch_size": trainer.settings.batch_size, "train_step_xla_over_model": step.xla_flops / trainer.flops_per_step,
+            "batch_size": trainer.settings.trainer.batch_size, "train_step_xla_over_model": step.xla_flops / trainer.flops_per_step,
             "compile_s": seconds}
 
 

@@ -42,7 +42,7 @@ class Config:
         self.trainer = make_trainer(overrides)
         self.compiled = self.trainer.build()
         self.state = self.compiled.init()
-        s = self.trainer.settings
+        s = self.trainer.settings.trainer
         loader = self.trainer.dataset.loader("train", self.trainer.seq_len, s.batch_size, seed=0)
         self.tokens = self.trainer._global_batch(next(loader), self.compiled.mesh)
         loader.close()

@@ -3,7 +3,7 @@
 Both sides train the same GPT (the same Flax module, initial parameters, dtype, batches and
 AdamW settings) in one process, interleaved one log window at a time. The theseus side is
 the step ``Trainer.build()`` compiles, driven by the trainer's own loop methods
-(``Trainer.train_step``: the prefetching loader, the global batch, the step call;
+(``Trainer.take_step``: the prefetching loader, the global batch, the step call;
 ``Trainer.log_window`` at each window's end: the metrics fetch, throughput, the logger
 (metrics.jsonl and the console line) and the non-finite check). The bare side is what
 one writes by hand: a jitted value_and_grad + optax update, ``device_put`` of a numpy batch.
@@ -56,12 +56,12 @@ class TheseusLoop:
     ``log_window`` (the other hooks, a few integer tests and a preemption flag read, left out)."""
 
     def __init__(self, trainer, run_dir: Path):
-        s = trainer.settings
+        s = trainer.settings.trainer
         self.trainer, self.every = trainer, s.log_every
         self.compiled = trainer.build()
-        loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.data_config.seed,
+        loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.settings.data.seed,
                                         prefetch=trainer.prefetch)
-        logger = RunLogger(trainer.logger_config, run_dir, resolved_config=trainer.resolved, total_steps=s.max_steps)
+        logger = RunLogger(trainer.logging, run_dir, resolved_config=trainer.resolved, total_steps=s.max_steps)
         self.loop = LoopState(run_dir, self.compiled, self.compiled.init(), loader, logger, checkpointer=None,
                          dropout_key=jax.random.key(s.seed + 1), peak=trainer.peak()[0], step=0,
                          last_step=s.max_steps)
@@ -74,7 +74,7 @@ class TheseusLoop:
         """Run one log window; ``(seconds per step, mean loss of its steps)``."""
         clock = time.perf_counter()
         for _ in range(self.every):
-            self.trainer.train_step(self.loop)
+            self.trainer.take_step(self.loop)
         with contextlib.redirect_stdout(io.StringIO()):  # the console line, kept off this table
             metrics = self.trainer.log_window(self.loop)
         return (time.perf_counter() - clock) / self.every, metrics["loss"]
@@ -84,7 +84,7 @@ class BareLoop:
     """The hand-written loop: same module, init, batches and optimizer settings, nothing else."""
 
     def __init__(self, trainer):
-        s, o, model = trainer.settings, trainer.optimizer, trainer.model
+        s, o, model = trainer.settings.trainer, trainer.settings.optimizer, trainer.model
         self.every = s.log_every
         tokens = jnp.zeros((1, trainer.seq_len), jnp.int32)
         self.params = jax.jit(lambda: nn.unbox(model.init(jax.random.key(s.seed), tokens)["params"]))()
@@ -94,7 +94,7 @@ class BareLoop:
                               optax.adamw(schedule, o.b1, o.b2, o.eps, weight_decay=o.weight_decay, mask=decay_mask))
         self.opt_state = self.tx.init(self.params)
         self.step = jax.jit(functools.partial(_bare_step, model, self.tx), donate_argnums=(0, 1))
-        self.windows = Windows(trainer.dataset.tokens["train"], trainer.seq_len, s.batch_size, trainer.data_config.seed)
+        self.windows = Windows(trainer.dataset.tokens["train"], trainer.seq_len, s.batch_size, trainer.settings.data.seed)
         self.position = 0
 
     def window(self) -> tuple[float, float]:
@@ -122,7 +122,7 @@ def _bare_step(model, tx, params, opt_state, batch):
 def measure(name: str, rounds: int) -> dict:
     """Interleave the two loops for ``rounds`` windows each (after one warm-up window)."""
     exp, extra, _ = CASES[name]
-    job = make_trainer([*experiment(exp), *extra]).settings  # the job's schedule, lengthened if too short
+    job = make_trainer([*experiment(exp), *extra]).settings.trainer  # the job's schedule, lengthened if too short
     every, steps = job.log_every, max(job.max_steps, (rounds + 1) * job.log_every)
     trainer = make_trainer([*experiment(exp), *extra, *FAIR, f"trainer.max_steps={steps}"])
     with tempfile.TemporaryDirectory() as run_dir:
@@ -145,7 +145,7 @@ def measure(name: str, rounds: int) -> dict:
     loss_gap = max(abs(a - b) / abs(b) for a, b in zip(losses["theseus"], losses["bare"], strict=True))
     theseus, base = spread(samples["theseus"]), spread(samples["bare"])
     return {"experiment": exp, "stand_in": stand_in(exp), "overrides": [*extra, *FAIR],
-            "batch_size": trainer.settings.batch_size, "seq_len": trainer.seq_len, "steps_per_window": every,
+            "batch_size": trainer.settings.trainer.batch_size, "seq_len": trainer.seq_len, "steps_per_window": every,
             "rounds": rounds, "warmup_seconds": warm, "theseus_step_s": theseus, "bare_step_s": base,
             "ratio": theseus["median"] / base["median"],
             "paired_ratio": float(np.median(np.divide(samples["theseus"], samples["bare"]))),

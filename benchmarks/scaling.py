@@ -48,7 +48,7 @@ class Layout:
         self.trainer = make_trainer([*MODEL, f"mesh.data={data}", f"mesh.fsdp={fsdp}", f"mesh.tensor={tensor}"])
         self.compiled = self.trainer.build()
         self.state = self.compiled.init()
-        s = self.trainer.settings
+        s = self.trainer.settings.trainer
         self.loader = self.trainer.dataset.loader("train", self.trainer.seq_len, s.batch_size, seed=0,
                                                   prefetch=self.trainer.prefetch)
         self.key = jax.random.key(s.seed + 1)

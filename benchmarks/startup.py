@@ -102,8 +102,8 @@ def _time_phases(overrides: list[str]) -> None:
     state = compiled.init()
     jax.block_until_ready(state)
     lap("init: compile + run")
-    s = trainer.settings
-    loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.data_config.seed)
+    s = trainer.settings.trainer
+    loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.settings.data.seed)
     tokens = trainer._global_batch(next(loader), compiled.mesh)
     lap("loader + first batch")
     trainer.peak()

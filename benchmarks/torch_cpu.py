@@ -75,7 +75,7 @@ class TorchSide:
         m = trainer.model
         torch.manual_seed(0)
         self.model = TorchGPT(m.vocab_size, m.seq_len, m.d_model, m.n_layers, m.n_heads)
-        o = trainer.optimizer
+        o = trainer.settings.optimizer
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.b1, o.b2), eps=o.eps,
                                      weight_decay=o.weight_decay)
         self.batches = [torch.from_numpy(b.astype(np.int64)) for b in batches]
@@ -124,7 +124,7 @@ def main() -> None:
     data = ["data.source=text", f"data.path={args.data}", "data.tokenizer=char"] if args.data.is_file() else []
     devices = [f"mesh.cpu_devices={args.cpu_devices}"] if args.cpu_devices is not None else []
     trainer = make_trainer(["+experiment=gpt_tiny", *data, *CONFIG, *devices, *args.extra])
-    loader = trainer.dataset.loader("train", trainer.seq_len, trainer.settings.batch_size, seed=0)
+    loader = trainer.dataset.loader("train", trainer.seq_len, trainer.settings.trainer.batch_size, seed=0)
     batches = [next(loader) for _ in range(8)]  # [1, batch, seq + 1] each
     loader.close()
     flat = [b.reshape(-1, b.shape[-1]) for b in batches]  # [batch, seq + 1]

@@ -1,4 +1,4 @@
-"""The import graph of theseus is layered and acyclic (DESIGN.md: config -> base -> model ->
+"""The import graph of theseus is layered and acyclic (README, Layout: config -> base -> model ->
 stateful / data -> tasks / interop -> training -> entry points).
 
 Every module under theseus/ is parsed with ``ast`` (nothing is imported); every ``theseus.*``

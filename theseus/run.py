@@ -154,14 +154,13 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     (one each; none for a task of its own, or one checked where it runs), or None when there
     is nothing left for Hydra to do (a dry run has been done).
     """
-    from theseus.sweep import print_plans, write_plan
-    from theseus.tasks.task import JobTask, task_class
-    from theseus.training.trainer import Trainer
-
     check_words(argv)
     base = compose(job_overrides(argv)[0], hydra=True)  # the first job of the command line: its sweep file
     if INFO_FLAGS & set(argv):
         return base, []
+    from theseus.tasks.task import JobTask, task_class  # the trainer's imports: after a typo's error, not before
+    from theseus.training.trainer import Trainer
+
     if not is_multirun(argv):
         base = continue_last(base)  # trainer.resume=last: the run directory this command continues
     initialize(_job(base)[0])  # join the job (several hosts) before anything touches a device
@@ -179,8 +178,10 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
             trainer.check_run_dir(run_dir)
         trainers.append(trainer)
         labels.append(overrides)
-    if trainers and all(t.settings.dry_run for t in trainers):
-        plan_file = trainers[0].settings.plan_file
+    if trainers and all(t.settings.trainer.dry_run for t in trainers):
+        from theseus.sweep import print_plans, write_plan
+
+        plan_file = trainers[0].settings.trainer.plan_file
         if plan_file and not Path(plan_file).absolute().parent.is_dir():
             raise ConfigError(f"trainer.plan_file={plan_file}: its folder does not exist")
         plans = [trainer.dry_run() for trainer in trainers]

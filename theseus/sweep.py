@@ -115,6 +115,14 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
     return jobs
 
 
+PLANNING = ("trainer.dry_run", "mesh.target", "trainer.plan_file")  # what a planned point's real run drops
+
+
+def runnable(job: Sequence[str]) -> list[str]:
+    """A planned point's overrides less the planning keys: what runs it on its target."""
+    return [o for o in job if o.lstrip("+~").split("=")[0] not in PLANNING]
+
+
 def print_plans(jobs: Sequence[Sequence[str]], plans: Sequence[dict]) -> None:
     """A planned sweep (``trainer.dry_run=true mesh.target=...``) as one table: each point's
     swept overrides (``jobs``: each job's overrides), whether it fits, its memory per chip, its
@@ -127,7 +135,8 @@ def print_plans(jobs: Sequence[Sequence[str]], plans: Sequence[dict]) -> None:
         out.add_column(column, justify="left" if column in ("point", "target", "fits") else "right")
     for job, plan in zip(jobs, plans):
         fits = {True: "yes", False: "NO", None: ""}[plan["fits"]]
-        out.add_row(" ".join(o for o in job if o not in shared) or "all", plan["target"] or "this machine", fits,
+        point = " ".join(o for o in runnable(job) if o not in shared) or "all"
+        out.add_row(point, plan["target"] or "this machine", fits,
                     f"{format_bytes(plan['memory'])} of {format_bytes(plan['limit'])}" if plan["memory"] else "",
                     f"{plan['step_s'] * 1e3:.4g} ms" if plan["step_s"] else "",
                     f"{plan['chip_hours']:.3g}" if plan["chip_hours"] is not None else "",
@@ -137,15 +146,11 @@ def print_plans(jobs: Sequence[Sequence[str]], plans: Sequence[dict]) -> None:
     console.print(out)
 
 
-PLANNING = ("trainer.dry_run", "mesh.target", "trainer.plan_file")  # what a planned point's real run drops
-
-
 def write_plan(path: Path | str, jobs: Sequence[Sequence[str]], plans: Sequence[dict]) -> None:
     """``trainer.plan_file``: one JSON line per point (``jobs``: each job's overrides), with the
     overrides that run it on its target (the planning keys dropped), and its plan: target,
     fits, memory and limit (bytes per chip), predicted step_s and chip_hours. Replaced whole."""
-    lines = [json.dumps({"overrides": [o for o in job if o.lstrip("+~").split("=")[0] not in PLANNING], **plan})
-             for job, plan in zip(jobs, plans)]
+    lines = [json.dumps({"overrides": runnable(job), **plan}) for job, plan in zip(jobs, plans)]
     _replace(Path(path), "".join(line + "\n" for line in lines))
 
 

@@ -1,4 +1,4 @@
-"""Issue 12, bad input: every mistake a user can type fails from the command line in one line.
+"""Bad input: every mistake a user can type fails from the command line in one line.
 
 Each case runs ``python -m theseus.run +experiment=gpt_tiny ... BAD`` as a user would (logger.mode
 left offline, so a W&B run *would* be written if the run started) and checks: a non-zero exit,

@@ -1,4 +1,4 @@
-"""Issue 12, safe loading: no load path unpickles, and no secret from the environment is saved.
+"""Safe loading: no load path unpickles, and no secret from the environment is saved.
 
 - The package source is scanned (its syntax tree, so comments and docstrings do not count) for
   pickle and its relatives: importing pickle, cloudpickle, dill, shelve, marshal, jsonpickle;

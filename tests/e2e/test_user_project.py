@@ -1,5 +1,5 @@
 """A researcher's own project folder, outside the checkout, driving theseus from the command
-line as the README's "Your own model" section shows (issue 16's example, as written)."""
+line as the README's "Your own model" section shows (its example, as written)."""
 
 from __future__ import annotations
 

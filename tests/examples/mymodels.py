@@ -1,4 +1,4 @@
-# myproj/mymodels.py: issue 16's example, as the README shows it (tests copy it into a project folder)
+# myproj/mymodels.py: the README's example, as it shows it (tests copy it into a project folder)
 from theseus.config import field, register
 from theseus.model.layers import MLP, Block
 from theseus.model.models.gpt import GPT

@@ -22,6 +22,7 @@ from theseus.interop.hf_config import arch_of
 from theseus.interop.hf_weights import to_hf
 from theseus.model.layers import MLP, Block
 from theseus.model.models.gpt import GPT, stack_layers
+from theseus.model.models.moe_gpt import MoEGPT
 
 TINY = {"architecture.vocab_size": 50, "architecture.seq_len": 16, "architecture.n_layers": 2,
         "architecture.d_model": 32, "architecture.n_heads": 4}
@@ -104,6 +105,15 @@ def test_a_non_default_key_without_equivalent_is_refused():
     with pytest.raises(ConfigError, match=r"^architecture.rope_theta=500.0 has no equivalent in a Hugging Face gpt2 "
                                           r"config.json \(declared by GPT; only its default, 10000.0, exports\)"):
         check_expressible(model, params)
+
+
+def test_bias_balanced_routing_is_refused_for_mixtral():
+    """Mixtral routes by the router's probabilities alone: a learned selection bias has no place."""
+    mixtral = {**LLAMA, "architecture.moe.n_experts": 4, "architecture.moe.capacity_factor": None}
+    assert check_expressible(*built(MoEGPT, mixtral)) == "mixtral"
+    with pytest.raises(ConfigError, match=r"^architecture.moe.bias_update_rate=0.001 has no equivalent in a Hugging "
+                                          r"Face mixtral config.json \(declared by MoEGPT; only its default, 0.0"):
+        check_expressible(*built(MoEGPT, {**mixtral, "architecture.moe.bias_update_rate": 0.001}))
 
 
 def test_a_stacked_tree_passed_unrolled_is_refused_by_the_mapping():

@@ -3,6 +3,8 @@ auxiliary losses and checks; MoEGPT's every-N-th layer and scanned layers."""
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -246,21 +248,23 @@ def test_dropless_decoding_through_the_cache_equals_the_full_pass():
     with configuration(tiny(moe={"capacity_factor": None, "every": 2})):
         model = configure(MoEGPT)
     tokens = jax.random.randint(jax.random.key(3), (2, 12), 0, 64)
-    params = nn.unbox(model.init(jax.random.key(0), tokens)["params"])
-    full = jax.jit(model.apply)({"params": params}, tokens)
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), tokens)["params"])
+    forward = jax.jit(model.apply)  # jitted: op by op, the MoE's many small operations take seconds each pass
+    full = forward({"params": params}, tokens)
     decoder = model.clone(decode=True)
     shapes = jax.eval_shape(decoder.init, jax.random.key(0), tokens)["cache"]
     cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    decode = jax.jit(functools.partial(decoder.apply, mutable=["cache"]))
     chunks = []
     for start, stop in [(0, 5), (5, 6), (6, 12)]:
-        logits, variables = decoder.apply({"params": params, "cache": cache}, tokens[:, start:stop], mutable=["cache"])
+        logits, variables = decode({"params": params, "cache": cache}, tokens[:, start:stop])
         cache = variables["cache"]
         chunks.append(logits)
     np.testing.assert_allclose(jnp.concatenate(chunks, axis=1), full, atol=1e-4)
     out = generate(model, params, tokens[:, :4], max_new_tokens=4, temperature=0.0)
     expected = tokens[:, :4]
     for _ in range(4):
-        expected = jnp.concatenate([expected, model.apply({"params": params}, expected)[:, -1:].argmax(-1)], axis=1)
+        expected = jnp.concatenate([expected, forward({"params": params}, expected)[:, -1:].argmax(-1)], axis=1)
     np.testing.assert_array_equal(out, expected)
 
 

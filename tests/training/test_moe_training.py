@@ -96,10 +96,12 @@ def test_flops_agree_with_xla(corpus, tmp_path):
 
 @pytest.mark.slow
 def test_moe_small_logs_each_experts_load(corpus, tmp_path):
-    """The README's command, on an expert-parallel mesh of 2 CPU devices, two steps, with
-    bias-balanced routing: its biases are logged, zero at the first step, then each moved by
-    the rate (their mean over layers within it)."""
+    """The README's command, on an expert-parallel mesh of 2 CPU devices, two steps, two of its
+    layers and shorter sequences (what is logged does not depend on them), with bias-balanced
+    routing: its biases are logged, zero at the first step, then each moved by the rate (their
+    mean over layers within it)."""
     proc = run_python("-m", "theseus.run", "+experiment=moe_small", "mesh.expert=2", "mesh.cpu_devices=2",
+                      "architecture.n_layers=2", "architecture.seq_len=64",
                       "data.source=text", f"data.path={corpus}", "data.val_fraction=0.2", "trainer.max_steps=2",
                       "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "logger.mode=disabled",
                       "architecture.moe.bias_update_rate=0.001", "hydra.run.dir=run", cwd=tmp_path)

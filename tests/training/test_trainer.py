@@ -35,8 +35,8 @@ for name, overrides in meshes.items():
     out.setdefault("devices", jax.device_count())
     if name == "fsdp8":  # a wider model, so that small replicated vectors (biases) weigh little; its layout only
         wide = Trainer(compose(base + overrides + ["architecture.d_model=256"]))
-        tx, _ = make_optimizer(wide.optimizer, 10)
-        _, target, _ = sharded_init(wide.model, tx, wide.seq_len, 0, wide.plan, make_mesh(wide.mesh_config))
+        tx, _ = make_optimizer(wide.settings.optimizer, 10)
+        _, target, _ = sharded_init(wide.model, tx, wide.seq_len, 0, wide.plan, make_mesh(wide.settings.mesh))
         out["bytes"] = [bytes_per_device(target.params), 4 * n_params(target.params)]
 print("RESULT" + json.dumps(out))
 """

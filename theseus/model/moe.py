@@ -51,7 +51,7 @@ from theseus.base.axis import (
     SEQ,
     ShardingPlan,
 )
-from theseus.config import ConfigError, configure, field
+from theseus.config import NON_NEGATIVE, POSITIVE, ConfigError, Range, configure, field
 from theseus.model.layers import MLP, Block, dense, param
 from theseus.model.module import Module
 
@@ -75,45 +75,38 @@ class MoE(Module):
     )
     dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
     init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
-    n_experts: int = field("architecture.moe.n_experts", default=8, help="experts per mixture-of-experts layer")
-    top_k: int = field("architecture.moe.top_k", default=2, help="experts each token is sent to")
+    n_experts: int = field("architecture.moe.n_experts", default=8, check=POSITIVE, help="experts per mixture-of-experts layer")
+    top_k: int = field("architecture.moe.top_k", default=2, check=POSITIVE, help="experts each token is sent to")
     expert_d_ff: int | None = field("architecture.moe.d_ff", default=None,
                                     help="hidden width of each expert; None: architecture.d_ff")
     capacity_factor: float | None = field(
         "architecture.moe.capacity_factor", default=1.25,
+        check=Range(gt=0, says="positive (or null: dropless)"),
         help="each expert takes at most capacity_factor x seq x top_k / n_experts tokens of a sequence, the rest "
              "are dropped (and counted); null: dropless (capacity = seq)",
     )
     norm_topk_prob: bool = field("architecture.moe.norm_topk_prob", default=True,
                                  help="renormalise the top-k routing probabilities to sum to 1 (Mixtral: true)")
-    shared_d_ff: int = field("architecture.moe.shared_d_ff", default=0,
+    shared_d_ff: int = field("architecture.moe.shared_d_ff", default=0, check=NON_NEGATIVE,
                              help="hidden width of a shared expert every token visits; 0: none")
     shared_gate: bool = field("architecture.moe.shared_gate", default=False,
                               help="scale the shared expert by sigmoid(x @ w) (Qwen2-MoE)")
-    aux_loss: float = field("architecture.moe.aux_loss", default=0.01,
+    aux_loss: float = field("architecture.moe.aux_loss", default=0.01, check=NON_NEGATIVE,
                             help="coefficient of the load-balancing loss (Switch/Mixtral; top_k at perfect balance)")
-    z_loss: float = field("architecture.moe.z_loss", default=0.001,
+    z_loss: float = field("architecture.moe.z_loss", default=0.001, check=NON_NEGATIVE,
                           help="coefficient of the router z-loss, mean logsumexp(router logits)^2 (ST-MoE)")
     bias_update_rate: float = field(
-        "architecture.moe.bias_update_rate", default=0.0,
+        "architecture.moe.bias_update_rate", default=0.0, check=NON_NEGATIVE,
         help="bias-balanced routing (DeepSeek-V3): each step, a per-expert selection bias moves by this much "
              "against the expert's load imbalance; 0: off")
 
     shared_cls: ClassVar[type[Module]] = MLP
 
     def __post_init__(self):
-        if self.n_experts < 1:
-            raise ConfigError(f"architecture.moe.n_experts must be positive, got {self.n_experts}")
-        if not 1 <= self.top_k <= self.n_experts:
+        super().__post_init__()  # each field within its declared range
+        if self.top_k > self.n_experts:
             raise ConfigError(f"architecture.moe.top_k must be in [1, architecture.moe.n_experts={self.n_experts}], "
                               f"got {self.top_k}")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
-            raise ConfigError(f"architecture.moe.capacity_factor must be positive (or null: dropless), "
-                              f"got {self.capacity_factor}")
-        for key in ("shared_d_ff", "aux_loss", "z_loss", "bias_update_rate"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"architecture.moe.{key} must be >= 0, got {getattr(self, key)}")
-        super().__post_init__()
 
     @classmethod
     def components(cls) -> list[type]:

@@ -1,4 +1,4 @@
-"""BaseModule: the stateful compile / params / serialize contract (seed ``basemodule.txt``).
+"""BaseModule: the stateful compile / params / serialize contract.
 
 A BaseModule owns its trainable parameters and state, is compiled for an input shape, is
 callable, changes precision and serializes. Its forward pass is the pure function that

@@ -67,7 +67,7 @@ class Compiled:
     init: Any  # () -> TrainState, created sharded
     target: TrainState  # ShapeDtypeStructs with shardings: what a checkpoint restores onto
     step: Any  # (state, batch [accum, micro, *example], key) -> (state, metrics); donates state. None: eval only
-    evaluate: Any  # (params, batch [micro, *example]) -> loss (the task's example: lm, int32 [seq + 1])
+    eval_step: Any  # (params, batch [micro, *example]) -> loss (the task's example: lm, int32 [seq + 1])
     xla_flops: float | None  # XLA's count for one step, all devices
     memory: dict[str, int]  # XLA's memory analysis of the step, bytes per device ({}: eval only)
     batch_share: tuple[int, int]  # (index, count): the share of every batch this process reads
@@ -79,26 +79,24 @@ class Trainer:
     def __init__(self, cfg: DictConfig):
         self.composed = cfg
         cfg = apply_init_from(cfg)  # trainer.init_from: a Hugging Face folder's architecture and tokenizer
-        settings = configure_settings(cfg)
-        self.settings, self.optimizer = settings.trainer, settings.optimizer
-        self.data_config, self.mesh_config = settings.data, settings.mesh
+        self.settings = configure_settings(cfg)  # .trainer, .optimizer, .data, .mesh: each checked
         with configuration(cfg):
-            self.logger_config = configure(LoggerConfig)
+            self.logging = configure(LoggerConfig)
             self.task = configure(task_class(cfg))
             self.evaluation = configure(EvaluationConfig)  # its files checked before the data is prepared
         if not isinstance(self.task, LossTask):
             raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
                               f"run it with python -m theseus.run")
-        s = self.settings  # each settings class has checked its own ranges
+        s = self.settings.trainer
         micro = s.batch_size // s.grad_accum if s.batch_size % s.grad_accum == 0 else 1
-        given = self.mesh_config.cpu_devices  # else a device per core, when the batch splits so
-        use_cpu_devices(given or auto_cpu_devices(self.mesh_config, micro), given=given is not None)
-        if self.mesh_config.target and not s.dry_run:
-            raise ConfigError(f"mesh.target={self.mesh_config.target} plans a run on hardware this machine lacks: "
+        given = self.settings.mesh.cpu_devices  # else a device per core, when the batch splits so
+        use_cpu_devices(given or auto_cpu_devices(self.settings.mesh, micro), given=given is not None)
+        if self.settings.mesh.target and not s.dry_run:
+            raise ConfigError(f"mesh.target={self.settings.mesh.target} plans a run on hardware this machine lacks: "
                               f"add trainer.dry_run=true (or drop mesh.target to train here)")
-        self.target: Target | None = resolve(self.mesh_config.target) if self.mesh_config.target else None
+        self.target: Target | None = resolve(self.settings.mesh.target) if self.settings.mesh.target else None
         self.devices = self.target.devices if self.target else jax.devices()
-        self.mesh_shape = self.mesh_config.shape(len(self.devices))
+        self.mesh_shape = self.settings.mesh.shape(len(self.devices))
         parallel = self.batch_parallel
         if s.batch_size % (s.grad_accum * parallel):
             raise ConfigError(
@@ -111,10 +109,10 @@ class Trainer:
                               f"processes: each reads an equal share of every batch")
         check_model(cfg)
         # a planned run reads no data (its corpus may be on the cluster): the tokenizer alone sizes the vocabulary
-        self.dataset = None if self.target else open_dataset(self.data_config)
-        vocab = (planned_vocab_size(self.data_config, OmegaConf.select(cfg, "architecture.vocab_size"))
+        self.dataset = None if self.target else open_dataset(self.settings.data)
+        vocab = (planned_vocab_size(self.settings.data, OmegaConf.select(cfg, "architecture.vocab_size"))
                  if self.target else self.dataset.vocab_size)
-        self.cfg, self.model, self.plan = resolve_model(cfg, vocab, self.mesh_config)
+        self.cfg, self.model, self.plan = resolve_model(cfg, vocab, self.settings.mesh)
         self.seq_len = self.model.seq_len
         for split in ("train", "val") if self.dataset else ():
             if self.dataset.n_tokens(split) < self.seq_len + 1:
@@ -123,7 +121,7 @@ class Trainer:
                     f"architecture.seq_len+1={self.seq_len + 1}: lower architecture.seq_len, use more data or "
                     f"raise data.val_fraction"
                 )
-        self.evaluations = load_evaluations(self.cfg, self.dataset, self.model, self.data_config.seed, self.prefetch,
+        self.evaluations = load_evaluations(self.cfg, self.dataset, self.model, self.settings.data.seed, self.prefetch,
                                             self.evaluation) if self.dataset else None
         self.resolved = scrub(OmegaConf.to_container(self.cfg, resolve=True), secrets())
         self._built: Compiled | None = None  # the training build, once the memory check has made it
@@ -144,8 +142,8 @@ class Trainer:
     def prefetch(self) -> int:
         """Batches the loader's thread gathers ahead: ``data.prefetch``, else 8, or none on a CPU
         backend, where the thread would compete with the step for the same cores."""
-        if self.data_config.prefetch is not None:
-            return self.data_config.prefetch
+        if self.settings.data.prefetch is not None:
+            return self.settings.data.prefetch
         return 0 if jax.default_backend() == "cpu" else 8
 
     @property
@@ -155,13 +153,13 @@ class Trainer:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.settings.batch_size * self.seq_len
+        return self.settings.trainer.batch_size * self.seq_len
 
     @functools.cached_property
     def flops_per_step(self) -> int:
         """Model FLOPs of one optimizer step: ``model.flops(seq)`` per sequence (counted once: on
         an unbound model that traces an abstract init)."""
-        return self.model.flops(self.seq_len) * self.settings.batch_size
+        return self.model.flops(self.seq_len) * self.settings.trainer.batch_size
 
     def check_run_dir(self, run_dir: Path) -> None:
         """Refuse what the run cannot do with ``run_dir`` (before anything is written).
@@ -173,7 +171,7 @@ class Trainer:
         compiled and its memory checked against the device's (not for a dry run, which
         reports it instead).
         """
-        resume, used = self.settings.resume, Checkpointer.exists(run_dir / "checkpoints")
+        resume, used = self.settings.trainer.resume, Checkpointer.exists(run_dir / "checkpoints")
         if resume == "never" and used:
             raise ConfigError(f"{run_dir} already has checkpoints and trainer.resume=never: "
                               f"choose a new hydra.run.dir, or trainer.resume=auto to continue it")
@@ -185,7 +183,7 @@ class Trainer:
             old = OmegaConf.to_container(read_saved(saved), resolve=True)
             check_resume(run_dir, old, OmegaConf.to_container(self.composed, resolve=True),
                          self._extension_problem(run_dir, old["trainer"]["max_steps"]))
-        if not self.settings.dry_run:
+        if not self.settings.trainer.dry_run:
             self._check_init_from()
             self._check_memory()
 
@@ -195,23 +193,24 @@ class Trainer:
         (a cosine decays over all the steps); None when they keep theirs (a constant
         schedule, or wsd's stable phase)."""
         taken = max((int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()), default=0)
-        s = jax.numpy.arange(taken)
-        before = np.asarray(make_schedule(self.optimizer, saved_steps)(s))
-        after = np.asarray(make_schedule(self.optimizer, self.settings.max_steps)(s))
+        s, optimizer, max_steps = jax.numpy.arange(taken), self.settings.optimizer, self.settings.trainer.max_steps
+        before = np.asarray(make_schedule(optimizer, saved_steps)(s))
+        after = np.asarray(make_schedule(optimizer, max_steps)(s))
         changed = np.flatnonzero(~np.isclose(before, after, rtol=1e-6, atol=0))
         if not changed.size:
             return None
         first = int(changed[0])
-        return (f"with optimizer.schedule={self.optimizer.schedule} the learning rate of step {first + 1} (of the "
+        return (f"with optimizer.schedule={optimizer.schedule} the learning rate of step {first + 1} (of the "
                 f"{taken} taken) would have been {after[first]:.3g}, not {before[first]:.3g}. Start a new run from "
-                f"its weights instead: trainer.init_from={run_dir} trainer.max_steps={self.settings.max_steps} "
+                f"its weights instead: trainer.init_from={run_dir} trainer.max_steps={max_steps} "
                 f"hydra.run.dir=NEW (trainer.init_optimizer=true keeps its optimizer state); a constant or wsd "
                 f"schedule can be extended in place")
 
     def _init_source(self) -> tuple[Checkpointer, Any, str | None] | None:
         """``trainer.init_from`` when a theseus checkpoint: its checkpoints, the layout of the
         state it holds and its optimizer (None: unknown); None for a Hugging Face folder or none."""
-        source = self.settings.init_from and theseus_checkpoint(Path(self.settings.init_from))
+        init_from = self.settings.trainer.init_from
+        source = init_from and theseus_checkpoint(Path(init_from))
         if not source:
             return None
         checkpoints, run = Checkpointer.at(source), run_of(source)
@@ -225,7 +224,8 @@ class Trainer:
         if source is None:
             return
         _, layout, optimizer = source
-        problem = init_from_problem(self.settings.init_from, optimizer, self.optimizer.name, self.settings.init_optimizer,
+        s = self.settings.trainer
+        problem = init_from_problem(s.init_from, optimizer, self.settings.optimizer.name, s.init_optimizer,
                                     path_shapes(layout["params"]),
                                     path_shapes(param_shapes(self.model, self.seq_len)))
         if problem:
@@ -246,10 +246,10 @@ class Trainer:
     def build(self, train: bool = True) -> Compiled:
         """Mesh, sharded state layout, and the eval step compiled ahead of time; with ``train``
         (not needed to evaluate a checkpoint) the train step too, with XLA's FLOPs and memory."""
-        s = self.settings
-        mesh = make_mesh(self.mesh_config, self.devices)
+        s = self.settings.trainer
+        mesh = make_mesh(self.settings.mesh, self.devices)
         batch_share = (0, 1) if self.target else self.batch_share(mesh)  # a planned run reads no data
-        tx, schedule = make_optimizer(self.optimizer, s.max_steps)
+        tx, schedule = make_optimizer(self.settings.optimizer, s.max_steps)
         init, target, shardings = sharded_init(self.model, tx, self.seq_len, s.seed, self.plan, mesh)
         replicated = NamedSharding(mesh, PartitionSpec())
         micro = s.batch_size // s.grad_accum
@@ -263,17 +263,16 @@ class Trainer:
                               skip_nonfinite=s.skip_nonfinite),
             out_shardings=(shardings, replicated), donate_argnums=0,
         )
-        evaluate = jax.jit(functools.partial(eval_step, model=self.model, task=self.task),
-                           out_shardings=replicated)
+        loss = jax.jit(functools.partial(eval_step, model=self.model, task=self.task), out_shardings=replicated)
         with jax.set_mesh(mesh), nn.logical_axis_rules(self.plan.rules()):
             options = compiler_options(self.devices)
             step = step.lower(target, tokens, key).compile(options) if train else None
-            evaluate = evaluate.lower(target.params, eval_tokens).compile(options)
+            loss = loss.lower(target.params, eval_tokens).compile(options)
         measured = xla_flops(step) if train else None
         if measured is not None:  # XLA counts one device's share, and a scan's body once
             measured *= len(self.devices) * s.grad_accum
         memory = memory_report(step) if train else {}
-        return Compiled(mesh, init, target, step, evaluate, measured, memory, batch_share)
+        return Compiled(mesh, init, target, step, loss, measured, memory, batch_share)
 
     def batch_sharding(self, mesh: Mesh, accumulated: bool = False) -> NamedSharding:
         """Sequences split over (data, fsdp, expert); ``accumulated`` batches lead with grad_accum."""
@@ -281,10 +280,10 @@ class Trainer:
         return NamedSharding(mesh, spec)
 
     def peak(self) -> tuple[float, str]:
-        dtype = self.model._activation_dtype
-        if self.target and self.settings.peak_flops is None and self.target.peak(dtype):
+        dtype, given = self.model._activation_dtype, self.settings.trainer.peak_flops
+        if self.target and given is None and self.target.peak(dtype):
             return self.target.peak(dtype), f"table: {self.target.chip.name}"
-        return peak_flops(self.devices[0] if self.target else jax.local_devices()[0], dtype, self.settings.peak_flops)
+        return peak_flops(self.devices[0] if self.target else jax.local_devices()[0], dtype, given)
 
     # -- running --------------------------------------------------------------------------
 
@@ -314,14 +313,14 @@ class Trainer:
                 "chip_hours": self._chip_hours(prediction.step_s) if prediction else None}
 
     def _chip_hours(self, step_s: float) -> float:
-        return step_s * self.settings.max_steps * len(self.devices) / self.target.per_chip / 3600
+        return step_s * self.settings.trainer.max_steps * len(self.devices) / self.target.per_chip / 3600
 
     def predict(self, compiled: Compiled, peak: float) -> Prediction:
         """The roofline of the step on the target's devices (see ``theseus.training.predict``)."""
         flops = max(self.flops_per_step, compiled.xla_flops or 0) / len(self.devices)
         return predict(compiled.step, flops_per_device=flops, peak=peak, hbm_bandwidth=self.target.hbm_bandwidth,
                        interconnect=self.target.interconnect, memory=compiled.memory,
-                       loop_trips=self.settings.grad_accum)
+                       loop_trips=self.settings.trainer.grad_accum)
 
     def _prediction_rows(self, p: Prediction, peak: float) -> list[tuple[str, str]]:
         step = p.step_s
@@ -336,13 +335,14 @@ class Trainer:
              + (f"; XLA's estimate {_duration(p.xla_optimal_s)}" if p.xla_optimal_s else "")),
             ("predicted: tokens / s", format_si(self.tokens_per_step / step)),
             ("predicted: MFU", f"{mfu:.1%}"),
-            ("predicted: chip-hours", f"{self._chip_hours(step):.3g} for trainer.max_steps={self.settings.max_steps}"),
+            ("predicted: chip-hours",
+             f"{self._chip_hours(step):.3g} for trainer.max_steps={self.settings.trainer.max_steps}"),
         ]
 
     def fit(self, memory: dict[str, int], compile_candidates: bool) -> Fit:
         """Whether the step (XLA ``memory`` per device) fits the device (``trainer.memory_limit``
         overrides its size); with ``compile_candidates``, the settings advised are compiled first."""
-        s = self.settings
+        s = self.settings.trainer
         limit, source = ((s.memory_limit, "trainer.memory_limit") if s.memory_limit
                          else (int(self.target.hbm), f"{self.target.chip.name} HBM") if self.target
                          else device_memory(jax.local_devices()[0]))
@@ -374,9 +374,9 @@ class Trainer:
             with loop.logger:
                 if loop.step >= loop.last_step:
                     loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
-                    self._evaluate_now(loop, record=False)
+                    self._validate_now(loop, record=False)
                 while loop.step < loop.last_step and not loop.stop:
-                    self.train_step(loop)
+                    self.take_step(loop)
                     with loop.window.pause():  # the hooks' time is not step time
                         for hook in hooks:
                             hook(loop)
@@ -397,25 +397,25 @@ class Trainer:
         one, or with several processes the next log step (where the signals are compared)."""
         if jax.process_count() == 1:
             return step + 1
-        every = self.settings.log_every
-        return min(self.settings.max_steps, (step // every + 1) * every)
+        every = self.settings.trainer.log_every
+        return min(self.settings.trainer.max_steps, (step // every + 1) * every)
 
     def start(self, run_dir: Path) -> LoopState:
         """Compile, restore the state (a checkpoint or a fresh init) and the loader, open the
         logger with the run's summary: the loop before its first step."""
-        s = self.settings
+        s = self.settings.trainer
         compiled, self._built = self._built or self.build(), None
         checkpointer = Checkpointer(run_dir / "checkpoints", s.keep_checkpoints)
         state, start, loader_state = self._restore(checkpointer, compiled)
         index, count = compiled.batch_share
-        loader = self.dataset.loader("train", self.seq_len, s.batch_size // count, seed=self.data_config.seed,
+        loader = self.dataset.loader("train", self.seq_len, s.batch_size // count, seed=self.settings.data.seed,
                                      process_index=index, process_count=count, prefetch=self.prefetch)
         if loader_state is not None:
             loader.set_state(loader_state)
         peak, source = self.peak()
         if jax.process_index() == 0:
             self.console.show_table("theseus run", self._describe(compiled, peak, source, n_params(state.params)))
-        logger = RunLogger(self.logger_config, run_dir, resolved_config=self.resolved, total_steps=s.max_steps,
+        logger = RunLogger(self.logging, run_dir, resolved_config=self.resolved, total_steps=s.max_steps,
                            start_step=start, is_main=jax.process_index() == 0, record=self.console.record)
         logger.summary(**self._summary(compiled, peak, source, n_params(state.params)))
         return LoopState(run_dir, compiled, state, loader, logger, checkpointer, jax.random.key(s.seed + 1), peak,
@@ -425,9 +425,9 @@ class Trainer:
     def hooks(self) -> list[Hook]:
         """What runs after every step, in order; each acts on its own cadence. ``log`` comes
         first: the window it closes ends when its last step has finished."""
-        return [self.log, self.preempt, self.evaluate, self.checkpoint]
+        return [self.log, self.preempt, self.validate, self.checkpoint]
 
-    def train_step(self, loop: LoopState) -> None:
+    def take_step(self, loop: LoopState) -> None:
         """One optimizer step on the loader's next batch (dispatched: nothing waits for it)."""
         loop.profiler.on_step(loop.step + 1, loop.state)
         tokens = self._global_batch(next(loop.loader), loop.compiled.mesh)
@@ -437,7 +437,7 @@ class Trainer:
 
     def log(self, loop: LoopState) -> None:
         """Every ``trainer.log_every`` steps: log the window's metrics."""
-        if loop.due(self.settings.log_every):
+        if loop.due(self.settings.trainer.log_every):
             self.log_window(loop)
 
     def log_window(self, loop: LoopState) -> dict[str, float]:
@@ -453,15 +453,15 @@ class Trainer:
 
     def preempt(self, loop: LoopState) -> None:
         """Agree on a stop signal (compared across processes at log steps only)."""
-        loop.stop = loop.preemption.agreed(loop.step, now=loop.due(self.settings.log_every))
+        loop.stop = loop.preemption.agreed(loop.step, now=loop.due(self.settings.trainer.log_every))
 
-    def evaluate(self, loop: LoopState) -> None:
+    def validate(self, loop: LoopState) -> None:
         """Every ``trainer.eval_every`` steps: the validation loss, logged with the task's metrics."""
-        loop.evaluated = loop.due(self.settings.eval_every)
+        loop.evaluated = loop.due(self.settings.trainer.eval_every)
         if loop.evaluated:
-            self._evaluate_now(loop, record=True)
+            self._validate_now(loop, record=True)
 
-    def _evaluate_now(self, loop: LoopState, record: bool) -> None:
+    def _validate_now(self, loop: LoopState, record: bool) -> None:
         """Evaluate the current params and show the numbers; ``record``: also log them."""
         metrics = self.evaluation_metrics(loop.compiled, loop.state.params)
         loop.val_loss, loop.evaluation = metrics["val_loss"], (loop.step, metrics)
@@ -471,7 +471,7 @@ class Trainer:
 
     def checkpoint(self, loop: LoopState) -> None:
         """Every ``trainer.checkpoint_every`` steps, and when stopping: save (asynchronously)."""
-        if loop.due(self.settings.checkpoint_every) or loop.stop:
+        if loop.due(self.settings.trainer.checkpoint_every) or loop.stop:
             self._check_finite(loop.state, loop.checkpointer)
             loop.checkpointer.save(loop.step, loop.state, loop.loader.get_state(), self.resolved,
                                    loop.val_loss if loop.evaluated else None)
@@ -499,7 +499,7 @@ class Trainer:
         self.console.show_table("theseus run summary", rows)
         lines = [f"  resume:   {resume_command()}"] if loop.stop else []
         if kept:
-            extendable = self.optimizer.schedule in ("constant", "wsd")  # wsd: before its decay
+            extendable = self.settings.optimizer.schedule in ("constant", "wsd")  # wsd: before its decay
             more = (command_line(("trainer.max_steps=", "hydra.run.dir="), [f"hydra.run.dir={run_dir}"])
                     if extendable else
                     command_line(("trainer.max_steps=", "hydra.run.dir=", "trainer.init_from="),
@@ -517,7 +517,7 @@ class Trainer:
     def _check_finite(self, state: TrainState, checkpointer: Checkpointer) -> None:
         """Stop (TrainingError) once a step's loss or gradients were NaN/Inf, unless skipping them."""
         first = int(state.first_nonfinite)
-        if first and not self.settings.skip_nonfinite:
+        if first and not self.settings.trainer.skip_nonfinite:
             checkpointer.wait()
             kept = checkpointer.steps()
             last = f"the last good checkpoint is step {kept[-1]}" if kept else "no checkpoint was written"
@@ -527,7 +527,7 @@ class Trainer:
 
     def _restore(self, checkpointer: Checkpointer, compiled: Compiled) -> tuple[TrainState, int, dict | None]:
         """The state to start from: a checkpoint (per ``trainer.resume``) or a fresh one."""
-        resume = self.settings.resume
+        resume = self.settings.trainer.resume
         source = checkpointer if resume in ("auto", "last", "never") else Checkpointer.at(Path(resume))
         restored = source.restore(compiled.target, step=source.requested_step, report=self._say)
         if restored is None:
@@ -544,7 +544,7 @@ class Trainer:
         with ``trainer.init_data`` its data position. From a Hugging Face folder: its weights,
         loaded onto their shards after the initialised params are dropped.
         """
-        s = self.settings
+        s = self.settings.trainer
         state = compiled.init()
         if s.init_from is None:
             return state, 0, None
@@ -556,7 +556,7 @@ class Trainer:
             return state.replace(params=load_params(path, arch_of(self.model), compiled.target.params)), 0, None
         checkpoints, layout, optimizer = source  # checked by check_run_dir
         target = compiled.target
-        if optimizer not in (None, self.optimizer.name):  # another optimizer's state: read as saved, then dropped
+        if optimizer not in (None, self.settings.optimizer.name):  # another optimizer's state: read, then dropped
             replicated = NamedSharding(compiled.mesh, PartitionSpec())
             target = target.replace(opt_state=jax.tree.map(
                 lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated), layout["opt_state"]))
@@ -580,19 +580,20 @@ class Trainer:
         processes whose devices hold the same sequences (a tensor axis spanning hosts) read the
         same share.
         """
-        micro = self.settings.batch_size // self.settings.grad_accum
+        s = self.settings.trainer
+        micro = s.batch_size // s.grad_accum
         held = {(rows.start or 0, micro if rows.stop is None else rows.stop)
                 for rows, *_ in self.batch_sharding(mesh).addressable_devices_indices_map((micro, 1)).values()}
         first, end = min(start for start, _ in held), max(stop for _, stop in held)
         if sum(stop - start for start, stop in held) != end - first or first % (end - first):
             raise ConfigError(f"process {jax.process_index()}'s devices hold sequences {sorted(held)} of each "
-                              f"batch of {micro}, not one contiguous share: give mesh.data x mesh.fsdp x mesh.expert a multiple "
-                              f"of the {jax.process_count()} processes, or make it 1")
+                              f"batch of {micro}, not one contiguous share: give mesh.data x mesh.fsdp x mesh.expert "
+                              f"a multiple of the {jax.process_count()} processes, or make it 1")
         return first // (end - first), micro // (end - first)
 
     def _global_batch(self, host: np.ndarray, mesh: Mesh) -> jax.Array:
         """This process's ``[local_batch, seq + 1]`` tokens as one global, sharded array."""
-        s = self.settings
+        s = self.settings.trainer
         local = host.reshape(s.grad_accum, -1, host.shape[-1])
         shape = (s.grad_accum, s.batch_size // s.grad_accum, host.shape[-1])
         return on_devices(local, self.batch_sharding(mesh, accumulated=True), shape)
@@ -601,8 +602,8 @@ class Trainer:
         """Every evaluation's metrics (``val_loss``, per source, multiple-choice tasks) on
         ``trainer.eval_batches`` batches of each validation split (the same each time): the
         loop's, and ``python -m theseus.evaluate``'s of a checkpoint."""
-        s = self.settings
-        return evaluate(params, self.evaluations, loss=compiled.evaluate, val_metrics=self.task.val_metrics,
+        s = self.settings.trainer
+        return evaluate(params, self.evaluations, loss=compiled.eval_step, val_metrics=self.task.val_metrics,
                         sharding=self.batch_sharding(compiled.mesh), rules=self.plan.rules(),
                         share=compiled.batch_share, batch_size=s.batch_size // s.grad_accum, batches=s.eval_batches)
 

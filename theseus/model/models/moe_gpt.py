@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from theseus.config import ConfigError, field
+from theseus.config import NON_NEGATIVE, POSITIVE, ConfigError, field
 from theseus.model.layers import Block
 from theseus.model.models.gpt import GPT
 from theseus.model.moe import MoEBlock
@@ -25,19 +25,17 @@ class MoEGPT(GPT):
     moe_block_cls: ClassVar[type[Module]] = MoEBlock
     dense_block_cls: ClassVar[type[Module]] = Block
 
-    every: int = field("architecture.moe.every", default=1,
+    every: int = field("architecture.moe.every", default=1, check=POSITIVE,
                        help="a mixture-of-experts feed-forward every N-th layer (layers N-1, 2N-1, ...), dense between")
-    bias_update_rate: float = field("architecture.moe.bias_update_rate", default=0.0,
+    bias_update_rate: float = field("architecture.moe.bias_update_rate", default=0.0, check=NON_NEGATIVE,
                                     help="bias-balanced routing's step size (the train step applies it)")
 
     def __post_init__(self):
-        if self.every < 1:
-            raise ConfigError(f"architecture.moe.every must be positive, got {self.every}")
+        super().__post_init__()  # each field within its declared range
         if self.every > 1 and self.scan_layers:
             raise ConfigError(f"architecture.scan_layers=true repeats one block, but architecture.moe.every="
                               f"{self.every} mixes dense and MoE layers: set architecture.moe.every=1 or "
                               f"architecture.scan_layers=false")
-        super().__post_init__()
 
     @classmethod
     def components(cls) -> list[type]:
