@@ -75,7 +75,8 @@ class MoE(Module):
     )
     dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
     init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
-    n_experts: int = field("architecture.moe.n_experts", default=8, check=POSITIVE, help="experts per mixture-of-experts layer")
+    n_experts: int = field("architecture.moe.n_experts", default=8, check=POSITIVE,
+                           help="experts per mixture-of-experts layer")
     top_k: int = field("architecture.moe.top_k", default=2, check=POSITIVE, help="experts each token is sent to")
     expert_d_ff: int | None = field("architecture.moe.d_ff", default=None,
                                     help="hidden width of each expert; None: architecture.d_ff")
