@@ -193,9 +193,9 @@ class Trainer:
         (a cosine decays over all the steps); None when they keep theirs (a constant
         schedule, or wsd's stable phase)."""
         taken = max((int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()), default=0)
-        s, optimizer, max_steps = jax.numpy.arange(taken), self.settings.optimizer, self.settings.trainer.max_steps
-        before = np.asarray(make_schedule(optimizer, saved_steps)(s))
-        after = np.asarray(make_schedule(optimizer, max_steps)(s))
+        steps, optimizer, max_steps = jax.numpy.arange(taken), self.settings.optimizer, self.settings.trainer.max_steps
+        before = np.asarray(make_schedule(optimizer, saved_steps)(steps))
+        after = np.asarray(make_schedule(optimizer, max_steps)(steps))
         changed = np.flatnonzero(~np.isclose(before, after, rtol=1e-6, atol=0))
         if not changed.size:
             return None
