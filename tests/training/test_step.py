@@ -107,3 +107,32 @@ def test_bias_balanced_routing_moves_each_bias_by_the_rate_against_its_load():
     assert all(b is None for step in no_bias for b in step.values())  # rate 0: no parameter
     assert largest[0] == pytest.approx(unbalanced[0]) and largest[0] > 0.3  # balanced: 0.25
     assert max(largest[-4:]) < 0.27 < min(unbalanced[-4:]), (largest, unbalanced)
+
+
+def test_routing_biases_in_a_model_declaring_no_rate_are_refused():
+    """A user's GPT with MoE feed-forwards (``Block.mlp_cls``) and a bias rate set: the MoE
+    layers hold biases, the model no rate for the step; refused in one line, not trained as
+    weights by the optimizer."""
+    from theseus.config import ConfigError, configuration, configure
+    from theseus.model.layers import Block
+    from theseus.model.models.gpt import GPT
+    from theseus.model.moe import MoE
+    from theseus.tasks.lm import LanguageModeling
+
+    class MoEFFBlock(Block):
+        mlp_cls = MoE
+
+    class MyGPT(GPT):
+        block_cls = MoEFFBlock
+
+    arch = {"n_layers": 1, "d_model": 32, "n_heads": 4, "seq_len": 16, "vocab_size": 64,
+            "moe": {"n_experts": 4, "bias_update_rate": 0.01}}
+    with configuration({"architecture": arch}):
+        model = configure(MyGPT)
+    tx = optax.adamw(1e-3)
+    state = nn.unbox(init_state(model, tx, seq_len=16, seed=0))
+    tokens = jnp.zeros((1, 2, 17), jnp.int32)
+    step = functools.partial(train_step, model=model, task=LanguageModeling(), tx=tx, schedule=lambda s: 1e-3)
+    with pytest.raises(ConfigError, match=r"^architecture.moe.bias_update_rate is set, but MyGPT declares no "
+                                          r"bias_update_rate for the train step to apply: subclass MoEGPT"):
+        jax.eval_shape(step, state, tokens, jax.random.key(0))

@@ -289,6 +289,21 @@ def _is_route_bias(path: tuple) -> bool:
     return getattr(path[-1], "key", None) == ROUTE_BIAS
 
 
+def route_bias_rate(model: nn.Module, params: Any) -> float:
+    """The step size of ``model``'s bias-balanced routing (0: none), read from the model's own
+    ``bias_update_rate`` (``MoEGPT`` declares it). ConfigError when ``params`` hold routing
+    biases that no rate would move (a model of the user's with MoE layers, declaring none):
+    the optimizer would otherwise train them as weights."""
+    rate = getattr(model, "bias_update_rate", 0.0)
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    if not rate and any(_is_route_bias(path) for path in paths):
+        raise ConfigError(
+            f"architecture.moe.bias_update_rate is set, but {type(model).__name__} declares no bias_update_rate for "
+            f"the train step to apply: subclass MoEGPT, or declare bias_update_rate: float = "
+            f"field(\"architecture.moe.bias_update_rate\", default=0.0) on {type(model).__name__}")
+    return rate
+
+
 def route_bias_signal(grads: Any) -> tuple[Any, Any]:
     """Split a gradient tree: ``(grads, signal)``, the routing biases' entries zeroed in the first
     (the optimizer leaves a parameter of zero gradient where it is), their gradients (each

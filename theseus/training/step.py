@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from theseus.model.moe import route_bias_signal, route_bias_step
+from theseus.model.moe import route_bias_rate, route_bias_signal, route_bias_step
 from theseus.tasks.task import LossTask
 from theseus.training.state import TrainState
 
@@ -51,7 +51,7 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
                               jax.eval_shape(micro_loss, state.params, tokens[0], step_key)[1])
     (loss, grads, task_metrics), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros, no_metrics),
                                                   (jnp.arange(n_micro), tokens))
-    bias_rate = getattr(model, "bias_update_rate", 0.0)
+    bias_rate = route_bias_rate(model, grads)
     if bias_rate:
         grads, bias_signal = route_bias_signal(grads)
     grad_norm = optax.global_norm(grads)
