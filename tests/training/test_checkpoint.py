@@ -180,6 +180,19 @@ def test_extension_follows_the_schedule(tmp_path, schedule, steps, allowed):
     assert (problem is None) == allowed, problem
 
 
+def test_a_constant_run_shorter_than_its_warmup_is_refused_saying_so(tmp_path):
+    """Its warmup was cut to its length (gpt_tiny warms up over 10 steps): longer, its steps
+    would have had other rates."""
+    from theseus.config.compose import compose
+    from theseus.training.trainer import Trainer
+
+    (tmp_path / "checkpoints" / "5").mkdir(parents=True)
+    cfg = compose(["+experiment=gpt_tiny", "optimizer.schedule=constant", "trainer.max_steps=200"])
+    problem = Trainer(cfg)._extension_problem(tmp_path, saved_steps=5)
+    assert problem.endswith("a constant schedule extends in place only once its warmup (optimizer.warmup_steps=10) "
+                            "is over"), problem
+
+
 def test_resume_last_finds_the_newest_run_this_command_continues(tmp_path):
     import time
 

@@ -203,8 +203,11 @@ class Trainer:
         return (f"with optimizer.schedule={optimizer.schedule} the learning rate of step {first + 1} (of the "
                 f"{taken} taken) would have been {after[first]:.3g}, not {before[first]:.3g}. Start a new run from "
                 f"its weights instead: trainer.init_from={run_dir} trainer.max_steps={max_steps} "
-                f"hydra.run.dir=NEW (trainer.init_optimizer=true keeps its optimizer state); a constant or wsd "
-                f"schedule can be extended in place")
+                f"hydra.run.dir=NEW (trainer.init_optimizer=true keeps its optimizer state); " + (
+                    "a constant or wsd schedule can be extended in place" if optimizer.schedule == "cosine" else
+                    f"a {optimizer.schedule} schedule extends in place only once its warmup "
+                    f"(optimizer.warmup_steps={optimizer.warmup_steps}) is over"
+                    + (" and before its decay" if optimizer.schedule == "wsd" else "")))
 
     def _init_source(self) -> tuple[Checkpointer, Any, str | None] | None:
         """``trainer.init_from`` when a theseus checkpoint: its checkpoints, the layout of the
