@@ -17,6 +17,7 @@ from typing import ClassVar
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.tree_util import DictKey
 
 from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, VOCAB, gathered_for_use
 from theseus.base.hardware import check_attention_impl
@@ -58,6 +59,12 @@ def param(module: Module, name: str, init: nn.initializers.Initializer, axes: tu
     """A parameter of ``module`` in its param dtype, annotated with logical ``axes``; what the
     layer computes with is gathered over the batch's mesh axes (``gathered_for_use``: FSDP)."""
     return gathered_for_use(module.param(name, nn.with_logical_partitioning(init, axes), shape, module._param_dtype), axes)
+
+
+def leaf_name(path: tuple) -> str:
+    """The parameter's own name, as ``param`` gave it: the last dict key of its pytree path
+    (past a ``Partitioned`` box)."""
+    return next((str(p.key) for p in reversed(path) if isinstance(p, DictKey)), "")
 
 
 def dense(equation: str, x: jax.Array, w: jax.Array, b: jax.Array | None, dtype: jnp.dtype) -> jax.Array:

@@ -52,7 +52,7 @@ from theseus.base.axis import (
     ShardingPlan,
 )
 from theseus.config import NON_NEGATIVE, POSITIVE, ConfigError, Range, configure, field
-from theseus.model.layers import MLP, Block, dense, param
+from theseus.model.layers import MLP, Block, dense, leaf_name, param
 from theseus.model.module import Module
 
 MOE_COLLECTION = "moe"  # the Flax collection the layers sow their routing statistics into
@@ -286,7 +286,7 @@ def moe_losses(sown: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
 
 
 def _is_route_bias(path: tuple) -> bool:
-    return getattr(path[-1], "key", None) == ROUTE_BIAS
+    return leaf_name(path) == ROUTE_BIAS
 
 
 def route_bias_rate(model: nn.Module, params: Any) -> float:

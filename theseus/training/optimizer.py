@@ -16,10 +16,10 @@ import flax.linen as nn
 import jax
 import optax
 import optax.contrib
-from jax.tree_util import DictKey
 
 from theseus.config import FRACTION, NON_NEGATIVE, Configurable, Range, field
 from theseus.config.registry import chosen_class, name_of
+from theseus.model.layers import leaf_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,11 +170,6 @@ def make_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
 # A parameter's role is its name (the last dict key of its path; theseus's layers follow this):
 # lookup tables are ``embedding``, norm gains ``scale``, biases ``bias``, ``b``, ``bq``, ``b_in``...
 EMBEDDING, NORM, BIAS = re.compile(r"embedding"), re.compile(r"scale"), re.compile(r"bias|b|b[a-z]|b_\w+")
-
-
-def leaf_name(path: tuple) -> str:
-    """The parameter's own name: the last dict key of its path (past a ``Partitioned`` box)."""
-    return next((str(p.key) for p in reversed(path) if isinstance(p, DictKey)), "")
 
 
 def role(path: tuple) -> str:
