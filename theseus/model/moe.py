@@ -153,8 +153,9 @@ class MoE(Module):
         # routing stays on the devices of its sequences (left free, XLA splits experts here too)
         logits = nn.with_logical_constraint(logits, (BATCH, SEQ, None))
         probs = jax.nn.softmax(logits, axis=-1)  # [batch, seq, expert]
-        weights, experts = _top_k(probs, k)  # [batch, seq, k]
-        if self.route_bias is not None:  # the bias chooses the experts; their gates stay unbiased
+        if self.route_bias is None:
+            weights, experts = _top_k(probs, k)  # [batch, seq, k]
+        else:  # the bias chooses the experts; their gates stay unbiased
             _, experts = _top_k(probs + jax.lax.stop_gradient(self.route_bias.astype(jnp.float32)), k)
             weights = jnp.take_along_axis(probs, experts, axis=-1)
         if self.norm_topk_prob:
