@@ -200,14 +200,16 @@ class Trainer:
         if not changed.size:
             return None
         first = int(changed[0])
+        if optimizer.schedule == "cosine":
+            extends = "a constant or wsd schedule can be extended in place"
+        else:  # the warmup was cut to the steps the run had, or a wsd's decay has begun
+            extends = (f"a {optimizer.schedule} schedule extends in place only once its warmup "
+                       f"(optimizer.warmup_steps={optimizer.warmup_steps}) is over"
+                       + (" and before its decay" if optimizer.schedule == "wsd" else ""))
         return (f"with optimizer.schedule={optimizer.schedule} the learning rate of step {first + 1} (of the "
                 f"{taken} taken) would have been {after[first]:.3g}, not {before[first]:.3g}. Start a new run from "
                 f"its weights instead: trainer.init_from={run_dir} trainer.max_steps={max_steps} "
-                f"hydra.run.dir=NEW (trainer.init_optimizer=true keeps its optimizer state); " + (
-                    "a constant or wsd schedule can be extended in place" if optimizer.schedule == "cosine" else
-                    f"a {optimizer.schedule} schedule extends in place only once its warmup "
-                    f"(optimizer.warmup_steps={optimizer.warmup_steps}) is over"
-                    + (" and before its decay" if optimizer.schedule == "wsd" else "")))
+                f"hydra.run.dir=NEW (trainer.init_optimizer=true keeps its optimizer state); {extends}")
 
     def _init_source(self) -> tuple[Checkpointer, Any, str | None] | None:
         """``trainer.init_from`` when a theseus checkpoint: its checkpoints, the layout of the
