@@ -182,8 +182,6 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
         from theseus.sweep import print_plans, write_plan
 
         plan_file = trainers[0].settings.trainer.plan_file
-        if plan_file and not Path(plan_file).absolute().parent.is_dir():
-            raise ConfigError(f"trainer.plan_file={plan_file}: its folder does not exist")
         plans = [trainer.dry_run() for trainer in trainers]
         if len(plans) > 1 and any(plan["target"] for plan in plans):
             print_plans(labels, plans)

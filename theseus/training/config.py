@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from theseus.config import POSITIVE, ConfigError, Configurable, Range, field
 
@@ -68,5 +69,7 @@ class TrainerConfig(Configurable):
                               f"to trace), got {list(steps)}")
         if self.plan_file and not self.dry_run:
             raise ConfigError(f"trainer.plan_file={self.plan_file} is written by a dry run: add trainer.dry_run=true")
+        if self.plan_file and not Path(self.plan_file).absolute().parent.is_dir():
+            raise ConfigError(f"trainer.plan_file={self.plan_file}: its folder does not exist")
         if not self.resume:
             raise ConfigError("trainer.resume is empty: set it to auto, last, never or a checkpoint path")
