@@ -29,6 +29,8 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from theseus.config import PLANNING, keys_with
+from theseus.training.config import TrainerConfig
 from theseus.training.runs import RESULT, SUMMARY_METRICS, Job, collect, error_line, fmt, rows, swept
 from theseus.training.seeds import LEVEL, Group, seed_groups, seed_keys
 
@@ -115,12 +117,13 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
     return jobs
 
 
-PLANNING = ("trainer.dry_run", "mesh.target", "trainer.plan_file")  # what a planned point's real run drops
-
-
 def runnable(job: Sequence[str]) -> list[str]:
-    """A planned point's overrides less the planning keys: what runs it on its target."""
-    return [o for o in job if o.lstrip("+~").split("=")[0] not in PLANNING]
+    """A planned point's overrides less the keys declared ``role=PLANNING`` (trainer.dry_run,
+    trainer.plan_file, mesh.target): what runs it on its target."""
+    from theseus.base.mesh import MeshConfig  # imports JAX: only a planned sweep's end pays for it
+
+    planning = keys_with(PLANNING, TrainerConfig, MeshConfig)
+    return [o for o in job if o.lstrip("+~").split("=")[0] not in planning]
 
 
 def print_plans(jobs: Sequence[Sequence[str]], plans: Sequence[dict]) -> None:

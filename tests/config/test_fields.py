@@ -11,7 +11,9 @@ from omegaconf import OmegaConf
 from theseus.config import (
     FRACTION,
     NON_NEGATIVE,
+    PLANNING,
     POSITIVE,
+    SEED,
     ConfigError,
     Configurable,
     Range,
@@ -20,6 +22,7 @@ from theseus.config import (
     derive,
     field,
     gather,
+    keys_with,
     schema_of,
     specs,
     structured,
@@ -140,6 +143,24 @@ def test_structured_schema_types_and_missing():
 def test_bad_key_is_rejected_at_declaration():
     with pytest.raises(ValueError, match="must be identifiers"):
         field("architecture/n-layers", default=1)
+
+
+def test_a_keys_role_is_declared_with_it_and_found_by_keys_with():
+    @dataclasses.dataclass
+    class Run:
+        seed: int = field("trainer.seed", default=0, role=SEED)
+        dry_run: bool = field("trainer.dry_run", default=False, role=PLANNING)
+        lr: float = field("optimizer.lr", default=1e-3)
+
+    @dataclasses.dataclass
+    class Data:
+        seed: int = field("data.seed", default=0, role=SEED)
+        again: int = field("trainer.seed", default=0, role=SEED)  # a shared key is found once
+
+    assert keys_with(SEED, Run, Data) == ("trainer.seed", "data.seed")
+    assert keys_with(PLANNING, Run, Data) == ("trainer.dry_run",)
+    with pytest.raises(ValueError, match=r"optimizer.lr: role='sed' is not one of seed, planning"):
+        field("optimizer.lr", default=1e-3, role="sed")
 
 
 @pytest.mark.parametrize("check, words", [

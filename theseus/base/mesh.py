@@ -13,7 +13,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 
 from theseus.base.axis import BATCH_MESH_AXES, LOGICAL_AXES, MESH_AXES, ShardingPlan
-from theseus.config import ConfigError, Configurable, field
+from theseus.config import PLANNING, ConfigError, Configurable, field
 from theseus.config.errors import suggest
 
 
@@ -39,6 +39,7 @@ class MeshConfig(Configurable):
         "mesh.target", default=None,
         help="with trainer.dry_run: compile for hardware this machine lacks and predict its step (tpu:v5e-8, "
              "tpu:v5p-128, gpu:h100x8, gpu:h100x8x4, ...; needs the plan extra); None: this machine's devices",
+        role=PLANNING,
     )
 
     def __post_init__(self):

@@ -36,6 +36,8 @@ class FieldSpec:
     owner: type  # the class whose body declares it
     resumable: bool = False  # may change when a run resumes (logging, cadence, layout: not shapes or data)
     check: Range | None = None  # the legal range of a number (None: any)
+    role: str | None = None  # SEED or PLANNING: what tools that read many runs' keys treat it as
+
 
     @property
     def required(self) -> bool:
@@ -90,6 +92,16 @@ class Range:
         return f"{spec.key} must be {self.words()}, got {value!r}" + (f": {fix}" if fix else "")
 
 
+SEED = "seed"  # a random seed: runs that differ only in it are repeats of one setting
+PLANNING = "planning"  # asks for a plan instead of a run: a planned point's command to run drops it
+ROLES = (SEED, PLANNING)
+
+
+def keys_with(role: str, *classes: type) -> tuple[str, ...]:
+    """The keys that ``classes`` declare with ``role`` (``field(..., role=SEED)``), in order."""
+    return tuple(dict.fromkeys(spec.key for cls in classes for spec in specs(cls) if spec.role == role))
+
+
 POSITIVE = Range(gt=0)
 NON_NEGATIVE = Range(ge=0)
 FRACTION = Range(ge=0, lt=1)  # a rate in [0, 1): dropout, a moment's decay
@@ -112,6 +124,7 @@ def field(
     check: Range | None = None,
     kw_only: bool = False,
     resumable: bool | None = None,
+    role: str | None = None,
 ) -> Any:
     """Bind a dataclass attribute to the config key ``key`` (dotted: "trainer.max_steps"; the slash form "trainer/max_steps" is accepted too).
 
@@ -120,13 +133,16 @@ def field(
     ``Range(ge=0, lt=1)``), enforced where the class is built (``check_ranges``). ``kw_only`` suits a base class's fields, so that
     subclasses may still declare positional ones. ``resumable``: the key may change when a run
     resumes, as it leaves the numbers alone (None: the declaring class's ``RESUMABLE``, False
-    unless it sets one). Works on Flax modules and plain dataclasses.
+    unless it sets one). ``role``: ``SEED`` or ``PLANNING`` (``keys_with`` finds them). Works on
+    Flax modules and plain dataclasses.
     """
     parts = key.replace(".", "/").split("/")
     if not all(part.isidentifier() for part in parts):
         raise ValueError(f"config key {key!r} must be identifiers joined by '.' (e.g. \"architecture.d_model\")")
+    if role not in (None, *ROLES):
+        raise ValueError(f"{key}: role={role!r} is not one of {', '.join(ROLES)} (or None)")
     metadata = {_META: {"key": ".".join(parts), "help": help, "choices": tuple(choices) if choices else None,
-                        "resumable": resumable, "check": check}}
+                        "resumable": resumable, "check": check, "role": role}}
     if default is MISSING:
         return dataclasses.field(kw_only=True, metadata=metadata)
     if isinstance(default, list | dict | set):
@@ -161,6 +177,7 @@ def specs(cls: type) -> tuple[FieldSpec, ...]:
                 owner=owner,
                 resumable=bool(resumable),
                 check=meta["check"],
+                role=meta["role"],
             )
         )
     return tuple(out)

@@ -25,7 +25,9 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 class Module(nn.Module, Configurable):
-    """Base class of theseus model components (see the seed "Extend a Module")."""
+    """Base class of theseus model components: hyperparameters as ``field()``s, children named
+    by ``components()``, its ``sharding`` plan and ``flops(seq)``; the README's "Your own model"
+    shows one."""
 
     param_dtype: str = field(
         "architecture.dtype.param", default="float32", choices=DTYPES, kw_only=True,

@@ -14,7 +14,7 @@ from theseus.config.registry import load
 from theseus.stateful.base import BaseModule, Forward, precision_bits, qualified_name, resolve
 from theseus.model.module import Module
 
-DTYPE_KEYS = ("architecture.dtype.param", "architecture.dtype.activation")
+DTYPE_KEYS = tuple(spec.key for spec in specs(Module))  # architecture.dtype.param and .activation
 
 
 class FlaxAdapter(BaseModule):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from theseus.config import POSITIVE, ConfigError, Configurable, Range, field
+from theseus.config import PLANNING, POSITIVE, SEED, ConfigError, Configurable, Range, field
 
 CADENCE = Range(ge=0, says="0 (only at the end) or positive")  # steps between evaluations or checkpoints
 
@@ -29,12 +29,13 @@ class TrainerConfig(Configurable):
                         help="auto: continue this run directory; last: continue the newest run under outputs/ "
                              "that this command can continue; never: refuse a used one; or a checkpoint path",
                         resumable=True)
-    seed: int = field("trainer.seed", default=0, help="seed of parameter init and dropout")
+    seed: int = field("trainer.seed", default=0, help="seed of parameter init and dropout", role=SEED)
     dry_run: bool = field("trainer.dry_run", default=False, help="build and compile, print memory and FLOPs, then exit",
-                          resumable=True)
+                          resumable=True, role=PLANNING)
     plan_file: str | None = field("trainer.plan_file", default=None,
                                   help="with trainer.dry_run: write each point (its overrides, fit, memory, predicted "
-                                       "step time and chip-hours) as a line of this JSONL file", resumable=True)
+                                       "step time and chip-hours) as a line of this JSONL file", resumable=True,
+                                  role=PLANNING)
     skip_nonfinite: bool = field("trainer.skip_nonfinite", default=False,
                                  help="skip updates whose loss or gradients are NaN/Inf (counted) instead of stopping")
     init_from: str | None = field("trainer.init_from", default=None,

@@ -19,7 +19,11 @@ from typing import Any
 
 from scipy import special  # the t distribution; scipy.stats would add seconds to every command's start
 
-SEED_KEYS = ("trainer.seed", "data.seed")
+from theseus.config import SEED, keys_with
+from theseus.data.config import DataConfig
+from theseus.training.config import TrainerConfig
+
+SEED_KEYS = keys_with(SEED, TrainerConfig, DataConfig)  # trainer.seed, data.seed
 LEVEL = 0.95
 
 
