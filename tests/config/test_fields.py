@@ -159,6 +159,19 @@ def test_a_keys_role_is_declared_with_it_and_found_by_keys_with():
 
     assert keys_with(SEED, Run, Data) == ("trainer.seed", "data.seed")
     assert keys_with(PLANNING, Run, Data) == ("trainer.dry_run",)
+
+    @dataclasses.dataclass
+    class Silent:  # declares trainer.seed without its role: the other declaration gives it
+        seed: int = field("trainer.seed", default=0)
+
+    @dataclasses.dataclass
+    class Planned:
+        seed: int = field("trainer.seed", default=0, role=PLANNING)
+
+    assert derive([Silent, Run])["trainer.seed"].role == SEED
+    with pytest.raises(ConfigError, match=r"trainer.seed is declared with different roles \(seed vs planning\) by "
+                                          r".*Run.seed and .*Planned.seed"):
+        derive([Run, Planned])
     with pytest.raises(ValueError, match=r"optimizer.lr: role='sed' is not one of seed, planning"):
         field("optimizer.lr", default=1e-3, role="sed")
 

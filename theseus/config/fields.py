@@ -36,7 +36,7 @@ class FieldSpec:
     owner: type  # the class whose body declares it
     resumable: bool = False  # may change when a run resumes (logging, cadence, layout: not shapes or data)
     check: Range | None = None  # the legal range of a number (None: any)
-    role: str | None = None  # SEED or PLANNING: what tools that read many runs' keys treat it as
+    role: str | None = None  # SEED, PLANNING or RUNTIME: what the tools that read keys treat it as
 
 
     @property
@@ -94,7 +94,8 @@ class Range:
 
 SEED = "seed"  # a random seed: runs that differ only in it are repeats of one setting
 PLANNING = "planning"  # asks for a plan instead of a run: a planned point's command to run drops it
-ROLES = (SEED, PLANNING)
+RUNTIME = "runtime"  # how a model trains or runs (dropout, kernels, dtypes), not what it computes: export skips it
+ROLES = (SEED, PLANNING, RUNTIME)
 
 
 def keys_with(role: str, *classes: type) -> tuple[str, ...]:
@@ -133,8 +134,8 @@ def field(
     ``Range(ge=0, lt=1)``), enforced where the class is built (``check_ranges``). ``kw_only`` suits a base class's fields, so that
     subclasses may still declare positional ones. ``resumable``: the key may change when a run
     resumes, as it leaves the numbers alone (None: the declaring class's ``RESUMABLE``, False
-    unless it sets one). ``role``: ``SEED`` or ``PLANNING`` (``keys_with`` finds them). Works on
-    Flax modules and plain dataclasses.
+    unless it sets one). ``role``: ``SEED``, ``PLANNING`` or ``RUNTIME`` (``keys_with`` finds them;
+    one declaration of a shared key gives it for all). Works on Flax modules and plain dataclasses.
     """
     parts = key.replace(".", "/").split("/")
     if not all(part.isidentifier() for part in parts):

@@ -22,7 +22,8 @@ def derive(classes: Iterable[type]) -> Schema:
     """The union of the config fields of ``classes``, keyed by dotted key.
 
     Several classes may declare one key (that is how components share a hyperparameter);
-    their types and defaults must agree, else a ConfigError names the key and both classes.
+    their types, defaults and roles must agree, else a ConfigError names the key and both
+    classes. A help or a role one of them gives is the key's.
     """
     schema: Schema = {}
     for cls in classes:
@@ -32,8 +33,7 @@ def derive(classes: Iterable[type]) -> Schema:
                 schema[spec.key] = spec
             elif seen.owner is not spec.owner:
                 _check_agree(seen, spec)
-                if not seen.help and spec.help:
-                    schema[spec.key] = dataclasses.replace(seen, help=spec.help)
+                schema[spec.key] = dataclasses.replace(seen, help=seen.help or spec.help, role=seen.role or spec.role)
     _check_nesting(schema)
     return schema
 
@@ -78,6 +78,8 @@ def _check_agree(a: FieldSpec, b: FieldSpec) -> None:
         raise ConfigError(
             f"{a.key} is declared with different defaults ({a.default!r} vs {b.default!r}) by {where}"
         )
+    if a.role and b.role and a.role != b.role:
+        raise ConfigError(f"{a.key} is declared with different roles ({a.role} vs {b.role}) by {where}")
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -6,8 +6,8 @@ A model exports when its config, its parameters and (for a class other than thes
 behaviour all map:
 
 - every config key of its component tree has an equivalent in that model_type's config.json
-  (``hf_config.expressed``), does not change the function computed (``UNCHANGED``: dropout,
-  initialisation, kernels, remat, layer layout, dtypes), or is at its default;
+  (``hf_config.expressed``), does not change the function computed (declared ``role=RUNTIME``:
+  dropout, initialisation, kernels, remat, layer layout, dtypes), or is at its default;
 - its parameters are theseus's GPT's, path for path and shape for shape (each of which the
   weight mapping carries over: ``hf_weights.to_hf``);
 - a subclass (a user's model, whose methods may compute anything) gives the logits theseus's GPT
@@ -25,16 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from theseus.config import ConfigError, configuration, configure
+from theseus.config import RUNTIME, ConfigError, configuration, configure
 from theseus.config.fields import MISSING
 from theseus.config.schema import schema_of
 from theseus.interop.hf_config import FORMATS, arch_of, expressed, model_type
 from theseus.model.models.gpt import GPT, unstack_layers
 from theseus.model.models.moe_gpt import MoEGPT
 
-# architecture.* keys that change how a model trains or runs, not the function its weights compute
-UNCHANGED = frozenset({"dropout", "init_std", "attention_impl", "remat", "scan_layers", "dtype.param",
-                       "dtype.activation", "moe.z_loss"})
 STOCK = {"gpt": GPT, "moe": MoEGPT}  # each Format.model's class
 PROBE = (2, 32)  # [batch, seq] tokens the behaviour check compares logits on (seq: at most seq_len)
 TOLERANCE = 1e-5  # the largest logit difference allowed, relative to the largest logit (float32)
@@ -61,8 +58,7 @@ def _check_keys(model: GPT, kind: str) -> None:
     """Every config key of the model's tree is expressed by ``kind``, changes nothing, or is at its default."""
     values = model.own_configuration()
     for key, spec in schema_of(type(model)).items():
-        short = key.removeprefix("architecture.")
-        if short in expressed(kind) or short in UNCHANGED:
+        if key.removeprefix("architecture.") in expressed(kind) or spec.role == RUNTIME:
             continue
         value = values.get(key)
         if value is not MISSING and value != spec.default:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from theseus.base.axis import ShardingPlan, merge
 from theseus.config.context import Snapshot, active, configuration, configure
-from theseus.config.fields import Configurable, check_ranges, field, specs
+from theseus.config.fields import RUNTIME, Configurable, check_ranges, field, specs
 
 M = TypeVar("M", bound="Module")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -31,11 +31,11 @@ class Module(nn.Module, Configurable):
 
     param_dtype: str = field(
         "architecture.dtype.param", default="float32", choices=DTYPES, kw_only=True,
-        help="dtype of the stored (master) parameters",
+        help="dtype of the stored (master) parameters", role=RUNTIME,
     )
     activation_dtype: str = field(
         "architecture.dtype.activation", default="auto", choices=("auto", *DTYPES), kw_only=True,
-        help="dtype of activations and matmuls; auto: bfloat16 on GPU/TPU, float32 on CPU",
+        help="dtype of activations and matmuls; auto: bfloat16 on GPU/TPU, float32 on CPU", role=RUNTIME,
     )
     # The configuration in force when this module was built (None: defaults). A dataclass
     # field, so that Flax's clones keep it; excluded from comparison, hashing and repr.

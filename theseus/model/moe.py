@@ -51,7 +51,7 @@ from theseus.base.axis import (
     SEQ,
     ShardingPlan,
 )
-from theseus.config import NON_NEGATIVE, POSITIVE, ConfigError, Range, configure, field
+from theseus.config import NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, Range, configure, field
 from theseus.model.layers import MLP, Block, dense, leaf_name, param
 from theseus.model.module import Module
 
@@ -95,7 +95,8 @@ class MoE(Module):
     aux_loss: float = field("architecture.moe.aux_loss", default=0.01, check=NON_NEGATIVE,
                             help="coefficient of the load-balancing loss (Switch/Mixtral; top_k at perfect balance)")
     z_loss: float = field("architecture.moe.z_loss", default=0.001, check=NON_NEGATIVE,
-                          help="coefficient of the router z-loss, mean logsumexp(router logits)^2 (ST-MoE)")
+                          help="coefficient of the router z-loss, mean logsumexp(router logits)^2 (ST-MoE)",
+                          role=RUNTIME)
     bias_update_rate: float = field(
         "architecture.moe.bias_update_rate", default=0.0, check=NON_NEGATIVE,
         help="bias-balanced routing (DeepSeek-V3): each step, a per-expert selection bias moves by this much "

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from theseus.base.axis import BATCH, BATCH_MESH_AXES, EMBED, FSDP, HEADS, KV_HEADS, LAYERS, MLP_HIDDEN, SEQ, TENSOR, VOCAB, ShardingPlan
-from theseus.config import FRACTION, POSITIVE, configure, field
+from theseus.config import FRACTION, POSITIVE, RUNTIME, configure, field
 from theseus.model.layers import (
     NORMS,
     Block,
@@ -67,7 +67,8 @@ class GPT(Module):
                                    help="key/value heads; None: n_heads")
     d_ff: int | None = field("architecture.d_ff", default=None, check=POSITIVE,
                              help="hidden width of the MLP; None: 4 x d_model")
-    dropout: float = field("architecture.dropout", default=0.0, check=FRACTION, help="dropout rate (training only)")
+    dropout: float = field("architecture.dropout", default=0.0, check=FRACTION, help="dropout rate (training only)",
+                           role=RUNTIME)
     bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
     qkv_bias: bool = field("architecture.qkv_bias", default=False,
                            help="biases on the query, key and value projections even with bias=false (Qwen2)")
@@ -83,19 +84,21 @@ class GPT(Module):
                             help="epsilon added to the norms' mean square")
     tie_embeddings: bool = field("architecture.tie_embeddings", default=True, help="output head = token embedding")
     init_std: float = field("architecture.init_std", default=0.02, check=POSITIVE,
-                            help="stddev of the normal initialiser")
+                            help="stddev of the normal initialiser", role=RUNTIME)
     attention_impl: str | None = field(
         "architecture.attention_impl", default=None, choices=(None, "xla", "cudnn"),
-        help="jax.nn.dot_product_attention implementation; None: JAX chooses",
+        help="jax.nn.dot_product_attention implementation; None: JAX chooses", role=RUNTIME,
     )
     remat: str = field(
         "architecture.remat", default="none", choices=("none", *REMAT_POLICIES),
         help="recompute block activations in the backward pass: none, dots (keep matmul outputs), full",
         resumable=True,  # the same numbers, another memory/compute trade (scan_layers changes the tree)
+        role=RUNTIME,
     )
     scan_layers: bool = field(
         "architecture.scan_layers", default=False,
         help="the blocks as one nn.scan, parameters stacked on a 'layers' axis (compile time flat in depth)",
+        role=RUNTIME,
     )
     decode: bool = False  # not a config key: one chunk at a time through a KV cache (theseus.model.generate)
 
