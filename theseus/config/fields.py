@@ -38,7 +38,6 @@ class FieldSpec:
     check: Range | None = None  # the legal range of a number (None: any)
     role: str | None = None  # SEED, PLANNING or RUNTIME: what the tools that read keys treat it as
 
-
     @property
     def required(self) -> bool:
         return self.default is MISSING

@@ -25,8 +25,7 @@ class DataConfig(Configurable):
         "data.val_fraction", default=0.01,
         check=Range(gt=0, lt=1, fix="runs evaluate on that held-out part, e.g. data.val_fraction=0.01"),
         help="fraction of the corpus held out for validation")
-    seed: int = field("data.seed", default=0, help="seed of the train/val split and the batch order",
-                     role=SEED)
+    seed: int = field("data.seed", default=0, help="seed of the train/val split and the batch order", role=SEED)
     cache_dir: str = field("data.cache_dir", default="~/.cache/theseus", help="where prepared shards are kept",
                            resumable=True)
     bpe_vocab_size: int = field("data.bpe_vocab_size", default=8192,
