@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,13 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def pytest_collection_modifyitems(items):
-    """Marks every test under tests/e2e/ `e2e`, so `-m e2e` (or `-m "not e2e"`) selects by folder."""
+    """Marks every test under tests/e2e/ `e2e`, so `-m e2e` (or `-m "not e2e"`) selects by folder;
+    orders the files by their count of `slow` tests, most first (each file's tests kept together,
+    in order), so that `-n 2`'s workers start the long ones early and finish together."""
     e2e = Path(__file__).parent / "e2e"
     for item in items:
         if e2e in Path(item.fspath).parents:
             item.add_marker(pytest.mark.e2e)
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    collected = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(key=lambda item: (-slow[item.path], collected[item.path]))
