@@ -16,7 +16,7 @@ import pytest
 from flax import traverse_util
 
 from support import ROOT, run_python
-from theseus.config import ConfigError, configuration, configure
+from theseus.config import RUNTIME, ConfigError, configuration, configure, field
 from theseus.interop.expressible import check_expressible
 from theseus.interop.hf_config import arch_of
 from theseus.interop.hf_weights import to_hf
@@ -105,6 +105,22 @@ def test_a_non_default_key_without_equivalent_is_refused():
     with pytest.raises(ConfigError, match=r"^architecture.rope_theta=500.0 has no equivalent in a Hugging Face gpt2 "
                                           r"config.json \(declared by GPT; only its default, 10000.0, exports\)"):
         check_expressible(model, params)
+
+
+class TracedMLP(MLP):
+    """A key of the user's that changes how the model runs (here: nothing at all), not what it computes."""
+
+    trace: bool = field("architecture.trace_mlp", default=False, role=RUNTIME, help="name the MLP's ops in a profile")
+
+
+def test_a_users_runtime_key_exports_at_any_value_and_one_without_the_role_does_not():
+    assert check_expressible(*built(gpt_with(TracedMLP), {**TINY, "architecture.trace_mlp": True})) == "gpt2"
+
+    class Untagged(MLP):
+        trace: bool = field("architecture.trace_mlp", default=False)
+
+    with pytest.raises(ConfigError, match=r"^architecture.trace_mlp=True has no equivalent in a Hugging Face gpt2"):
+        check_expressible(*built(gpt_with(Untagged), {**TINY, "architecture.trace_mlp": True}))
 
 
 def test_bias_balanced_routing_is_refused_for_mixtral():
