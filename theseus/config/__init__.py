@@ -18,11 +18,10 @@ from theseus.config.fields import (
     Range,
     field,
     gather,
-    keys_with,
     specs,
 )
 from theseus.config.registry import register
-from theseus.config.schema import Schema, derive, schema_of, structured
+from theseus.config.schema import Schema, derive, keys_with, schema_of, structured
 
 __all__ = [
     "FRACTION",

@@ -97,11 +97,6 @@ RUNTIME = "runtime"  # how a model trains or runs (dropout, kernels, dtypes), no
 ROLES = (SEED, PLANNING, RUNTIME)
 
 
-def keys_with(role: str, *classes: type) -> tuple[str, ...]:
-    """The keys that ``classes`` declare with ``role`` (``field(..., role=SEED)``), in order."""
-    return tuple(dict.fromkeys(spec.key for cls in classes for spec in specs(cls) if spec.role == role))
-
-
 POSITIVE = Range(gt=0)
 NON_NEGATIVE = Range(ge=0)
 FRACTION = Range(ge=0, lt=1)  # a rate in [0, 1): dropout, a moment's decay

@@ -38,6 +38,12 @@ def derive(classes: Iterable[type]) -> Schema:
     return schema
 
 
+def keys_with(role: str, *classes: type) -> tuple[str, ...]:
+    """The keys of ``classes`` (their union, as ``derive`` makes it) declared with ``role``
+    (``field(..., role=SEED)``), in order."""
+    return tuple(key for key, spec in derive(classes).items() if spec.role == role)
+
+
 def schema_of(*roots: type) -> Schema:
     """The schema of everything the component trees of ``roots`` construct."""
     return derive(gather(*roots))
