@@ -1,0 +1,282 @@
+"""Chat templates: a conversation rendered and tokenized as transformers' ``apply_chat_template``
+renders and tokenizes it, with the mask of the tokens its loss covers.
+
+    template = ChatTemplate.find(tokenizer_path, given=None)   # the tokenizer's, or DEFAULT_TEMPLATE
+    ids, mask = encode_chat(template, tokenizer, messages)     # int32 [n], bool [n]: the assistant's tokens
+
+The template is Jinja, in a sandboxed environment set up as transformers sets it up
+(``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, the ``{% generation %}`` tag,
+``raise_exception``, ``strftime_now``, a ``tojson`` that does not escape HTML), and sees the
+tokenizer's special tokens (``bos_token``, ``eos_token``, ...) as transformers passes them. The
+rendered text is tokenized whole, special tokens recognised, none added (transformers'
+``add_special_tokens=False``).
+
+The mask: a template that marks ``{% generation %}`` gives transformers' ``assistant_masks`` (a
+token is in it when its characters overlap text rendered inside the tag); one that does not is
+rendered turn by turn, an assistant turn's span running from the end of the generation prompt
+before it to the end of its message, less trailing whitespace (its content and end-of-turn token,
+not its header nor the newline after it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import weakref
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import numpy as np
+import tokenizers
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from theseus.config import ConfigError
+from theseus.data.tokenizer import EOT, NAMES, TRANSFORMERS_CONFIG, Tokenizer
+
+TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5's save_pretrained writes the template
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+ROLES = ("system", "user", "assistant")
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+# theseus's own tokenizers (byte, bpe) have one special token, <|endoftext|>: it ends every turn
+DEFAULT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|' + message['role'] + '|>\\n' -}}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{% generation %}{{- message['content'] + eos_token -}}{% endgeneration %}"
+    "{%- else -%}"
+    "{{- message['content'] + eos_token -}}"
+    "{%- endif -%}"
+    "{{- '\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatTemplate:
+    """A chat template's Jinja ``source``, the special tokens it sees, and where it came from."""
+
+    source: str
+    special: Mapping[str, str]  # bos_token, eos_token, ...: what transformers passes the template
+    origin: str  # a file, or "theseus's default template"
+
+    @classmethod
+    def find(cls, tokenizer: str, given: str | None = None) -> ChatTemplate:
+        """The template a run uses: ``given`` (``data.chat_template``, a Jinja file) if set, else
+        the tokenizer's (``chat_template.jinja`` beside its tokenizer.json, else its
+        tokenizer_config.json's ``chat_template``), else, for theseus's byte and bpe tokenizers,
+        ``DEFAULT_TEMPLATE``. ConfigError when there is none or a file does not read."""
+        folder = None if tokenizer in NAMES else Path(tokenizer).expanduser().parent
+        special = tokenizer_special_tokens(folder) if folder else {"eos_token": EOT}
+        if given is not None:
+            path = Path(given).expanduser()
+            if not path.is_file():
+                raise ConfigError(f"data.chat_template={given} does not exist: give the path of a Jinja chat template")
+            return cls(path.read_text(encoding="utf-8"), special, str(path))
+        if folder is None:
+            if tokenizer == "char":
+                raise ConfigError("task=sft needs a tokenizer with an end-of-turn token: data.tokenizer=char has none; "
+                                  "use data.tokenizer=byte, bpe or the path of a tokenizer.json")
+            return cls(DEFAULT_TEMPLATE, special, "theseus's default template")
+        if (folder / TEMPLATE_FILE).is_file():
+            return cls((folder / TEMPLATE_FILE).read_text(encoding="utf-8"), special, str(folder / TEMPLATE_FILE))
+        source = _tokenizer_config(folder).get("chat_template")
+        if isinstance(source, list):  # transformers' named templates: [{"name": ..., "template": ...}]
+            source = {entry.get("name"): entry.get("template") for entry in source}.get("default")
+        if not isinstance(source, str):
+            raise ConfigError(f"the tokenizer {tokenizer} has no chat template ({TEMPLATE_FILE} or a chat_template in "
+                              f"{TRANSFORMERS_CONFIG} beside it): set data.chat_template to a Jinja file")
+        return cls(source, special, str(folder / TRANSFORMERS_CONFIG))
+
+    @property
+    def marks_generation(self) -> bool:
+        """Whether the template marks the assistant's text with ``{% generation %}``."""
+        return GENERATION_TAG.search(self.source) is not None
+
+    def render(self, messages: Sequence[Mapping], add_generation_prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:
+        """The text of ``messages`` and the character spans rendered inside ``{% generation %}``."""
+        compiled = _compile(self.source)
+        blocks: list[str] = []
+        spans: list[tuple[int, int]] = []
+        try:
+            with compiled.environment.track(blocks, spans):
+                for block in compiled.generate(messages=[dict(m) for m in messages], tools=None, documents=None,
+                                               add_generation_prompt=add_generation_prompt, **self.special):
+                    blocks.append(block)
+        except jinja2.TemplateError as exc:
+            raise ConfigError(f"the chat template ({self.origin}) fails on a conversation: {exc}") from exc
+        return "".join(blocks), spans
+
+    def assistant_spans(self, messages: Sequence[Mapping]) -> tuple[str, list[tuple[int, int]]]:
+        """The text of ``messages`` and the character spans of the assistant's turns (see the module)."""
+        text, spans = self.render(messages)
+        if self.marks_generation:
+            return text, spans
+        spans = []
+        for i, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                continue
+            prompt, _ = self.render(messages[:i], add_generation_prompt=True)
+            upto, _ = self.render(messages[: i + 1])
+            if not (text.startswith(upto) and upto.startswith(prompt)):
+                raise ConfigError(f"the chat template ({self.origin}) does not render a conversation as the "
+                                  "concatenation of its turns, so its assistant turns cannot be found: mark them with "
+                                  "{% generation %} ... {% endgeneration %} (as transformers' assistant masks need)")
+            spans.append((len(prompt), len(upto.rstrip())))
+        return text, spans
+
+    def end_of_turn(self, tokenizer: Tokenizer) -> int:
+        """The token that ends an assistant turn: the last token the template renders after an
+        assistant message's text (ChatML's ``<|im_end|>``, Llama 3's ``<|eot_id|>``)."""
+        probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]
+        text, spans = self.assistant_spans(probe)
+        _, end = spans[-1]
+        ids, offsets = tokenize(tokenizer, text)
+        inside = [i for i, (a, b) in enumerate(offsets) if a < end and b > end - 1]
+        if not inside:
+            raise ConfigError(f"the chat template ({self.origin}) renders no end-of-turn token")
+        return int(ids[inside[-1]])
+
+
+def tokenizer_special_tokens(folder: Path) -> dict[str, str]:
+    """The named special tokens of the tokenizer_config.json in ``folder`` (as transformers'
+    ``special_tokens_map``: the set ones, as strings)."""
+    settings = _tokenizer_config(folder)
+    found = {}
+    for name in SPECIAL_TOKENS:
+        value = settings.get(name)
+        value = value.get("content") if isinstance(value, Mapping) else value
+        if isinstance(value, str):
+            found[name] = value
+    return found
+
+
+def _tokenizer_config(folder: Path) -> dict:
+    path = folder / TRANSFORMERS_CONFIG
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not JSON ({exc}): fix it or remove it") from exc
+
+
+def tokenize(tokenizer: Tokenizer, text: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The ids of ``text`` (special tokens recognised, none added) and each token's character span."""
+    encoding = _as_hf(tokenizer).encode(text, add_special_tokens=False)
+    return np.asarray(encoding.ids, dtype=np.int32), encoding.offsets
+
+
+_HF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _as_hf(tokenizer: Tokenizer) -> tokenizers.Tokenizer:
+    """``tokenizer.as_hf()``, made once per tokenizer (byte's is built on each call)."""
+    if tokenizer not in _HF:
+        _HF[tokenizer] = tokenizer.as_hf()
+    return _HF[tokenizer]
+
+
+def token_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """``bool [n]``: the tokens whose characters overlap one of ``spans`` (transformers' rule)."""
+    mask = np.zeros(len(offsets), dtype=bool)
+    at = 0
+    for i, (start, end) in enumerate(offsets):
+        while at < len(spans) and start >= spans[at][1]:
+            at += 1
+        if at == len(spans):
+            break
+        mask[i] = end > spans[at][0]
+    return mask
+
+
+def encode_chat(template: ChatTemplate, tokenizer: Tokenizer, messages: Sequence[Mapping],
+                train_on: str = "assistant") -> tuple[np.ndarray, np.ndarray]:
+    """``(ids int32 [n], mask bool [n])`` of a conversation: the target at position t counts in
+    the loss when ``mask[t]``. ``train_on=assistant``: the assistant's tokens; ``all``: every
+    token but the first (which nothing predicts)."""
+    text, spans = template.assistant_spans(messages)
+    ids, offsets = tokenize(tokenizer, text)
+    if train_on == "all":
+        mask = np.arange(len(ids)) > 0
+    else:
+        mask = token_mask(offsets, spans)
+    return ids, mask
+
+
+def check_messages(messages: object, where: str) -> list[dict]:
+    """``messages`` as a list of ``{role, content}`` dicts; ConfigError naming ``where`` otherwise."""
+    if not isinstance(messages, list) or not messages:
+        raise ConfigError(f"{where} must be a non-empty list of {{role, content}} messages, got {messages!r:.80}")
+    for message in messages:
+        if not isinstance(message, Mapping) or not isinstance(message.get("content"), str) \
+                or message.get("role") not in ROLES:
+            raise ConfigError(f"{where} holds {message!r:.80}: each message needs a role among "
+                              f"{', '.join(ROLES)} and a string content")
+    return [dict(message) for message in messages]
+
+
+class _GenerationTracker(jinja2.ext.Extension):
+    """``{% generation %} ... {% endgeneration %}``: renders its body and, while tracking, records
+    the body's character span in the text rendered so far (transformers' AssistantTracker)."""
+
+    tags = {"generation"}
+
+    def __init__(self, environment: jinja2.Environment):
+        super().__init__(environment)
+        environment.extend(track=self.track)
+        self._tracking: ContextVar = ContextVar("theseus_generation", default=None)
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.CallBlock:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_generation"), [], [], body).set_lineno(lineno)
+
+    @jinja2.pass_eval_context
+    def _generation(self, context: jinja2.nodes.EvalContext, caller: jinja2.runtime.Macro) -> str:
+        text = caller()
+        tracking = self._tracking.get()
+        if tracking is not None:
+            blocks, spans = tracking
+            start = len("".join(blocks))
+            spans.append((start, start + len(text)))
+        return text
+
+    @contextmanager
+    def track(self, blocks: list[str], spans: list[tuple[int, int]]):
+        token = self._tracking.set((blocks, spans))
+        try:
+            yield
+        finally:
+            self._tracking.reset(token)
+
+
+def _raise_exception(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str) -> jinja2.Template:
+    """``source`` compiled in transformers' sandboxed environment; ConfigError when it does not parse."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_GenerationTracker, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"the chat template does not parse as Jinja (line {exc.lineno}: {exc.message})") from exc
