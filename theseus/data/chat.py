@@ -206,10 +206,8 @@ def encode_chat(template: ChatTemplate, tokenizer: Tokenizer, messages: Sequence
     token but the first (which nothing predicts)."""
     text, spans = template.assistant_spans(messages)
     ids, offsets = tokenize(tokenizer, text)
-    if train_on == "all":
-        mask = np.arange(len(ids)) > 0
-    else:
-        mask = token_mask(offsets, spans)
+    mask = np.ones(len(ids), bool) if train_on == "all" else token_mask(offsets, spans)
+    mask[:1] = False  # nothing predicts the first token (packed, it would be the previous conversation)
     return ids, mask
 
 

@@ -37,6 +37,14 @@ class DataConfig(Configurable):
                                "(data.source and data.path then only serve interpolations)")
     prefetch: int | None = field("data.prefetch", default=None, check=Range(ge=0, says="0 (no thread) or more"),
                                  help="batches a thread gathers ahead; None: 8 on accelerators, 0 on CPU (no thread)")
+    # task=sft: conversations (theseus.tasks.sft)
+    chat_field: str = field("data.chat_field", default="messages", help="task=sft: the field of a row holding its messages")
+    train_on: str = field("data.train_on", default="assistant", choices=("assistant", "all"),
+                          help="task=sft: the loss on the assistant's tokens, or on all from position 1")
+    packing: bool = field("data.packing", default=True,
+                          help="task=sft: several conversations per window, attention confined to each; false: one, padded")
+    chat_template: str | None = field("data.chat_template", default=None,
+                                      help="task=sft: a Jinja chat template file; None: the tokenizer's, theseus's for byte")
 
     def __post_init__(self):
         super().__post_init__()  # each field within its declared range

@@ -5,7 +5,9 @@ logical axes, and ``flops(seq)`` counts forward + backward FLOPs of one sequence
 matmul of an [m, k] by a [k, n] costing 2mkn forward and twice that backward (6 per
 parameter per position). Lookups, norms and elementwise ops count as 0.
 
-Shapes: ``x: [batch, seq, d_model]``; ``positions: int32[seq]``, the index of each position.
+Shapes: ``x: [batch, seq, d_model]``; ``positions: int32[seq]``, the index of each position
+(``int32[batch, seq]`` where rows differ: packed sequences restart at 0); ``segments:
+int32[batch, seq] | None``, which packed sequence each position belongs to (None: one per row).
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ class Embedding(Module):
 
 
 class PositionEmbedding(Module):
-    """Learned absolute positions: ``positions: int32[seq] -> [seq, d_model]``."""
+    """Learned absolute positions: ``positions: int32[seq] -> [seq, d_model]`` (or ``[batch, seq]`` -> ``[batch, seq, d_model]``)."""
 
     seq_len: int = field("architecture.seq_len", default=1024, help="context length; data windows use it")
     d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
@@ -116,7 +118,7 @@ class RoPE(Module):
 
     Feature pair ``(i, i + head_dim/2)`` of every head turns by ``position * rope_theta **
     (-2i / head_dim)``, so that query-key products depend on relative position only.
-    ``x: [batch, seq, heads, head_dim], positions: int32[seq] -> x rotated`` (float32 inside).
+    ``x: [batch, seq, heads, head_dim], positions: int32[seq] or [batch, seq] -> x rotated`` (float32 inside).
     """
 
     rope_theta: float = field("architecture.rope_theta", default=10000.0, help="RoPE base wavelength")
@@ -124,8 +126,8 @@ class RoPE(Module):
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         half = x.shape[-1] // 2
         inv_freq = self.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-        angle = positions.astype(jnp.float32)[:, None] * inv_freq  # [seq, half]
-        cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]  # [seq, 1, half]
+        angle = positions.astype(jnp.float32)[..., None] * inv_freq  # [(batch,) seq, half]
+        cos, sin = jnp.cos(angle)[..., None, :], jnp.sin(angle)[..., None, :]  # [(batch,) seq, 1, half]
         x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
         return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
@@ -269,7 +271,8 @@ class Attention(Module):
     through ``jax.nn.dot_product_attention`` (``attention_impl=cudnn``: cuDNN flash attention).
     Dropout applies to the output (the fused kernels have none on the probabilities). With
     ``decode``, keys and values go through a KVCache and queries see every cached position up
-    to their own.
+    to their own. With ``segments``, a query sees only the earlier keys of its own segment
+    (packed sequences stay apart).
     """
 
     d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
@@ -322,7 +325,8 @@ class Attention(Module):
         self.cache = configure(KVCache) if self.decode else None
         self.drop = nn.Dropout(self.dropout)
 
-    def __call__(self, x: jax.Array, positions: jax.Array, deterministic: bool = True) -> jax.Array:
+    def __call__(self, x: jax.Array, positions: jax.Array, deterministic: bool = True,
+                 segments: jax.Array | None = None) -> jax.Array:
         dtype = self._activation_dtype
         q = dense("bsd,dnh->bsnh", x, self.wq, self.bq, dtype)  # [batch, seq, heads, head_dim]
         k = dense("bsd,dnh->bsnh", x, self.wk, self.bk, dtype)  # [batch, seq, kv_heads, head_dim]
@@ -331,7 +335,8 @@ class Attention(Module):
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
         if self.cache is None:
-            out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.attention_impl)
+            same = None if segments is None else (segments[:, None, :, None] == segments[:, None, None, :])
+            out = jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True, implementation=self.attention_impl)
         else:  # a masked step over the cache: XLA's kernel (the flash kernels want whole sequences)
             k, v, mask = self.cache(k, v, positions)
             out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
@@ -374,8 +379,9 @@ class Block(Module):
         self.ln_2 = configure(norm)
         self.mlp = configure(self.mlp_cls)
 
-    def __call__(self, x: jax.Array, positions: jax.Array, deterministic: bool = True) -> jax.Array:
-        x = x + self.attn(self.ln_1(x), positions, deterministic)
+    def __call__(self, x: jax.Array, positions: jax.Array, deterministic: bool = True,
+                 segments: jax.Array | None = None) -> jax.Array:
+        x = x + self.attn(self.ln_1(x), positions, deterministic, segments)
         x = x + self.mlp(self.ln_2(x), deterministic)
         return nn.with_logical_constraint(x, (BATCH, SEQ, EMBED))
 

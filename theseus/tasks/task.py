@@ -21,6 +21,8 @@ import jax
 
 from theseus.config import Configurable
 from theseus.config.registry import chosen_class
+from theseus.data.config import DataConfig
+from theseus.data.dataset import open_dataset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +33,13 @@ class Task(Configurable):
 @dataclasses.dataclass(frozen=True)
 class LossTask(Task):
     """A task the trainer optimises by gradient steps on ``loss``."""
+
+    def dataset(self, data: DataConfig) -> Any:
+        """What the trainer draws batches of ``example`` from: ``open_dataset(data)`` (token
+        windows), or a task's own (``sft``: conversations). It gives ``loader(split, seq_len,
+        batch_size, seed, process_index, process_count, prefetch)``, ``n_tokens(split)``,
+        ``tokenizer``, ``vocab_size`` and ``bytes_per_token``."""
+        return open_dataset(data)
 
     def example(self, seq_len: int) -> jax.ShapeDtypeStruct:
         """The shape and dtype of one example of a batch (the data yields batches of them)."""

@@ -5,6 +5,7 @@
         model = configure(GPT, vocab_size=tokenizer_vocab_size)
     params = model.init(key, tokens)["params"]
     logits = model.apply({"params": params}, tokens)  # tokens: int32[batch, seq]
+    logits = model.apply({"params": params}, tokens, segments=segments)  # packed: segments int32[batch, seq]
 """
 
 from __future__ import annotations
@@ -149,31 +150,36 @@ class GPT(Module):
         return nn.remat(block_cls, policy=REMAT_POLICIES[self.remat], static_argnums=(3,),
                         prevent_cse=not self.scan_layers)
 
-    def __call__(self, tokens: jax.Array, deterministic: bool = True) -> jax.Array:
+    def __call__(self, tokens: jax.Array, deterministic: bool = True, segments: jax.Array | None = None) -> jax.Array:
+        """``segments: int32[batch, seq]``: several sequences packed in a row (ids ascending, one
+        per sequence), each attending only to itself, its positions restarting at 0."""
         positions = self._positions(tokens.shape[1])
+        if segments is not None:
+            positions = segment_positions(segments)
         x = self.wte(tokens)  # [batch, seq, d_model]
         if self.wpe is not None:
             x = x + self.wpe(positions)
         x = nn.with_logical_constraint(self.drop(x, deterministic=deterministic), (BATCH, SEQ, EMBED))
         if self.scan_layers:
-            x = self._scan_blocks(x, positions, deterministic)
+            x = self._scan_blocks(x, positions, deterministic, segments)
         else:
             for block in self.h:
-                x = block(x, positions, deterministic)
+                x = block(x, positions, deterministic, segments)
         x = self.ln_f(x)
         logits = self.wte.attend(x) if self.tie_embeddings else x @ self.lm_head.astype(x.dtype)
         return nn.with_logical_constraint(logits, (BATCH, SEQ, VOCAB))
 
-    def _scan_blocks(self, x: jax.Array, positions: jax.Array, deterministic: bool) -> jax.Array:
+    def _scan_blocks(self, x: jax.Array, positions: jax.Array, deterministic: bool,
+                     segments: jax.Array | None) -> jax.Array:
         """``x: [batch, seq, d_model]`` through ``self.h`` n_layers times, a layer's parameters
         (and KV cache) per iteration; ``deterministic`` stays a Python bool (closed over)."""
 
-        def body(block: Module, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, None]:
-            return block(x, positions, deterministic), None
+        def body(block: Module, x: jax.Array, positions: jax.Array, segments: jax.Array | None) -> tuple[jax.Array, None]:
+            return block(x, positions, deterministic, segments), None
 
         scan = nn.scan(body, variable_axes={"params": 0, "cache": 0, "moe": 0}, split_rngs={"params": True, "dropout": True},
                        in_axes=nn.broadcast, length=self.n_layers, metadata_params={nn.PARTITION_NAME: LAYERS})
-        return scan(self.h, x, positions)[0]
+        return scan(self.h, x, positions, segments)[0]
 
     def _positions(self, seq: int) -> jax.Array:
         """``int32[seq]``: 0 .. seq-1, or when decoding the next ``seq`` after those cached."""
@@ -195,6 +201,13 @@ class GPT(Module):
         """
         blocks = self.h if isinstance(self.h, Sequence) else [self.h] * self.n_layers  # scanned: one, n times
         return sum(block.flops(seq) for block in blocks) + 6 * self.d_model * self.vocab_size * seq
+
+
+def segment_positions(segments: jax.Array) -> jax.Array:
+    """``int32[batch, seq]``: each position's index within its segment (a run of equal ids)."""
+    index = jnp.arange(segments.shape[1])
+    starts = jnp.concatenate([jnp.ones_like(segments[:, :1], bool), segments[:, 1:] != segments[:, :-1]], axis=1)
+    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
 
 
 def stack_layers(params: Mapping[str, Any]) -> dict[str, Any]:
