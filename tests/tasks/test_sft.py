@@ -148,3 +148,27 @@ def test_bad_rows_are_refused():
         Conversations.encode([{"messages": TALK[0]}, {"text": "x"}], template, tokenizer)
     with pytest.raises(ConfigError, match="row 1 of the corpus, field 'chat', must be a non-empty list"):
         Conversations.encode([{"chat": "hello"}], template, tokenizer, chat_field="chat")
+
+
+def test_val_loss_is_the_masked_mean_over_the_validation_conversations():
+    """evaluate's val_loss of task=sft: every validation conversation once, packed, equals the
+    mean over all their masked targets, each conversation scored alone."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from theseus.tasks.evaluation import evaluate, load_evaluations
+
+    data = Conversations.encode(rows(30), ChatTemplate.find("byte"), ByteTokenizer(), val_fraction=0.4, seed=3)
+    model = tiny_gpt("rope")
+    seq = 191
+    params = model.init(jax.random.key(1), jnp.zeros((1, seq), jnp.int32))["params"]
+    task = SupervisedFineTuning()
+    evaluations = load_evaluations({}, data, model, seed=0, prefetch=0)
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    metrics = evaluate(params, evaluations, loss=jax.jit(lambda p, b: task.loss(model, p, b, None)),
+                       val_metrics=task.val_metrics, sharding=NamedSharding(mesh, PartitionSpec("data")), rules=(),
+                       share=(0, 1), batch_size=2, batches=1)
+    alone = Windows(data.splits["val"], [[i] for i in range(data.n_conversations("val"))], seq, 1, 0)
+    losses = np.concatenate([np.asarray(token_losses(model, params, alone.row(i)))[alone.row(i)[1, 1:] > 0]
+                             for i in range(alone.per_epoch)])
+    assert data.n_conversations("val") == 12 and len(losses) > 100
+    assert metrics["val_loss"] == pytest.approx(float(losses.mean()), abs=1e-5)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cached_property
 
 import numpy as np
@@ -41,6 +41,7 @@ class Conversations:
     splits: dict[str, list[tuple[np.ndarray, np.ndarray]]] = dataclasses.field(repr=False)
     packing: bool = True
     bytes_per_token = None  # no bits per byte: the loss covers part of the text
+    _layouts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # (split, seq_len, seed) ->
 
     @classmethod
     def encode(cls, rows: Iterable[Mapping], template: ChatTemplate, tokenizer: Tokenizer, *, chat_field: str = "messages",
@@ -78,7 +79,13 @@ class Conversations:
     def windows(self, split: str, seq_len: int, batch_size: int, seed: int, process_index: int = 0,
                 process_count: int = 1) -> Windows:
         """The split's conversations laid out in windows of ``seq_len + 1`` (see the module);
-        ConfigError when none fits; the dropped ones are counted on stderr."""
+        ConfigError when none fits; the dropped ones are counted on stderr (once)."""
+        key = (split, seq_len, seed)
+        if key not in self._layouts:
+            self._layouts[key] = self._layout(split, seq_len, seed)
+        return Windows(self._split(split), self._layouts[key], seq_len, batch_size, seed, process_index, process_count)
+
+    def _layout(self, split: str, seq_len: int, seed: int) -> list[list[int]]:
         conversations = self._split(split)
         fits = [i for i, (ids, mask) in enumerate(conversations) if len(ids) <= seq_len + 1 and mask.any()]
         too_long = sum(len(ids) > seq_len + 1 for ids, _ in conversations)
@@ -92,13 +99,10 @@ class Conversations:
                       [f"{untrained} with no token to train on"] * bool(untrained)
             print(f"theseus: {split}: dropped {too_long + untrained} of {len(conversations)} conversations "
                   f"({', '.join(reasons)})", file=sys.stderr)
-        if self.packing:
-            order = np.random.default_rng((seed, 0x5F7)).permutation(fits)
-            layout = pack([len(conversations[i][0]) for i in order], seq_len + 1)
-            layout = [[int(order[j]) for j in window] for window in layout]
-        else:
-            layout = [[i] for i in fits]
-        return Windows(conversations, layout, seq_len, batch_size, seed, process_index, process_count)
+        if not self.packing:
+            return [[i] for i in fits]
+        order = np.random.default_rng((seed, 0x5F7)).permutation(fits)
+        return [[int(order[j]) for j in window] for window in pack([len(conversations[i][0]) for i in order], seq_len + 1)]
 
     def loader(self, split: str, seq_len: int, batch_size: int, seed: int, process_index: int = 0,
                process_count: int = 1, prefetch: int = 8) -> Loader:
@@ -106,6 +110,20 @@ class Conversations:
         global batch, as ``Dataset.loader`` gives (the same state, resume and prefetching)."""
         windows = self.windows(split, seq_len, batch_size, seed, process_index, process_count)
         return Loader.over(windows, split=split, prefetch=prefetch)
+
+    def validation(self, seq_len: int, batch_size: int, seed: int, process_index: int = 0,
+                   process_count: int = 1) -> Iterator[tuple[np.ndarray, int]]:
+        """Every validation window once: ``(batch, n)`` per global batch of ``batch_size``
+        windows, ``batch`` this process's share (int32 ``[batch_size / process_count, 3, seq_len
+        + 1]``, the last padded with empty windows), ``n`` the targets of the whole global batch:
+        the mean of the batches' losses weighted by ``n`` is the masked mean over the conversations."""
+        windows = self.windows("val", seq_len, batch_size // process_count, seed)
+        empty = np.zeros((ROWS, seq_len + 1), np.int32)
+        share = batch_size // process_count
+        for start in range(0, windows.per_epoch, batch_size):
+            rows = [windows.row(i) if i < windows.per_epoch else empty for i in range(start, start + batch_size)]
+            yield (np.stack(rows[process_index * share:(process_index + 1) * share]),
+                   int(sum(row[1, 1:].sum() for row in rows)))
 
     def _split(self, split: str) -> list[tuple[np.ndarray, np.ndarray]]:
         if split not in SPLITS:

@@ -130,17 +130,23 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metri
     mixture and, suffixed ``/NAME``, for each of its sources;
     ``sharding`` lays such a batch out on the mesh; ``rules`` are the model's logical-axis rules;
     this process reads share ``index`` of ``count`` of every batch. Each source contributes
-    ``batches`` validation batches of ``batch_size`` sequences, the same ones every time; each
-    task scores ``batch_size`` examples (all their choices) per forward.
+    ``batches`` validation batches of ``batch_size`` sequences, the same ones every time (a
+    dataset with ``validation``, task=sft's conversations, every validation example once, the
+    batches weighted by the targets they hold: the mean over every target); each task scores
+    ``batch_size`` examples (all their choices) per forward.
     """
     index, count = share
     losses = {}
     for name, (dataset, _) in evaluations.sources.items():
+        if hasattr(dataset, "validation"):  # every validation example once, batches weighted by their targets
+            weighted = [(loss(params, on_devices(batch, sharding, (batch_size, *batch.shape[1:]))), n)
+                        for batch, n in dataset.validation(evaluations.seq_len, batch_size, evaluations.seed, index, count)]
+            losses[name] = sum(float(value) * n for value, n in weighted) / max(sum(n for _, n in weighted), 1)
+            continue
         loader = dataset.loader("val", evaluations.seq_len, batch_size // count, seed=evaluations.seed,
                                 process_index=index, process_count=count, prefetch=evaluations.prefetch)
-        shape = (batch_size, evaluations.seq_len + 1)
-        values = [loss(params, on_devices(next(loader), sharding, shape))
-                  for _ in range(batches)]
+        values = [loss(params, on_devices(batch, sharding, (batch_size, *batch.shape[1:])))
+                  for batch in (next(loader) for _ in range(batches))]
         loader.close()
         losses[name] = float(jnp.mean(jnp.stack(values)))
     val_loss = sum(weight * losses[name] for name, (_, weight) in evaluations.sources.items())

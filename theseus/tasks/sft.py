@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -23,6 +24,7 @@ from theseus.data.chat import ChatTemplate
 from theseus.data.config import DataConfig
 from theseus.data.conversations import ROWS, Conversations
 from theseus.data.docstring_chats import stdlib_chats
+from theseus.data.records import iter_records
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer
 from theseus.model.moe import MOE_COLLECTION, moe_losses
 from theseus.tasks.lm import cross_entropy
@@ -41,12 +43,17 @@ class SupervisedFineTuning(LossTask):
 
     def dataset(self, data: DataConfig) -> Conversations:
         """The conversations of ``data`` (its source, path, tokenizer, split and seed), encoded."""
+        if data.mixture:
+            raise ConfigError("task=sft reads one source of conversations: drop data.mixture, set data.source and data.path")
         tokenizer = chat_tokenizer(data.tokenizer)
         template = ChatTemplate.find(data.tokenizer, data.chat_template)
         where = "the standard library" if data.source == "stdlib" else f"data.path={data.path}"
         return Conversations.encode(chat_rows(data), template, tokenizer, chat_field=data.chat_field,
                                     train_on=data.train_on, val_fraction=data.val_fraction, seed=data.seed,
                                     packing=data.packing, where=where)
+
+    def tokenizer(self, data: DataConfig) -> Tokenizer:
+        return chat_tokenizer(data.tokenizer)  # without encoding the corpus
 
     def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
         """``batch: int32 [batch, 3, seq + 1]`` -> the mean loss over the masked targets."""
@@ -84,6 +91,6 @@ def chat_rows(data: DataConfig) -> Iterator[dict]:
     if data.source not in CHAT_SOURCES:
         raise ConfigError(f"task=sft reads conversations, not data.source={data.source}: use data.source=jsonl, "
                           "parquet or arrow (rows with a list of messages), or stdlib (docstring questions)")
-    from theseus.data.records import iter_records  # the data helper's record reader
-
-    return iter_records(data, data.source, data.split)
+    if data.path is None:
+        raise ConfigError(f"data.source={data.source} needs data.path: a file, folder or glob of chat rows")
+    return iter_records([Path(data.path)], data.source, data.split)

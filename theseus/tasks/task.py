@@ -23,6 +23,7 @@ from theseus.config import Configurable
 from theseus.config.registry import chosen_class
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
+from theseus.data.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,10 @@ class LossTask(Task):
         batch_size, seed, process_index, process_count, prefetch)``, ``n_tokens(split)``,
         ``tokenizer``, ``vocab_size`` and ``bytes_per_token``."""
         return open_dataset(data)
+
+    def tokenizer(self, data: DataConfig) -> Tokenizer:
+        """The tokenizer of ``dataset(data)`` (what sampling and evaluating a run's checkpoint use)."""
+        return self.dataset(data).tokenizer
 
     def example(self, seq_len: int) -> jax.ShapeDtypeStruct:
         """The shape and dtype of one example of a batch (the data yields batches of them)."""
