@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers, trainers
-
 from support import ROOT
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 CORPUS = ROOT / "theseus" / "data" / "tokenizer.py"  # any local text
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from data.chat_folders import CHATML, CONVERSATIONS, LLAMA3, chatml_folder, llama3_folder
+
 from theseus.config import ConfigError
-from theseus.data.chat import DEFAULT_TEMPLATE, ChatTemplate, encode_chat, check_messages
+from theseus.data.chat import DEFAULT_TEMPLATE, ChatTemplate, check_messages, encode_chat
 from theseus.data.tokenizer import ByteTokenizer, HFTokenizer
 
 transformers = pytest.importorskip("transformers")

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from data.chat_folders import CONVERSATIONS, chatml_folder
+
 from theseus.config import ConfigError, configuration, configure
 from theseus.data.chat import ChatTemplate, encode_chat
 from theseus.data.conversations import Conversations, Windows, pack
@@ -71,6 +71,7 @@ def test_masked_loss_equals_transformers(tmp_path):
     """The sft loss of a batch equals transformers' loss with labels -100 outside
     apply_chat_template's assistant_masks (padded and packed alike); a mask one token off does not."""
     from interop.hf_models import qwen2_config, save_hf, target_of, theseus_model, torch, transformers
+
     from theseus.interop.hf_config import arch_of
     from theseus.interop.loading import load_params
 

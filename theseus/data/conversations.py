@@ -40,8 +40,9 @@ class Conversations:
     tokenizer: Tokenizer
     splits: dict[str, list[tuple[np.ndarray, np.ndarray]]] = dataclasses.field(repr=False)
     packing: bool = True
+    seed: int = 0  # of the split and of the order conversations are packed in
     bytes_per_token = None  # no bits per byte: the loss covers part of the text
-    _layouts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # (split, seq_len, seed) ->
+    _layouts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # (split, seq_len) -> windows
 
     @classmethod
     def encode(cls, rows: Iterable[Mapping], template: ChatTemplate, tokenizer: Tokenizer, *, chat_field: str = "messages",
@@ -63,7 +64,7 @@ class Conversations:
         order = np.random.default_rng(seed).permutation(len(encoded))
         n_val = min(len(encoded) - 1, max(1, round(val_fraction * len(encoded))))
         splits = {"val": [encoded[i] for i in sorted(order[:n_val])], "train": [encoded[i] for i in sorted(order[n_val:])]}
-        return cls(tokenizer, splits, packing)
+        return cls(tokenizer, splits, packing, seed)
 
     @property
     def vocab_size(self) -> int:
@@ -80,12 +81,12 @@ class Conversations:
                 process_count: int = 1) -> Windows:
         """The split's conversations laid out in windows of ``seq_len + 1`` (see the module);
         ConfigError when none fits; the dropped ones are counted on stderr (once)."""
-        key = (split, seq_len, seed)
+        key = (split, seq_len)
         if key not in self._layouts:
-            self._layouts[key] = self._layout(split, seq_len, seed)
+            self._layouts[key] = self._layout(split, seq_len)
         return Windows(self._split(split), self._layouts[key], seq_len, batch_size, seed, process_index, process_count)
 
-    def _layout(self, split: str, seq_len: int, seed: int) -> list[list[int]]:
+    def _layout(self, split: str, seq_len: int) -> list[list[int]]:
         conversations = self._split(split)
         fits = [i for i, (ids, mask) in enumerate(conversations) if len(ids) <= seq_len + 1 and mask.any()]
         too_long = sum(len(ids) > seq_len + 1 for ids, _ in conversations)
@@ -101,7 +102,7 @@ class Conversations:
                   f"({', '.join(reasons)})", file=sys.stderr)
         if not self.packing:
             return [[i] for i in fits]
-        order = np.random.default_rng((seed, 0x5F7)).permutation(fits)
+        order = np.random.default_rng((self.seed, 0x5F7)).permutation(fits)
         return [[int(order[j]) for j in window] for window in pack([len(conversations[i][0]) for i in order], seq_len + 1)]
 
     def loader(self, split: str, seq_len: int, batch_size: int, seed: int, process_index: int = 0,
@@ -111,13 +112,13 @@ class Conversations:
         windows = self.windows(split, seq_len, batch_size, seed, process_index, process_count)
         return Loader.over(windows, split=split, prefetch=prefetch)
 
-    def validation(self, seq_len: int, batch_size: int, seed: int, process_index: int = 0,
+    def validation(self, seq_len: int, batch_size: int, process_index: int = 0,
                    process_count: int = 1) -> Iterator[tuple[np.ndarray, int]]:
         """Every validation window once: ``(batch, n)`` per global batch of ``batch_size``
         windows, ``batch`` this process's share (int32 ``[batch_size / process_count, 3, seq_len
         + 1]``, the last padded with empty windows), ``n`` the targets of the whole global batch:
         the mean of the batches' losses weighted by ``n`` is the masked mean over the conversations."""
-        windows = self.windows("val", seq_len, batch_size // process_count, seed)
+        windows = self.windows("val", seq_len, batch_size // process_count, self.seed)
         empty = np.zeros((ROWS, seq_len + 1), np.int32)
         share = batch_size // process_count
         for start in range(0, windows.per_epoch, batch_size):

@@ -140,7 +140,7 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metri
     for name, (dataset, _) in evaluations.sources.items():
         if hasattr(dataset, "validation"):  # every validation example once, batches weighted by their targets
             weighted = [(loss(params, on_devices(batch, sharding, (batch_size, *batch.shape[1:]))), n)
-                        for batch, n in dataset.validation(evaluations.seq_len, batch_size, evaluations.seed, index, count)]
+                        for batch, n in dataset.validation(evaluations.seq_len, batch_size, index, count)]
             losses[name] = sum(float(value) * n for value, n in weighted) / max(sum(n for _, n in weighted), 1)
             continue
         loader = dataset.loader("val", evaluations.seq_len, batch_size // count, seed=evaluations.seed,

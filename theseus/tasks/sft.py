@@ -55,21 +55,32 @@ class SupervisedFineTuning(LossTask):
     def tokenizer(self, data: DataConfig) -> Tokenizer:
         return chat_tokenizer(data.tokenizer)  # without encoding the corpus
 
+    def check_data(self, dataset: Conversations, seq_len: int) -> None:
+        """ConfigError unless some conversation of each split fits a window (the others are
+        dropped, and counted on the console)."""
+        for split in ("train", "val"):
+            dataset.windows(split, seq_len, batch_size=1, seed=0)
+
     def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
         """``batch: int32 [batch, 3, seq + 1]`` -> the mean loss over the masked targets."""
-        return self.loss_and_metrics(model, params, batch, rng)[1]["lm_loss"]
+        return self._losses(model, params, batch, rng)[0]
 
     def loss_and_metrics(self, model: nn.Module, params: Any, batch: jax.Array,
                          rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """The masked loss plus a mixture of experts' auxiliary losses (as ``lm``'s), with
-        ``lm_loss``, the masked cross-entropy alone, among the metrics."""
+        """The masked loss plus a mixture of experts' auxiliary losses and their metrics, with
+        ``lm_loss``, the masked cross-entropy alone (as ``lm``'s); a dense model's loss alone."""
+        lm_loss, penalty, metrics = self._losses(model, params, batch, rng)
+        return lm_loss + penalty, {"lm_loss": lm_loss, **metrics} if metrics else {}
+
+    def _losses(self, model: nn.Module, params: Any, batch: jax.Array,
+                rng: jax.Array | None) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+        """``(masked cross-entropy, routers' penalty, their metrics)`` of ``batch``."""
         tokens, mask, segments = batch[:, 0], batch[:, 1], batch[:, 2]
         logits, sown = model.apply({"params": params}, tokens[:, :-1], deterministic=rng is None,
                                    segments=segments[:, :-1],
                                    rngs=None if rng is None else {"dropout": rng}, mutable=[MOE_COLLECTION])
         lm_loss = cross_entropy(logits, jnp.where(mask[:, 1:] > 0, tokens[:, 1:], -1))
-        penalty, metrics = moe_losses(sown)
-        return lm_loss + penalty, {"lm_loss": lm_loss, **metrics}
+        return (lm_loss, *moe_losses(sown))
 
 
 def chat_tokenizer(name: str) -> Tokenizer:

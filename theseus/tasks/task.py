@@ -19,7 +19,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from theseus.config import Configurable
+from theseus.config import ConfigError, Configurable
 from theseus.config.registry import chosen_class
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
@@ -41,6 +41,15 @@ class LossTask(Task):
         batch_size, seed, process_index, process_count, prefetch)``, ``n_tokens(split)``,
         ``tokenizer``, ``vocab_size`` and ``bytes_per_token``."""
         return open_dataset(data)
+
+    def check_data(self, dataset: Any, seq_len: int) -> None:
+        """ConfigError unless ``dataset`` can fill a window of ``seq_len + 1`` in each split (checked
+        before compiling): here, each split holds that many tokens."""
+        for split in ("train", "val"):
+            if dataset.n_tokens(split) < seq_len + 1:
+                raise ConfigError(f"the {split} split has {dataset.n_tokens(split)} tokens, fewer than one window of "
+                                  f"architecture.seq_len+1={seq_len + 1}: lower architecture.seq_len, use more data or "
+                                  f"raise data.val_fraction")
 
     def tokenizer(self, data: DataConfig) -> Tokenizer:
         """The tokenizer of ``dataset(data)`` (what sampling and evaluating a run's checkpoint use)."""
