@@ -39,6 +39,7 @@ class Conversations:
 
     tokenizer: Tokenizer
     splits: dict[str, list[tuple[np.ndarray, np.ndarray]]] = dataclasses.field(repr=False)
+    rows: dict[str, list[int]] = dataclasses.field(repr=False)  # each split's rows (0-based, in order)
     packing: bool = True
     seed: int = 0  # of the split and of the order conversations are packed in
     bytes_per_token = None  # no bits per byte: the loss covers part of the text
@@ -63,8 +64,8 @@ class Conversations:
                               "(one is held out for validation)")
         order = np.random.default_rng(seed).permutation(len(encoded))
         n_val = min(len(encoded) - 1, max(1, round(val_fraction * len(encoded))))
-        splits = {"val": [encoded[i] for i in sorted(order[:n_val])], "train": [encoded[i] for i in sorted(order[n_val:])]}
-        return cls(tokenizer, splits, packing, seed)
+        rows = {"val": sorted(map(int, order[:n_val])), "train": sorted(map(int, order[n_val:]))}
+        return cls(tokenizer, {split: [encoded[i] for i in held] for split, held in rows.items()}, rows, packing, seed)
 
     @property
     def vocab_size(self) -> int:
