@@ -41,4 +41,4 @@ def test_chat_reply_stops_at_the_end_of_turn_token():
 
     prompt = chat_prompt(ChatTemplate.find("byte"), tokenizer, "Say ok.")
     assert tokenizer.decode(prompt.tolist()) == "<|user|>\nSay ok.<|endoftext|>\n<|assistant|>\n"
-    assert reply(trained, "Say ok.", 20, temperature=0.0) == "ok"
+    assert reply(trained, "Say ok.", 8, temperature=0.0) == "ok"

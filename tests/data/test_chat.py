@@ -15,16 +15,15 @@ from theseus.data.tokenizer import ByteTokenizer, HFTokenizer
 transformers = pytest.importorskip("transformers")
 
 
-def hf_tokenizer(folder: Path):
-    return transformers.AutoTokenizer.from_pretrained(folder)
+def both(folder: Path):
+    """``(template, tokenizer, transformers' tokenizer)`` of a tokenizer folder."""
+    return (ChatTemplate.find(str(folder / "tokenizer.json")), HFTokenizer.from_file(folder / "tokenizer.json"),
+            transformers.AutoTokenizer.from_pretrained(folder))
 
 
 @pytest.mark.parametrize("make", [chatml_folder, llama3_folder])
 def test_token_ids_equal_transformers(tmp_path, make):
-    folder = make(tmp_path / "tok")
-    template = ChatTemplate.find(str(folder / "tokenizer.json"))
-    tokenizer = HFTokenizer.from_file(folder / "tokenizer.json")
-    reference = hf_tokenizer(folder)
+    template, tokenizer, reference = both(make(tmp_path / "tok"))
     for messages in CONVERSATIONS:
         ids, _ = encode_chat(template, tokenizer, messages)
         assert ids.tolist() == reference.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
@@ -33,10 +32,7 @@ def test_token_ids_equal_transformers(tmp_path, make):
 
 
 def test_generation_mask_equals_transformers_assistant_masks(tmp_path):
-    folder = chatml_folder(tmp_path / "tok")
-    template = ChatTemplate.find(str(folder / "tokenizer.json"))
-    tokenizer = HFTokenizer.from_file(folder / "tokenizer.json")
-    reference = hf_tokenizer(folder)
+    template, tokenizer, reference = both(chatml_folder(tmp_path / "tok"))
     for messages in CONVERSATIONS:
         _, mask = encode_chat(template, tokenizer, messages)
         out = reference.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
@@ -49,15 +45,12 @@ def test_generation_mask_equals_transformers_assistant_masks(tmp_path):
 def test_turn_by_turn_mask_equals_the_generation_marked_template(tmp_path):
     """Llama 3's template has no {% generation %}: its turns, found by rendering turn by turn,
     mask what transformers masks for the same template with the content and <|eot_id|> marked."""
-    folder = llama3_folder(tmp_path / "tok")
-    template = ChatTemplate.find(str(folder / "tokenizer.json"))
+    template, tokenizer, reference = both(llama3_folder(tmp_path / "tok"))
     assert not template.marks_generation
-    tokenizer = HFTokenizer.from_file(folder / "tokenizer.json")
     marked = LLAMA3.replace("{{ content }}", "{% if message['role'] == 'assistant' %}"
                             "{{ content[:-(message['content'] | trim | length) - 10] }}{% generation %}"
                             "{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
                             "{% else %}{{ content }}{% endif %}")
-    reference = hf_tokenizer(folder)
     for messages in CONVERSATIONS:
         ids, mask = encode_chat(template, tokenizer, messages)
         out = reference.apply_chat_template(messages, chat_template=marked, return_dict=True,
