@@ -172,3 +172,24 @@ def test_val_loss_is_the_masked_mean_over_the_validation_conversations():
                              for i in range(alone.per_epoch)])
     assert data.n_conversations("val") == 12 and len(losses) > 100
     assert metrics["val_loss"] == pytest.approx(float(losses.mean()), abs=1e-5)
+
+
+def test_a_task_reads_conversations_from_jsonl_and_parquet_alike(tmp_path):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from theseus.data.config import DataConfig
+
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows(12)))
+    pq.write_table(pa.Table.from_pylist(rows(12)), tmp_path / "chats.parquet")
+    task = SupervisedFineTuning()
+    found = [task.dataset(DataConfig(source=source, path=str(tmp_path / f"chats.{source}"), val_fraction=0.25))
+             for source in ("jsonl", "parquet")]
+    for split in ("train", "val"):
+        assert found[0].rows[split] == found[1].rows[split] and len(found[0].rows[split]) == {"train": 9, "val": 3}[split]
+        for (ids, mask), (other_ids, other_mask) in zip(found[0].splits[split], found[1].splits[split]):
+            assert ids.tolist() == other_ids.tolist() and mask.tolist() == other_mask.tolist()
+    with pytest.raises(ConfigError, match="task=sft reads one source of conversations: drop data.mixture"):
+        task.dataset(DataConfig(mixture={"a": {"source": "jsonl", "path": str(tmp_path / "chats.jsonl"), "weight": 1}}))
