@@ -15,7 +15,7 @@ import jax
 
 from theseus.config import ConfigError
 from theseus.model.generate import sample_text
-from theseus.training.trained import load_trained
+from theseus.trained import load_trained
 
 
 def main(argv: list[str] | None = None) -> int:

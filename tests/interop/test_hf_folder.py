@@ -16,7 +16,7 @@ from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.data.tokenizer import HFTokenizer
 from theseus.interop.init_from import apply_init_from
-from theseus.training.trained import source_config
+from theseus.trained import source_config
 
 PROMPT = "def __init__"
 

@@ -19,8 +19,8 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
-from theseus.training.trained import load_trained
-from theseus.tasks.evaluation import evaluate, load_evaluations
+from theseus.trained import load_trained
+from theseus.tasks.evaluation import EvaluationConfig, evaluate, load_evaluations
 from theseus.training.trainer import Trainer
 
 STEPS = 12
@@ -111,7 +111,7 @@ def test_each_source_s_loss_equals_that_source_evaluated_alone(files, straight):
             logits = run.model.apply({"params": params}, tokens[:, :-1], deterministic=True)
             return cross_entropy(logits, tokens[:, 1:])
 
-        evaluations = load_evaluations({}, dataset, run.model, data.seed, prefetch=0)
+        evaluations = load_evaluations(EvaluationConfig(), dataset, run.model, data.seed, prefetch=0)
         return evaluate(run.params, evaluations, loss=jax.jit(loss), val_metrics=LanguageModeling().val_metrics,
                         sharding=sharding, rules=(), share=(0, 1), batch_size=16, batches=2)
 

@@ -122,7 +122,6 @@ def test_routing_biases_in_a_model_declaring_no_rate_are_refused():
     from theseus.model.layers import Block
     from theseus.model.models.gpt import GPT
     from theseus.model.moe import MoE
-    from theseus.tasks.lm import LanguageModeling
 
     class MoEFFBlock(Block):
         mlp_cls = MoE

@@ -33,6 +33,7 @@ from theseus.interop.hf_config import architecture, format_of, read_config
 from theseus.interop.hf_weights import Checkpoint
 from theseus.model.models.gpt import GPT
 from theseus.model.models.moe_gpt import MoEGPT
+from theseus.training.checkpoint import run_of, theseus_checkpoint
 
 KEY = "trainer.init_from"
 
@@ -111,29 +112,6 @@ def apply_init_from(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"data.tokenizer={tokenizer} has {size} tokens, more than the {arch['vocab_size']} rows of "
                           f"{KEY}={given}: use the checkpoint's own tokenizer.json")
     return cfg
-
-
-def theseus_checkpoint(path: Path) -> Path | None:
-    """``path`` when it holds theseus checkpoints: a run directory with ``checkpoints/``, that
-    folder, or one step's folder in it; None otherwise."""
-    path = Path(path).expanduser()
-
-    def has_steps(folder: Path) -> bool:
-        return folder.is_dir() and any(child.name.isdigit() and child.is_dir() for child in folder.iterdir())
-
-    if has_steps(path / "checkpoints") or has_steps(path):
-        return path
-    if path.name.isdigit() and (path / "state").is_dir():
-        return path
-    return None
-
-
-def run_of(checkpoint: Path) -> Path | None:
-    """The run directory of a theseus checkpoint path (the folder holding ``.hydra/``)."""
-    for folder in (checkpoint, *checkpoint.parents[:2]):
-        if (folder / ".hydra" / "config.yaml").is_file():
-            return folder
-    return None
 
 
 def _from_run(cfg: DictConfig, checkpoint: Path) -> DictConfig:

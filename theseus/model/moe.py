@@ -33,7 +33,7 @@ Shapes: ``x: [batch, seq, d_model]``.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import flax.linen as nn
 import jax

@@ -2,12 +2,11 @@
 sharding plan, configured with the tokenizer's vocabulary.
 
     settings = configure_settings(cfg)                     # trainer, optimizer, data, mesh: checked
-    check_model(cfg)                                       # the model's own checks, before the data
-    cfg, model, plan = resolve_model(cfg, tokenizer.vocab_size, settings.mesh)
+    declared = check_model(cfg)                            # the model's own checks, before the data
+    cfg, model, plan = resolve_model(cfg, tokenizer.vocab_size, settings.mesh, declared)
 
-``Trainer(cfg)`` (a run to train, plan or evaluate) and ``load_trained`` (a run directory or a
-Hugging Face folder, for sample, evaluate and export) both resolve a config this way, so a
-checkpoint is read with the model and layout that wrote it.
+``theseus.recipe.assemble`` resolves every run this way (to train, plan, evaluate, sample or
+export), so a checkpoint is read with the model and layout that wrote it.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from theseus.base.axis import ShardingPlan
 from theseus.base.mesh import MeshConfig
-from theseus.config import ConfigError, configuration, configure
+from theseus.config import POSITIVE, ConfigError, Configurable, configuration, configure, field
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
 from theseus.training.config import TrainerConfig
@@ -39,6 +38,15 @@ class Settings:
     mesh: MeshConfig
 
 
+@dataclasses.dataclass(frozen=True)
+class Vocabulary(Configurable):
+    """The vocabulary as the config declares it, read before the model (whose own check
+    refuses it unset): None takes the tokenizer's, padded (``with_vocab``)."""
+
+    size: int | None = field("architecture.vocab_size", default=None, check=POSITIVE,
+                             help="vocabulary; None: the tokenizer's")
+
+
 def configure_settings(cfg: DictConfig) -> Settings:
     """``cfg``'s trainer, optimizer, data and mesh settings, configured in that order (the first
     bad key is the one reported)."""
@@ -47,40 +55,42 @@ def configure_settings(cfg: DictConfig) -> Settings:
                         configure(MeshConfig))
 
 
-def check_model(cfg: DictConfig) -> None:
+def check_model(cfg: DictConfig) -> int | None:
     """The model's own checks (its keys' ranges, shapes that must divide), raised before the
-    data is prepared, which can take minutes.
+    data is prepared, which can take minutes; returns ``architecture.vocab_size`` as declared
+    (None: the tokenizer's).
 
-    The vocabulary is a stand-in here (``architecture.vocab_size`` if set, else VOCAB_MULTIPLE):
-    the run's own is known only once the data is prepared whenever the tokenizer comes from the
-    corpus (``char`` is fitted to it, ``bpe`` trained on it may hold fewer tokens than
-    ``data.bpe_vocab_size``, a shard folder records its own in meta.json). Configuring a module
-    allocates nothing, so this check costs no more than reading its keys; ``resolve_model``
-    then configures the run's model once, with the vocabulary.
+    The vocabulary is a stand-in here when undeclared (VOCAB_MULTIPLE): the run's own is known
+    only once the data is prepared whenever the tokenizer comes from the corpus (``char`` is
+    fitted to it, ``bpe`` trained on it may hold fewer tokens than ``data.bpe_vocab_size``, a
+    shard folder records its own in meta.json). Configuring a module allocates nothing;
+    ``resolve_model`` then configures the run's model once, with the vocabulary.
     """
-    declared = OmegaConf.select(cfg, "architecture.vocab_size")
     with configuration(cfg):
+        declared = configure(Vocabulary).size
         configure(model_class(cfg), vocab_size=declared or VOCAB_MULTIPLE)
+    return declared
 
 
-def resolve_model(cfg: DictConfig, vocab_size: int, mesh: MeshConfig) -> tuple[DictConfig, nn.Module, ShardingPlan]:
+def resolve_model(cfg: DictConfig, vocab_size: int, mesh: MeshConfig,
+                  declared: int | None) -> tuple[DictConfig, nn.Module, ShardingPlan]:
     """``(cfg, model, plan)``: ``cfg`` with ``architecture.vocab_size`` set for a tokenizer of
-    ``vocab_size`` tokens (``with_vocab``), the model it configures, and the model's sharding
-    plan with ``mesh``'s overrides applied."""
-    cfg = with_vocab(cfg, vocab_size)
+    ``vocab_size`` tokens (``with_vocab``; ``declared``: as ``check_model`` read it), the model
+    it configures, and the model's sharding plan with ``mesh``'s overrides applied."""
+    cfg = with_vocab(cfg, vocab_size, declared)
     with configuration(cfg):
         model = configure(model_class(cfg))
     return cfg, model, mesh.apply(model.plan())
 
 
-def with_vocab(cfg: DictConfig, vocab_size: int) -> DictConfig:
+def with_vocab(cfg: DictConfig, vocab_size: int, declared: int | None) -> DictConfig:
     """``cfg`` with architecture.vocab_size from the tokenizer (or checked against it).
 
-    Unset, it is the tokenizer's size rounded up to a multiple of VOCAB_MULTIPLE, so that the
-    embedding splits evenly over tensor-parallel devices and matmuls tile well (nanoGPT pads
-    GPT-2's 50257 to 50304 for the same reason); the extra rows are never targets.
+    Unset (``declared`` None), it is the tokenizer's size rounded up to a multiple of
+    VOCAB_MULTIPLE, so that the embedding splits evenly over tensor-parallel devices and matmuls
+    tile well (nanoGPT pads GPT-2's 50257 to 50304 for the same reason); the extra rows are
+    never targets.
     """
-    declared = OmegaConf.select(cfg, "architecture.vocab_size")
     if declared is not None and declared < vocab_size:
         raise ConfigError(
             f"architecture.vocab_size={declared} is smaller than the tokenizer's vocabulary ({vocab_size}): "
