@@ -59,7 +59,7 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: str | None 
         raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
                           f"run it with python -m theseus.run")
     target = _target(settings)
-    devices = target.devices if target else _local_devices(settings, auto=steps is not None)
+    devices = target.devices if target else _local_devices(settings, auto=tokenizer is None)
     _check_batch(settings, settings.mesh.shape(len(devices)), target.process_count if target else jax.process_count())
     declared_vocab = check_model(cfg)  # the model's own checks, before the data (which can take minutes)
 
@@ -99,9 +99,9 @@ def _target(settings: Settings) -> Target | None:
 
 
 def _local_devices(settings: Settings, auto: bool) -> list:
-    """This machine's devices; on a CPU ``mesh.cpu_devices`` of them, else (``auto``: steps to
-    run) one per core where the micro-batch splits so. JAX's CPU backend is sized before
-    anything counts its devices."""
+    """This machine's devices; on a CPU ``mesh.cpu_devices`` of them, else (``auto``: a run, not
+    a model loaded to sample or export) one per core where the micro-batch splits so. JAX's CPU
+    backend is sized before anything counts its devices."""
     s, given = settings.trainer, settings.mesh.cpu_devices
     micro = s.batch_size // s.grad_accum if s.batch_size % s.grad_accum == 0 else 1
     use_cpu_devices(given or (auto_cpu_devices(settings.mesh, micro) if auto else None), given=given is not None)

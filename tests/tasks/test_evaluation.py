@@ -21,7 +21,7 @@ from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.trained import load_trained
 from theseus.tasks.evaluation import EvaluationConfig, evaluate, load_evaluations
-from theseus.training.trainer import Trainer
+from theseus.recipe import assemble
 
 STEPS = 12
 LETTERS = string.ascii_lowercase
@@ -168,7 +168,7 @@ def test_bad_input_is_refused_before_training(files, tmp_path, extra, message):
         extra = [f"evaluation.multiple_choice.toy={bad}"]
     overrides = [o for o in command(files, tmp_path / "run", *extra)[2:] if not o.startswith("hydra.")]
     with pytest.raises(ConfigError) as err:
-        Trainer(compose(overrides))
+        assemble(compose(overrides), steps=None)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
