@@ -40,7 +40,7 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> None:
     kind = check_expressible(model, run.params)  # refuses what transformers would not compute, before writing
     params = unstack_layers(run.params) if model.scan_layers else run.params  # Hugging Face's layers are one by one
     arch = arch_of(model)
-    imported = run.init_from
+    imported = run.hf_source
     vocab_size = model.vocab_size if imported else tokenizer.vocab_size
     special = (read_config(Path(imported).expanduser()) if imported
                else {"bos_token_id": tokenizer.eot, "eos_token_id": tokenizer.eot})

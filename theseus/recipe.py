@@ -22,11 +22,12 @@ from omegaconf import DictConfig, OmegaConf
 from theseus.base.axis import BATCH_MESH_AXES
 from theseus.base.mesh import auto_cpu_devices, make_mesh, use_cpu_devices
 from theseus.config import ConfigError, configuration, configure
+from theseus.config.compose import with_values
 from theseus.config.registry import chosen
 from theseus.data.dataset import open_dataset, planned_vocab_size
 from theseus.data.tokenizer import Tokenizer
 from theseus.interop.hf_config import arch_of
-from theseus.interop.init_from import apply_init_from
+from theseus.interop.init_from import hf_folder, init_from_values
 from theseus.interop.loading import load_params
 from theseus.plan.fit import check_memory
 from theseus.plan.target import Target, resolve
@@ -37,7 +38,7 @@ from theseus.training.batches import batch_share
 from theseus.training.compiled import Compiled, compile_steps
 from theseus.training.logger import LoggerConfig, scrub, secrets
 from theseus.training.parts import Run, prefetch
-from theseus.training.resolve import Settings, check_model, configure_settings, resolve_model
+from theseus.training.resolve import Settings, check_model, configure_settings, resolve_model, vocab_size
 from theseus.training.resume import check_run_dir
 from theseus.training.state import TrainState
 
@@ -51,7 +52,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: str | None 
     None (the state's layout only). ``tokenizer``: the model's, when no data is read (sample,
     export); a planned run (``mesh.target``) reads none either: its tokenizer sizes the vocabulary.
     """
-    composed, cfg = cfg, apply_init_from(cfg)  # trainer.init_from: that run's or folder's architecture, tokenizer
+    composed, derived = cfg, init_from_values(cfg)  # trainer.init_from's architecture and tokenizer
+    cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
     settings = configure_settings(cfg)  # trainer, optimizer, data, mesh: each checked
     with configuration(cfg):
         task, evaluation, logging = configure(task_class(cfg)), configure(EvaluationConfig), configure(LoggerConfig)
@@ -64,13 +66,15 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: str | None 
     declared_vocab = check_model(cfg)  # the model's own checks, before the data (which can take minutes)
 
     dataset = None if target or tokenizer else open_dataset(settings.data)
-    vocab = (planned_vocab_size(settings.data, declared_vocab) if target
-             else (tokenizer or dataset.tokenizer).vocab_size)
-    cfg, model, plan = resolve_model(cfg, vocab, settings.mesh, declared_vocab)
+    tokens = (planned_vocab_size(settings.data, declared_vocab) if target
+              else (tokenizer or dataset.tokenizer).vocab_size)
+    derived["architecture.vocab_size"] = vocab_size(tokens, declared_vocab)
+    cfg = with_values(composed, derived)
+    model, plan = resolve_model(cfg, settings.mesh)
     if dataset is not None:
         _check_windows(dataset, model.seq_len)
     evaluations = dataset and load_evaluations(evaluation, dataset, model, settings.data.seed,
-                                               prefetch(settings.data), imported=settings.trainer.init_from is not None)
+                                               prefetch(settings.data), imported=hf_folder(settings.trainer.init_from) is not None)
     if run_dir is not None:
         check_run_dir(run_dir, composed, settings)
         init_from.check(settings, model)
@@ -79,8 +83,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: str | None 
     if steps == "train":
         _say_compiling(model, devices, settings)
     compiled = compile_steps(model, task, plan, mesh, settings, steps)
-    run = Run(composed, cfg, scrub(OmegaConf.to_container(cfg, resolve=True), secrets()), settings, task, evaluation,
-              logging, model, plan, devices, compiled, dataset, evaluations or None,
+    run = Run(composed, derived, cfg, scrub(OmegaConf.to_container(cfg, resolve=True), secrets()), settings, task,
+              evaluation, logging, model, plan, devices, compiled, dataset, evaluations or None,
               (0, 1) if target else batch_share(mesh, settings.trainer.batch_size // settings.trainer.grad_accum),
               _start(settings, model), target)
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:

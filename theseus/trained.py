@@ -24,12 +24,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from theseus.base.axis import ShardingPlan
 from theseus.config import ConfigError, registry
-from theseus.config.compose import compose
+from theseus.config.compose import compose, with_values
 from theseus.data.dataset import open_dataset
 from theseus.data.tokenizer import JSON_FILE, HFTokenizer, Tokenizer
 from theseus.interop.hf_config import CONFIG_FILE, arch_of
 from theseus.interop.init_from import KEY as INIT_FROM
-from theseus.interop.init_from import apply_init_from, model_choice
+from theseus.interop.init_from import hf_folder, init_from_values, model_choice
 from theseus.interop.loading import load_params
 from theseus.recipe import assemble
 from theseus.training.checkpoint import Checkpointer
@@ -51,7 +51,7 @@ class Trained:
     mesh: Mesh
     plan: ShardingPlan
     step: int | None  # the checkpoint's step; None: a Hugging Face folder's weights
-    init_from: str | None  # the run's trainer.init_from (a Hugging Face folder: its vocabulary and special tokens)
+    hf_source: Path | None  # the Hugging Face folder the run started from (its vocabulary, special tokens)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -107,13 +107,13 @@ def load_trained(path: Path, step: int | None = None) -> Trained:
     path = path.expanduser()
     cfg = source_config(path)
     if is_run_dir(path):  # the run's own tokenizer (its data's: a char or bpe one is fitted to it)
-        tokenizer = open_dataset(configure_settings(apply_init_from(cfg)).data).tokenizer
+        tokenizer = open_dataset(configure_settings(with_values(cfg, init_from_values(cfg))).data).tokenizer
     else:
         tokenizer = _folder_tokenizer(path)
     run = assemble(cfg, steps=None, tokenizer=tokenizer)
     params, at = trained_params(path, step, run.model, run.compiled.target)
     return Trained(path, run.cfg, run.model, params, tokenizer, run.compiled.mesh, run.plan, at,
-                   run.settings.trainer.init_from)
+                   hf_folder(run.settings.trainer.init_from))
 
 
 def _folder_tokenizer(folder: Path) -> Tokenizer:

@@ -29,9 +29,10 @@ from theseus.training.state import TrainState
 class Run:
     """Everything a run is made of, resolved and checked."""
 
-    composed: DictConfig  # the config as composed and checked
-    cfg: DictConfig  # what the model was configured from: architecture.vocab_size and trainer.init_from's keys set
-    record: dict[str, Any]  # cfg resolved, secrets scrubbed: what checkpoints and the logger record
+    composed: DictConfig  # the config as composed and checked, unchanged
+    derived: dict[str, Any]  # what the run derived (dotted keys): its vocabulary, trainer.init_from's architecture
+    cfg: DictConfig  # composed with derived laid over it: what every part was configured from
+    record: dict[str, Any]  # cfg resolved, secrets scrubbed: what checkpoints, W&B and the logger record
     settings: Settings
     task: LossTask
     evaluation: EvaluationConfig

@@ -3,7 +3,8 @@ sharding plan, configured with the tokenizer's vocabulary.
 
     settings = configure_settings(cfg)                     # trainer, optimizer, data, mesh: checked
     declared = check_model(cfg)                            # the model's own checks, before the data
-    cfg, model, plan = resolve_model(cfg, tokenizer.vocab_size, settings.mesh, declared)
+    vocab = vocab_size(tokenizer.vocab_size, declared)     # the run derives it: laid over cfg (with_values)
+    model, plan = resolve_model(with_values(cfg, {"architecture.vocab_size": vocab}), settings.mesh)
 
 ``theseus.recipe.assemble`` resolves every run this way (to train, plan, evaluate, sample or
 export), so a checkpoint is read with the model and layout that wrote it.
@@ -15,7 +16,7 @@ import dataclasses
 from typing import Any
 
 import flax.linen as nn
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from theseus.base.axis import ShardingPlan
 from theseus.base.mesh import MeshConfig
@@ -41,7 +42,7 @@ class Settings:
 @dataclasses.dataclass(frozen=True)
 class Vocabulary(Configurable):
     """The vocabulary as the config declares it, read before the model (whose own check
-    refuses it unset): None takes the tokenizer's, padded (``with_vocab``)."""
+    refuses it unset): None takes the tokenizer's, padded (``vocab_size``)."""
 
     size: int | None = field("architecture.vocab_size", default=None, check=POSITIVE,
                              help="vocabulary; None: the tokenizer's")
@@ -72,31 +73,23 @@ def check_model(cfg: DictConfig) -> int | None:
     return declared
 
 
-def resolve_model(cfg: DictConfig, vocab_size: int, mesh: MeshConfig,
-                  declared: int | None) -> tuple[DictConfig, nn.Module, ShardingPlan]:
-    """``(cfg, model, plan)``: ``cfg`` with ``architecture.vocab_size`` set for a tokenizer of
-    ``vocab_size`` tokens (``with_vocab``; ``declared``: as ``check_model`` read it), the model
-    it configures, and the model's sharding plan with ``mesh``'s overrides applied."""
-    cfg = with_vocab(cfg, vocab_size, declared)
+def resolve_model(cfg: DictConfig, mesh: MeshConfig) -> tuple[nn.Module, ShardingPlan]:
+    """``(model, plan)``: the model ``cfg`` configures (its vocabulary set: ``vocab_size``) and
+    its sharding plan with ``mesh``'s overrides applied."""
     with configuration(cfg):
         model = configure(model_class(cfg))
-    return cfg, model, mesh.apply(model.plan())
+    return model, mesh.apply(model.plan())
 
 
-def with_vocab(cfg: DictConfig, vocab_size: int, declared: int | None) -> DictConfig:
-    """``cfg`` with architecture.vocab_size from the tokenizer (or checked against it).
-
-    Unset (``declared`` None), it is the tokenizer's size rounded up to a multiple of
-    VOCAB_MULTIPLE, so that the embedding splits evenly over tensor-parallel devices and matmuls
-    tile well (nanoGPT pads GPT-2's 50257 to 50304 for the same reason); the extra rows are
-    never targets.
+def vocab_size(tokenizer_size: int, declared: int | None) -> int:
+    """``architecture.vocab_size`` for a tokenizer of ``tokenizer_size`` tokens: ``declared``
+    (checked to hold them), else the tokenizer's size rounded up to a multiple of VOCAB_MULTIPLE,
+    so that the embedding splits evenly over tensor-parallel devices and matmuls tile well
+    (nanoGPT pads GPT-2's 50257 to 50304 for the same reason); the extra rows are never targets.
     """
-    if declared is not None and declared < vocab_size:
+    if declared is not None and declared < tokenizer_size:
         raise ConfigError(
-            f"architecture.vocab_size={declared} is smaller than the tokenizer's vocabulary ({vocab_size}): "
-            f"set architecture.vocab_size>={vocab_size} or leave it unset"
+            f"architecture.vocab_size={declared} is smaller than the tokenizer's vocabulary ({tokenizer_size}): "
+            f"set architecture.vocab_size>={tokenizer_size} or leave it unset"
         )
-    cfg = cfg.copy()
-    padded = -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-    OmegaConf.update(cfg, "architecture.vocab_size", declared or padded, force_add=True)
-    return cfg
+    return declared or -(-tokenizer_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
