@@ -29,8 +29,8 @@ from theseus.data.tokenizer import Tokenizer
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import hf_folder, init_from_values
 from theseus.interop.loading import load_params
-from theseus.plan.fit import check_memory
-from theseus.plan.target import Target, resolve
+from theseus.plan.memory import check_memory
+from theseus.plan.target import Target, target_named
 from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
 from theseus.tasks.task import LossTask, task_class
 from theseus.training import init_from
@@ -38,7 +38,7 @@ from theseus.training.batches import batch_share
 from theseus.training.compiled import Compiled, compile_steps
 from theseus.training.logger import LoggerConfig, scrub, secrets
 from theseus.training.parts import Run, prefetch
-from theseus.training.resolve import Settings, check_model, configure_settings, resolve_model, vocab_size
+from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
 from theseus.training.resume import check_run_dir
 from theseus.training.state import TrainState
 
@@ -70,7 +70,7 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: str | None 
               else (tokenizer or dataset.tokenizer).vocab_size)
     derived["architecture.vocab_size"] = vocab_size(tokens, declared_vocab)
     cfg = with_values(composed, derived)
-    model, plan = resolve_model(cfg, settings.mesh)
+    model, plan = configure_model(cfg, settings.mesh)
     if dataset is not None:
         _check_windows(dataset, model.seq_len)
     evaluations = dataset and load_evaluations(evaluation, dataset, model, settings.data.seed,
@@ -99,7 +99,7 @@ def _target(settings: Settings) -> Target | None:
     if not settings.trainer.dry_run:
         raise ConfigError(f"mesh.target={settings.mesh.target} plans a run on hardware this machine lacks: "
                           f"add trainer.dry_run=true (or drop mesh.target to train here)")
-    return resolve(settings.mesh.target)
+    return target_named(settings.mesh.target)
 
 
 def _local_devices(settings: Settings, auto: bool) -> list:

@@ -161,7 +161,7 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
         return base, []
     from theseus.recipe import assemble  # the trainer's imports: after a typo's error, not before
     from theseus.tasks.task import JobTask, task_class
-    from theseus.training.resolve import configure_settings
+    from theseus.training.settings import configure_settings
 
     if not is_multirun(argv):
         base = continue_last(base)  # trainer.resume=last: the run directory this command continues
@@ -192,7 +192,7 @@ def plan(planned: list[tuple[list[str], DictConfig]], assemble) -> None:
     its points, and ``trainer.plan_file`` gets them as JSON lines."""
     from theseus.plan.dry_run import dry_run
     from theseus.sweep import print_plans, write_plan
-    from theseus.training.resolve import configure_settings
+    from theseus.training.settings import configure_settings
 
     labels = [overrides for overrides, _ in planned]
     plans = [dry_run(cfg, assemble) for _, cfg in planned]

@@ -33,7 +33,7 @@ from theseus.interop.init_from import hf_folder, init_from_values, model_choice
 from theseus.interop.loading import load_params
 from theseus.recipe import assemble
 from theseus.training.checkpoint import Checkpointer
-from theseus.training.resolve import configure_settings
+from theseus.training.settings import configure_settings
 from theseus.training.state import TrainState
 
 SAVED_CONFIG = Path(".hydra") / "config.yaml"

@@ -172,7 +172,7 @@ def test_extension_follows_the_schedule(tmp_path, schedule, steps, allowed):
     """A run stopped at ``steps`` of 100 extends to 200 when its learning rates so far would
     not change: a constant, wsd before its decay (the last 20%), never a cosine."""
     from theseus.config.compose import compose
-    from theseus.training.resolve import configure_settings
+    from theseus.training.settings import configure_settings
     from theseus.training.resume import extension_problem
 
     (tmp_path / "checkpoints" / str(steps)).mkdir(parents=True)
@@ -186,7 +186,7 @@ def test_a_constant_run_shorter_than_its_warmup_is_refused_saying_so(tmp_path):
     """Its warmup was cut to its length (gpt_tiny warms up over 10 steps): longer, its steps
     would have had other rates."""
     from theseus.config.compose import compose
-    from theseus.training.resolve import configure_settings
+    from theseus.training.settings import configure_settings
     from theseus.training.resume import extension_problem
 
     (tmp_path / "checkpoints" / "5").mkdir(parents=True)

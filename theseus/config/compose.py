@@ -41,7 +41,7 @@ def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig
     registry.load()
     _check_folder_choices(overrides)
     chosen = None if registry.all_loaded() else choices(overrides)
-    registry.resolve(chosen or {})  # the chosen options imported, the nodes of those imported published
+    registry.publish(chosen or {})  # the chosen options imported, the nodes of those imported published
     for key, where in undeclared(overrides, None if chosen is None else registry.schema(chosen)):
         raise unknown_key(key, where)
     cfg = _hydra(overrides)

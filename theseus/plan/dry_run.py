@@ -13,11 +13,11 @@ from typing import Any
 import jax
 from omegaconf import DictConfig, OmegaConf
 
-from theseus.plan.fit import fit_of
+from theseus.plan.memory import fit_of
 from theseus.plan.predict import Prediction, predict
 from theseus.training.metrics import format_bytes, format_duration, format_si
 from theseus.training.parts import Run
-from theseus.training.progress import RunConsole
+from theseus.training.console import RunConsole
 from theseus.training.state import n_params
 from theseus.training.summary import describe
 

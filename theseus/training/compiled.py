@@ -18,7 +18,7 @@ from theseus.tasks.task import LossTask
 from theseus.training.batches import batch_sharding
 from theseus.training.metrics import memory_report, xla_flops
 from theseus.training.optimizer import make_optimizer
-from theseus.training.resolve import Settings
+from theseus.training.settings import Settings
 from theseus.training.state import TrainState, sharded_init
 from theseus.training.step import eval_step, train_step
 

@@ -17,7 +17,7 @@ from theseus.config import ConfigError
 from theseus.config.registry import chosen, read_saved
 from theseus.training.checkpoint import Checkpointer, path_shapes, run_of, theseus_checkpoint
 from theseus.training.compiled import Compiled
-from theseus.training.resolve import Settings
+from theseus.training.settings import Settings
 from theseus.training.state import TrainState, param_shapes
 
 Say = Callable[[str], None]

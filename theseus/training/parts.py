@@ -21,7 +21,7 @@ from theseus.tasks.task import LossTask
 from theseus.training.batches import batch_sharding
 from theseus.training.compiled import Compiled
 from theseus.training.logger import LoggerConfig
-from theseus.training.resolve import Settings
+from theseus.training.settings import Settings
 from theseus.training.state import TrainState
 
 

@@ -24,7 +24,7 @@ from theseus.config import ConfigError, registry
 from theseus.config.schema import flatten
 from theseus.training.checkpoint import Checkpointer, theseus_checkpoint
 from theseus.training.optimizer import make_schedule
-from theseus.training.resolve import Settings
+from theseus.training.settings import Settings
 
 MAX_STEPS = "trainer.max_steps"
 

@@ -14,7 +14,7 @@ from theseus.training.logger import sync_command
 from theseus.training.loop import LoopState
 from theseus.training.metrics import format_bytes, format_duration, format_si
 from theseus.training.parts import Run
-from theseus.training.progress import RunConsole
+from theseus.training.console import RunConsole
 from theseus.training.state import bytes_per_device
 
 FLOPS_CONVENTION = ("model.flops(seq): forward+backward, 6 x matmul params x seq + 12 x n_layers x d_model x seq^2 "

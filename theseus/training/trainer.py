@@ -2,7 +2,7 @@
 
 ``Trainer(run).run(run_dir)`` restores the state (the run directory's checkpoint, else the
 run's start: fresh, or ``trainer.init_from``'s), then takes steps; after each, the hooks
-``log``, ``preempt``, ``validate`` and ``checkpoint`` run, each on its own cadence. A new piece
+``log``, ``preempt``, ``evaluate`` and ``checkpoint`` run, each on its own cadence. A new piece
 of cadence is one more hook (a subclass overrides ``hooks``).
 """
 
@@ -21,7 +21,7 @@ from theseus.training.metrics import throughput
 from theseus.training.parts import Run
 from theseus.training.preemption import Preemption
 from theseus.training.profiler import Profiler
-from theseus.training.progress import RunConsole, evaluation_line
+from theseus.training.console import RunConsole, evaluation_line
 from theseus.training.state import TrainState, n_params
 from theseus.training.summary import describe, record, report_end
 
@@ -59,7 +59,7 @@ class Trainer:
             with loop.logger:
                 if loop.step >= loop.last_step:
                     loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
-                    self._validate_now(loop, log=False)
+                    self._evaluate_now(loop, log=False)
                 while loop.step < loop.last_step and not loop.stop:
                     self.take_step(loop)
                     with loop.window.pause():  # the hooks' time is not step time
@@ -121,7 +121,7 @@ class Trainer:
     def hooks(self) -> list[Hook]:
         """What runs after every step, in order; each acts on its own cadence. ``log`` comes
         first: the window it closes ends when its last step has finished."""
-        return [self.log, self.preempt, self.validate, self.checkpoint]
+        return [self.log, self.preempt, self.evaluate, self.checkpoint]
 
     def take_step(self, loop: LoopState) -> None:
         """One optimizer step on the loader's next batch (dispatched: nothing waits for it)."""
@@ -149,13 +149,13 @@ class Trainer:
         """Agree on a stop signal (compared across processes at log steps only)."""
         loop.stop = loop.preemption.agreed(loop.step, now=loop.due(self.settings.log_every))
 
-    def validate(self, loop: LoopState) -> None:
+    def evaluate(self, loop: LoopState) -> None:
         """Every ``trainer.eval_every`` steps: the validation loss, logged with the task's metrics."""
         loop.evaluated = loop.due(self.settings.eval_every)
         if loop.evaluated:
-            self._validate_now(loop, log=True)
+            self._evaluate_now(loop, log=True)
 
-    def _validate_now(self, loop: LoopState, log: bool) -> None:
+    def _evaluate_now(self, loop: LoopState, log: bool) -> None:
         """Evaluate the current params and show the numbers; ``log``: also log them."""
         metrics = self.parts.evaluate(loop.state.params)
         loop.val_loss, loop.evaluation = metrics["val_loss"], (loop.step, metrics)

@@ -4,7 +4,7 @@ sharding plan, configured with the tokenizer's vocabulary.
     settings = configure_settings(cfg)                     # trainer, optimizer, data, mesh: checked
     declared = check_model(cfg)                            # the model's own checks, before the data
     vocab = vocab_size(tokenizer.vocab_size, declared)     # the run derives it: laid over cfg (with_values)
-    model, plan = resolve_model(with_values(cfg, {"architecture.vocab_size": vocab}), settings.mesh)
+    model, plan = configure_model(with_values(cfg, {"architecture.vocab_size": vocab}), settings.mesh)
 
 ``theseus.recipe.assemble`` resolves every run this way (to train, plan, evaluate, sample or
 export), so a checkpoint is read with the model and layout that wrote it.
@@ -65,7 +65,7 @@ def check_model(cfg: DictConfig) -> int | None:
     only once the data is prepared whenever the tokenizer comes from the corpus (``char`` is
     fitted to it, ``bpe`` trained on it may hold fewer tokens than ``data.bpe_vocab_size``, a
     shard folder records its own in meta.json). Configuring a module allocates nothing;
-    ``resolve_model`` then configures the run's model once, with the vocabulary.
+    ``configure_model`` then configures the run's model once, with the vocabulary.
     """
     with configuration(cfg):
         declared = configure(Vocabulary).size
@@ -73,7 +73,7 @@ def check_model(cfg: DictConfig) -> int | None:
     return declared
 
 
-def resolve_model(cfg: DictConfig, mesh: MeshConfig) -> tuple[nn.Module, ShardingPlan]:
+def configure_model(cfg: DictConfig, mesh: MeshConfig) -> tuple[nn.Module, ShardingPlan]:
     """``(model, plan)``: the model ``cfg`` configures (its vocabulary set: ``vocab_size``) and
     its sharding plan with ``mesh``'s overrides applied."""
     with configuration(cfg):
