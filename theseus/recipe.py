@@ -35,7 +35,7 @@ from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
 from theseus.tasks.task import LossTask, task_class
 from theseus.training import init_from
 from theseus.training.batches import batch_share
-from theseus.training.compiled import Compiled, compile_steps
+from theseus.training.compiled import Compiled, Steps, compile_steps
 from theseus.training.logger import LoggerConfig, scrub, secrets
 from theseus.training.parts import Run, prefetch
 from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
@@ -43,7 +43,7 @@ from theseus.training.resume import check_run_dir
 from theseus.training.state import TrainState
 
 
-def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: str | None = "train",
+def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "train",
              tokenizer: Tokenizer | None = None) -> Run:
     """The run ``cfg`` describes, checked and built.
 
@@ -73,8 +73,9 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: str | None 
     model, plan = configure_model(cfg, settings.mesh)
     if dataset is not None:
         _check_windows(dataset, model.seq_len)
-    evaluations = dataset and load_evaluations(evaluation, dataset, model, settings.data.seed,
-                                               prefetch(settings.data), imported=hf_folder(settings.trainer.init_from) is not None)
+    imported = hf_folder(settings.trainer.init_from) is not None  # a folder's weights keep its vocabulary
+    evaluations = (load_evaluations(evaluation, dataset, model, settings.data.seed, prefetch(settings.data), imported)
+                   if dataset is not None else None)
     if run_dir is not None:
         check_run_dir(run_dir, composed, settings)
         init_from.check(settings, model)
@@ -83,10 +84,11 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: str | None 
     if steps == "train":
         _say_compiling(model, devices, settings)
     compiled = compile_steps(model, task, plan, mesh, settings, steps)
-    run = Run(composed, derived, cfg, scrub(OmegaConf.to_container(cfg, resolve=True), secrets()), settings, task,
-              evaluation, logging, model, plan, devices, compiled, dataset, evaluations or None,
-              (0, 1) if target else batch_share(mesh, settings.trainer.batch_size // settings.trainer.grad_accum),
-              _start(settings, model), target)
+    share = (0, 1) if target else batch_share(mesh, settings.trainer.batch_size // settings.trainer.grad_accum)
+    run = Run(composed=composed, derived=derived, cfg=cfg, record=scrub(OmegaConf.to_container(cfg, resolve=True),
+              secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,
+              devices=devices, compiled=compiled, dataset=dataset, evaluations=evaluations, batch_share=share,
+              start=_start(settings, model), target=target)
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
     return run

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import flax.linen as nn
 import jax
@@ -21,6 +21,9 @@ from theseus.training.optimizer import make_optimizer
 from theseus.training.settings import Settings
 from theseus.training.state import TrainState, sharded_init
 from theseus.training.step import eval_step, train_step
+
+
+Steps = Literal["train", "eval"] | None  # which steps to compile: both, the eval step alone, none (a layout)
 
 
 @dataclass
@@ -38,7 +41,7 @@ class Compiled:
 
 
 def compile_steps(model: nn.Module, task: LossTask, plan: ShardingPlan, mesh: Mesh, settings: Settings,
-                  steps: str | None) -> Compiled:
+                  steps: Steps) -> Compiled:
     """The state's layout on ``mesh``; ``steps="train"``: the train and eval steps compiled,
     ``"eval"``: the eval step alone, None: neither (a checkpoint to read)."""
     s = settings.trainer
