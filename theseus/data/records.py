@@ -4,7 +4,8 @@
         row["messages"]
 
 Sources: ``jsonl`` (one JSON object a line; ``.gz`` and ``.zst`` decompressed as read),
-``parquet`` (read a row group at a time with pyarrow), ``arrow`` (a folder written by
+``parquet`` (read with pyarrow, BATCH_ROWS rows at a time; pyarrow holds one row group's
+column chunks), ``arrow`` (a folder written by
 ``datasets.Dataset.save_to_disk``, or a ``DatasetDict``'s, whose ``split`` is read; its Arrow
 stream files are read with pyarrow a record batch at a time, through ordinary reads, not a
 memory map, so the pages read do not stay in the process's RSS).
@@ -30,7 +31,8 @@ from theseus.config import ConfigError
 SOURCES = ("jsonl", "parquet", "arrow")
 JSONL_NAMES = (".jsonl", ".ndjson")  # what a jsonl folder's files end with (before .gz/.zst); a glob takes any
 COMPRESSED = (".gz", ".zst")
-BATCH_ROWS = 1024  # rows per batch of parquet (and of JSONL); arrow keeps its files' own batches
+BATCH_ROWS = 256  # rows per batch at most (jsonl, parquet); arrow keeps its files' own batches (datasets: 1000 rows)
+BATCH_BYTES = 1 << 20  # JSONL bytes per batch at most: a batch of long documents stays small
 STATE, DICT = "state.json", "dataset_dict.json"  # what save_to_disk writes into a Dataset's, a DatasetDict's folder
 
 
@@ -134,10 +136,10 @@ def open_binary(path: Path) -> tuple[BinaryIO, BinaryIO]:
 
 
 def _jsonl_batches(file: Path) -> Iterator[Batch]:
-    """A JSONL file's objects, BATCH_ROWS at a time (blank lines skipped)."""
+    """A JSONL file's objects, BATCH_ROWS or BATCH_BYTES at a time (blank lines skipped)."""
     stream, raw = open_binary(file)
     with stream, raw:
-        rows, numbers = [], []
+        rows, numbers, size = [], [], 0
         try:
             for number, line in enumerate(stream, 1):
                 if not line.strip():
@@ -153,9 +155,10 @@ def _jsonl_batches(file: Path) -> Iterator[Batch]:
                                       'JSONL file holds one object such as {"text": "..."}')
                 rows.append(row)
                 numbers.append(number)
-                if len(rows) == BATCH_ROWS:
+                size += len(line)
+                if len(rows) == BATCH_ROWS or size >= BATCH_BYTES:
                     yield Batch(rows, numbers, raw.tell())
-                    rows, numbers = [], []
+                    rows, numbers, size = [], [], 0
         except (OSError, EOFError) as exc:
             raise ConfigError(f"{file} cannot be read ({exc}): a truncated or corrupt compressed file? "
                               "write it again, or leave it out of data.path") from exc
