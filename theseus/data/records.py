@@ -21,12 +21,12 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, BinaryIO
 
 from theseus.config import ConfigError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SOURCES = ("jsonl", "parquet", "arrow")
 JSONL_NAMES = (".jsonl", ".ndjson")  # what a jsonl folder's files end with (before .gz/.zst); a glob takes any
@@ -128,7 +128,7 @@ def open_binary(path: Path) -> tuple[BinaryIO, BinaryIO]:
     if path.name.endswith(".gz"):
         return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), 1 << 20), raw
     if path.name.endswith(".zst"):
-        import zstandard
+        import zstandard  # here: only a .zst file needs it
 
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True),
                                  1 << 20), raw
@@ -166,6 +166,9 @@ def _jsonl_batches(file: Path) -> Iterator[Batch]:
 
 
 def _parquet_batches(file: Path, column: str | None) -> Iterator[Batch]:
+    import pyarrow as pa  # here, not at the top: a run of another source does not load pyarrow
+    import pyarrow.parquet as pq
+
     try:
         reader = pq.ParquetFile(file)
     except (pa.ArrowException, OSError) as exc:
@@ -180,6 +183,8 @@ def _parquet_batches(file: Path, column: str | None) -> Iterator[Batch]:
 
 
 def _arrow_batches(file: Path, column: str | None) -> Iterator[Batch]:
+    import pyarrow as pa
+
     size = file.stat().st_size
     try:
         with pa.OSFile(str(file)) as raw, pa.ipc.open_stream(raw) as reader:
