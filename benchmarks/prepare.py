@@ -83,7 +83,8 @@ def run_side(side: str, corpus: str, tokenizer: str, cache: str) -> dict:
             began, used = time.perf_counter(), cpu_seconds()
             encode(batch.texts, add_special_tokens=False)
             seconds, cpu = seconds + time.perf_counter() - began, cpu + cpu_seconds() - used
-    return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss_mib": peak,
             "rss_after_imports_mib": baseline}
 
 

@@ -104,7 +104,8 @@ def arrow_files(folder: Path, split: str) -> list[Path]:
     files = [folder / e["filename"] for e in entries]
     for file in files:
         if not file.is_file():
-            raise ConfigError(f"{file} is missing ({folder / STATE} lists it): save the dataset again with save_to_disk")
+            raise ConfigError(f"{file} is missing ({folder / STATE} lists it): "
+                              "save the dataset again with save_to_disk")
     return files
 
 
