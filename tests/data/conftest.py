@@ -34,3 +34,4 @@ def config(tmp_path: Path):
         return DataConfig(**{"cache_dir": str(tmp_path / "cache"), **overrides})
 
     return make
+

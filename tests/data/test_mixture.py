@@ -122,7 +122,7 @@ def test_a_mixture_of_two_corpora_prepares_each_once_and_normalises_weights(tmp_
      "data.mixture.web.source='web' is not a source: use one of stdlib, text, shards"),
     ({"source": "text", "weight": 1}, "data.mixture.web.path is missing: source text reads a file, folder or glob"),
     ({"source": "text", "path": "a.txt", "weight": 1, "tokenizer": "bpe"},
-     "data.mixture.web.tokenizer is not a mixture key: a source takes only source, path, weight"),
+     "data.mixture.web.tokenizer is not a mixture key: a source takes only source, path, weight, text_field, split"),
     ("a.txt", "data.mixture.web must be a mapping of source, path and weight"),
 ])
 def test_a_bad_source_is_one_line_naming_its_key(entry, message, tmp_path, monkeypatch):

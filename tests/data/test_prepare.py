@@ -11,30 +11,15 @@ import sys
 import numpy as np
 import pytest
 
+from data.corpora import stream
 from support import ROOT, run_python
 from theseus.config import ConfigError
 from theseus.data.cache import building
 from theseus.data.prepare import prepare, split_blocks
-from theseus.data.shards import read_meta, read_tokens
+from theseus.data.shards import read_meta
 from theseus.data.sources import corpus_files, stdlib_files
 
 EOT = (256).to_bytes(2, "little")  # the byte tokenizer's end-of-text id, as a uint16
-
-
-def stream(folder) -> np.ndarray:
-    """The token stream prepare() split, put back together from train.bin and val.bin."""
-    meta = read_meta(folder)
-    tokens = read_tokens(folder, meta)
-    total = meta.counts["train"] + meta.counts["val"]
-    block, is_val = split_blocks(total, meta.settings["val_fraction"], meta.settings["seed"])
-    taken = {"train": 0, "val": 0}
-    parts = []
-    for to_val in is_val:
-        split = "val" if to_val else "train"
-        parts.append(tokens[split][taken[split]:taken[split] + block])
-        taken[split] += len(parts[-1])
-    assert taken == meta.counts
-    return np.concatenate(parts)
 
 
 def byte_stream(files) -> bytes:
@@ -52,7 +37,7 @@ def test_byte_preparation_is_exact(corpus, config, capsys):
     assert (meta.dtype, meta.vocab_size, meta.tokenizer) == ("uint16", 257, "byte")
     assert meta.bytes_per_token == size / (size + 3)
     assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "train.bin", "val.bin"]
-    assert "theseus: text: tokenizing (byte): 100% (0.0/0.0 MB)" in capsys.readouterr().err
+    assert "theseus: text: tokenizing (byte): 100% (0.0/0.0 MB, 3 documents, 00:00:00 left)" in capsys.readouterr().err
 
 
 def test_second_call_is_a_no_op(corpus, config, capsys):
@@ -105,12 +90,13 @@ def test_stdlib_source(config):
 
 SLOW_PREPARE = """
 import sys, time
-import theseus.data.prepare as p
+import theseus.data.documents as d
 from theseus.data.config import DataConfig
-read = p.read_text
-p.read_text = lambda path: (time.sleep(0.1), read(path))[1]  # slow enough to be killed mid-way
-p.CHUNK_BYTES = 1  # one file per chunk: a progress line after each
-p.prepare(DataConfig(source="text", path=sys.argv[1], cache_dir=sys.argv[2]))
+from theseus.data.prepare import prepare
+read = d.read_text
+d.read_text = lambda path: (time.sleep(0.1), read(path))[1]  # slow enough to be killed mid-way
+d.CHUNK_BYTES = 1  # one file per chunk: a progress line after each
+prepare(DataConfig(source="text", path=sys.argv[1], cache_dir=sys.argv[2]))
 """
 
 
@@ -148,11 +134,11 @@ def test_a_folder_completed_elsewhere_first_is_kept(tmp_path):
 
 
 BAD_INPUT = [
-    ({"source": "text"}, "data.source=text needs data.path: set data.path to a text file, a folder or a glob"),
+    ({"source": "text"}, "data.source=text needs data.path: set data.path to a file, a folder or a glob"),
     ({"source": "text", "path": "{tmp}/nowhere"},
-     "data.path={tmp}/nowhere does not exist: set data.path to a text file, a folder or a glob"),
+     "data.path={tmp}/nowhere does not exist: set data.path to a file, a folder or a glob"),
     ({"source": "text", "path": "{tmp}/corpus/*.rst"},
-     "data.path={tmp}/corpus/*.rst matches no files: point data.path at a text file, a folder or a glob"),
+     "data.path={tmp}/corpus/*.rst matches no text files: point data.path at a file, a folder or a glob"),
     ({"source": "text", "path": "{tmp}/empty"},
      "the corpus at data.path={tmp}/empty is empty (1 files of 0 bytes): give data.path some text"),
     ({"source": "text", "path": "{tmp}/corpus", "tokenizer": "{tmp}/corpus/a.txt"},

@@ -17,14 +17,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from theseus.data.config import DataConfig
-from theseus.data.tokenizer import NAMES
+from theseus.data.records import SOURCES as RECORDS
+from theseus.data.tokenizer import NAMES, TRANSFORMERS_CONFIG
 
 FORMAT = 1  # bump when the shard layout or the tokenization changes
 
 
 def settings(cfg: DataConfig, files: list[Path]) -> dict:
     """What a prepared corpus depends on; ``fingerprint`` covers each file's path, size and mtime,
-    and the content of a tokenizer.json."""
+    and the content of a tokenizer.json (and of the tokenizer_config.json beside it, which names
+    its end-of-document token); a record source's text_field and split."""
     tokenizer = cfg.tokenizer if cfg.tokenizer in NAMES else str(Path(cfg.tokenizer).expanduser().resolve())
     fingerprint = hashlib.sha256()
     for path in files:
@@ -32,7 +34,12 @@ def settings(cfg: DataConfig, files: list[Path]) -> dict:
         fingerprint.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     if cfg.tokenizer not in NAMES:
         fingerprint.update(Path(tokenizer).read_bytes())
+        beside = Path(tokenizer).with_name(TRANSFORMERS_CONFIG)
+        if beside.is_file():
+            fingerprint.update(beside.read_bytes())
+    rows = {"text_field": cfg.text_field, "split": cfg.split} if cfg.source in RECORDS else {}
     return {
+        **rows,
         "format": FORMAT,
         "source": cfg.source,
         "tokenizer": tokenizer,

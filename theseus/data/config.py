@@ -11,15 +11,22 @@ from collections.abc import Mapping
 from theseus.config import SEED, ConfigError, Configurable, Range, field
 
 
-SOURCES = ("stdlib", "text", "shards")
-MIXTURE_KEYS = ("source", "path", "weight")
+SOURCES = ("stdlib", "text", "shards", "jsonl", "parquet", "arrow")
+MIXTURE_KEYS = ("source", "path", "weight", "text_field", "split")  # the last two: optional, per source
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig(Configurable):
     source: str = field("data.source", default="stdlib", choices=SOURCES,
-                        help="stdlib: this Python's own source files; text: local files (data.path); shards: pre-tokenized .bin files")
-    path: str | None = field("data.path", default=None, help="a file, folder or glob (text), or a shard folder (shards)")
+                        help="stdlib: this Python's own source files; text: local files (data.path); "
+                             "shards: pre-tokenized .bin files; jsonl (.gz, .zst too), parquet, arrow (a datasets save_to_disk folder): "
+                             "one document per row")
+    path: str | None = field("data.path", default=None,
+                             help="a file, folder or glob (text, jsonl, parquet), a save_to_disk folder (arrow), "
+                                  "or a shard folder (shards)")
+    text_field: str = field("data.text_field", default="text",
+                            help="the field (jsonl) or column (parquet, arrow) holding each document's text")
+    split: str = field("data.split", default="train", help="the split of a DatasetDict's save_to_disk folder (arrow)")
     tokenizer: str = field("data.tokenizer", default="byte", help="byte, char, bpe, or a path to a tokenizer.json")
     val_fraction: float = field(
         "data.val_fraction", default=0.01,
@@ -51,8 +58,11 @@ class DataConfig(Configurable):
 
     def sources(self) -> dict[str, tuple[DataConfig, float]]:
         """The mixture's sources, NAME -> (its settings, its weight); each shares every setting
-        (tokenizer, split, cache) but source and path. Empty without a mixture."""
-        return {str(name): (dataclasses.replace(self, source=entry["source"], path=entry.get("path"), mixture={}),
+        (tokenizer, val_fraction, cache) but source and path, and text_field and split where it gives
+        them. Empty without a mixture."""
+        return {str(name): (dataclasses.replace(self, source=entry["source"], path=entry.get("path"), mixture={},
+                                                text_field=entry.get("text_field", self.text_field),
+                                                split=entry.get("split", self.split)),
                             float(entry["weight"]))
                 for name, entry in self.mixture.items()}
 
@@ -60,20 +70,24 @@ class DataConfig(Configurable):
 def check_source(key: str, entry: object) -> None:
     """ConfigError naming ``KEY.FIELD`` unless ``entry`` is ``{source, path, weight}`` with a known
     source, a positive weight, and a path where the source reads one (whether it exists is
-    ``check_path``'s, when the source is read: a planned run reads none)."""
+    ``check_path``'s, when the source is read: a planned run reads none), and optionally a
+    ``text_field`` and ``split`` that are strings."""
     example = f"{key}={{source: text, path: corpus.txt, weight: 0.5}}"
     if not isinstance(entry, Mapping):
         raise ConfigError(f"{key} must be a mapping of source, path and weight, got {entry!r}: e.g. {example}")
     unknown = sorted(set(entry) - set(MIXTURE_KEYS))
     if unknown:
         raise ConfigError(f"{key}.{unknown[0]} is not a mixture key: a source takes only {', '.join(MIXTURE_KEYS)}")
-    source, path, weight = (entry.get(k) for k in MIXTURE_KEYS)
+    source, path, weight = (entry.get(k) for k in ("source", "path", "weight"))
     if source not in SOURCES:
         raise ConfigError(f"{key}.source={source!r} is not a source: use one of {', '.join(SOURCES)}")
     if isinstance(weight, bool) or not isinstance(weight, int | float):
         raise ConfigError(f"{key}.weight must be a positive number, got {weight!r}: e.g. {key}.weight=0.5")
     if not weight > 0:
         raise ConfigError(f"{key}.weight must be positive, got {weight}: drop the source, or give it a share")
+    for optional in ("text_field", "split"):
+        if optional in entry and not isinstance(entry[optional], str):
+            raise ConfigError(f"{key}.{optional} must be a string, got {entry[optional]!r}")
     if source == "stdlib":
         return
     if path is None:

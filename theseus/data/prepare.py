@@ -1,15 +1,24 @@
-"""Preparation: tokenize a corpus once into train/val shards in the cache.
+"""Preparation: tokenize a corpus once into train/val shards in the cache, streaming.
 
     python -m theseus.data.prepare [data.* overrides, or any run's overrides]
 
-The token stream (each document followed by the tokenizer's end-of-text token, if it has one)
-is cut into blocks; a seeded ``data.val_fraction`` of them form ``val.bin``, the rest
+The token stream (each document followed by the tokenizer's end-of-document token, if it has
+one) is cut into blocks; a seeded ``data.val_fraction`` of them form ``val.bin``, the rest
 ``train.bin``. A second call with the same settings finds the cached folder and does nothing.
+
+Memory stays bounded whatever the corpus's size: a thread reads and parses documents a batch
+ahead (``AHEAD`` batches of about a MiB) while the tokenizer encodes the previous one (its
+``encode_batch`` releases the GIL), tokens go to disk as they come, and the split reads that
+stream back a block at a time (a read, not a memory map, whose pages would count as the
+process's own).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import queue
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,45 +28,65 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose
 from theseus.data.cache import building, cache_folder, settings
 from theseus.data.config import DataConfig
+from theseus.data.documents import Documents, documents
 from theseus.data.progress import progress
+from theseus.data.records import SOURCES as RECORDS
 from theseus.data.shards import META_FILE, ShardMeta, on_disk, read_meta, shard_file, token_dtype, write_meta
-from theseus.data.sources import corpus_files, read_text
+from theseus.data.sources import corpus_files
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer, fit_tokenizer
 
 MIN_BLOCKS = 100  # the split's granularity: at least this many blocks...
 MAX_BLOCK = 1 << 14  # ...of at most this many tokens
-CHUNK_BYTES = 1 << 20  # text encoded per batch (and per progress update)
+AHEAD = 4  # batches of documents read ahead of the tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """What ``_tokenize`` wrote: tokens, documents, and the UTF-8 bytes of their text."""
+
+    tokens: int
+    documents: int
+    text_bytes: int
 
 
 def prepare(cfg: DataConfig) -> Path:
     """The cache folder holding ``cfg``'s corpus as shards, tokenizing it on the first call only.
 
     Raises ConfigError (nothing written) for a missing path, an empty corpus, an unreadable
-    file or a tokenizer file that does not parse.
+    file or row, or a tokenizer file that does not parse.
     """
     files = corpus_files(cfg)
     given = None if cfg.tokenizer in NAMES else HFTokenizer.from_file(cfg.tokenizer)  # fails before any work
+    if cfg.source in RECORDS and (cfg.tokenizer == "char" or given is not None and given.eot is None):
+        raise ConfigError(f"data.tokenizer={cfg.tokenizer} has no end-of-document token, which ends each row of "
+                          f"data.source={cfg.source}: use byte, bpe, or a tokenizer.json with <|endoftext|> "
+                          "or a tokenizer_config.json beside it naming its eos_token")
     recorded = settings(cfg, files)
     folder = cache_folder(cfg, recorded)
     if (folder / META_FILE).is_file():
         return folder
-    sizes = [path.stat().st_size for path in files]
+    total = sum(path.stat().st_size for path in files)
     if given is not None:
         tokenizer = given
     elif cfg.tokenizer == "byte":
         tokenizer = ByteTokenizer()
     else:
-        texts = _reading(files, sizes, f"{cfg.source}: fitting the {cfg.tokenizer} vocabulary")
+        texts = _texts(cfg, files, total, f"{cfg.source}: fitting the {cfg.tokenizer} vocabulary")
         tokenizer = fit_tokenizer(cfg.tokenizer, texts, cfg.bpe_vocab_size)
     dtype = token_dtype(tokenizer.vocab_size)
     with building(folder) as scratch:
         stream = scratch / "stream.bin"
-        n_tokens = _tokenize(files, sizes, tokenizer, dtype, stream, f"{cfg.source}: tokenizing ({cfg.tokenizer})")
+        written = _tokenize(documents(cfg, files), tokenizer, dtype, stream, total,
+                            f"{cfg.source}: tokenizing ({cfg.tokenizer})")
+        if not written.documents:
+            raise ConfigError(f"data.path={cfg.path} holds no documents (no rows in {len(files)} file(s)): "
+                              "point data.path at the corpus, or give it some rows")
         counts = _split(stream, scratch, dtype, cfg.val_fraction, cfg.seed)
         stream.unlink()
         tokenizer.save(scratch)
         write_meta(scratch, ShardMeta(dtype=dtype, vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.kind,
-                                      counts=counts, bytes_per_token=sum(sizes) / n_tokens, settings=recorded))
+                                      counts=counts, bytes_per_token=written.text_bytes / written.tokens,
+                                      settings=recorded))
     return folder
 
 
@@ -73,52 +102,81 @@ def split_blocks(n_tokens: int, val_fraction: float, seed: int) -> tuple[int, np
     return block, is_val
 
 
-def _reading(files: list[Path], sizes: list[int], description: str) -> Iterator[str]:
-    """Each file's text, advancing a progress bar."""
-    with progress(description, sum(sizes)) as advance:
-        for path, size in zip(files, sizes, strict=True):
-            yield read_text(path)
-            advance(size)
+def _texts(cfg: DataConfig, files: list[Path], total: int, description: str) -> Iterator[str]:
+    """Every document's text, advancing a progress bar."""
+    with progress(description, total) as advance:
+        for batch in documents(cfg, files):
+            yield from batch.texts
+            advance(batch.done, len(batch.texts))
 
 
-def _tokenize(files: list[Path], sizes: list[int], tokenizer: Tokenizer, dtype: str, out: Path,
-              description: str) -> int:
-    """Write every document's ids (then eot) to ``out``; the number of tokens written."""
-    eot = np.array([] if tokenizer.eot is None else [tokenizer.eot], dtype=on_disk(dtype))
-    n_tokens = 0
-    with progress(description, sum(sizes)) as advance, out.open("wb") as f:
-        for chunk in _chunks(list(zip(files, sizes, strict=True))):
-            for ids in tokenizer.encode_batch([read_text(path) for path, _ in chunk]):
-                f.write(ids.astype(eot.dtype).tobytes() + eot.tobytes())
-                n_tokens += len(ids) + len(eot)
-            advance(sum(size for _, size in chunk))
-    return n_tokens
+def _tokenize(batches: Iterator[Documents], tokenizer: Tokenizer, dtype: str, out: Path, total: int,
+              description: str) -> Written:
+    """Write every document's ids, each followed by eot, to ``out``; what was written. ``batches``
+    is read in a thread ``AHEAD`` batches ahead (with each batch's UTF-8 size)."""
+    sized = ((batch, sum(len(text.encode("utf-8")) for text in batch.texts)) for batch in batches)
+    tokens = docs = text_bytes = 0
+    with progress(description, total) as advance, out.open("wb") as f:
+        for batch, size in ahead(sized, AHEAD):
+            ids = tokenizer.encode_documents(batch.texts, on_disk(dtype))
+            f.write(ids.data)
+            tokens, docs, text_bytes = tokens + len(ids), docs + len(batch.texts), text_bytes + size
+            advance(batch.done, len(batch.texts))
+    return Written(tokens, docs, text_bytes)
 
 
-def _chunks(items: list[tuple[Path, int]]) -> Iterator[list[tuple[Path, int]]]:
-    """Consecutive runs of files of about CHUNK_BYTES in all."""
-    chunk, total = [], 0
-    for path, size in items:
-        chunk.append((path, size))
-        total += size
-        if total >= CHUNK_BYTES:
-            yield chunk
-            chunk, total = [], 0
-    if chunk:
-        yield chunk
+def ahead(items: Iterator, depth: int) -> Iterator:
+    """``items``, produced by a thread up to ``depth`` ahead of the consumer; an exception raised
+    producing them is raised here, and a consumer that stops early stops the thread."""
+    ready: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    done = object()
+
+    def offer(entry: tuple) -> bool:
+        """Queue ``entry`` unless the consumer has stopped; whether it was queued."""
+        while not stop.is_set():
+            try:
+                ready.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not offer((item, None)):
+                    return
+            offer((done, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            offer((done, exc))
+
+    thread = threading.Thread(target=produce, name="theseus-prepare-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = ready.get()
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
 
 
 def _split(stream: Path, folder: Path, dtype: str, val_fraction: float, seed: int) -> dict[str, int]:
-    """Write ``stream``'s blocks to train.bin and val.bin by split_blocks(); their token counts."""
-    tokens = np.memmap(stream, dtype=on_disk(dtype), mode="r")
-    block, is_val = split_blocks(len(tokens), val_fraction, seed)
+    """Write ``stream``'s blocks to train.bin and val.bin by split_blocks(), reading one block at a
+    time; their token counts."""
+    itemsize = on_disk(dtype).itemsize
+    block, is_val = split_blocks(stream.stat().st_size // itemsize, val_fraction, seed)
     counts = {"train": 0, "val": 0}
-    with shard_file(folder, "train").open("wb") as train, shard_file(folder, "val").open("wb") as val:
-        for i, to_val in enumerate(is_val):
-            part = tokens[i * block:(i + 1) * block]
-            (val if to_val else train).write(part.tobytes())
-            counts["val" if to_val else "train"] += len(part)
-    del tokens
+    with (stream.open("rb") as tokens, shard_file(folder, "train").open("wb") as train,
+          shard_file(folder, "val").open("wb") as val):
+        for to_val in is_val:
+            part = tokens.read(block * itemsize)
+            (val if to_val else train).write(part)
+            counts["val" if to_val else "train"] += len(part) // itemsize
     return counts
 
 

@@ -52,6 +52,10 @@ class Tokenizer(abc.ABC):
     def encode(self, text: str, special: bool = False) -> list[int]:
         return self.encode_batch([text], special)[0].tolist()
 
+    def encode_documents(self, texts: Sequence[str], dtype: np.dtype) -> np.ndarray:
+        """The ids of ``texts`` back to back, each text followed by ``eot`` (if any): 1-D ``dtype``."""
+        return _joined(self.encode_batch(texts), self.eot, dtype)
+
     @property
     def prefix_token(self) -> int | None:
         """The token that stands for an empty context, as lm-eval-harness takes it: the BOS the
@@ -143,11 +147,12 @@ class CharTokenizer(Tokenizer):
 class HFTokenizer(Tokenizer):
     """A Hugging Face ``tokenizers.Tokenizer``: one trained here (bpe) or read from a file (json)."""
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer, kind: str):
+    def __init__(self, tokenizer: tokenizers.Tokenizer, kind: str, eos: str = EOT):
+        """``eos``: the end-of-document token, ``<|endoftext|>`` unless a tokenizer_config.json says otherwise."""
         self.kind = kind
         self._tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.eot = tokenizer.token_to_id(EOT)
+        self.eot = tokenizer.token_to_id(eos)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> HFTokenizer:
@@ -162,13 +167,15 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def from_file(cls, path: str | Path, kind: str = "json") -> HFTokenizer:
-        """Read a tokenizer.json; ConfigError naming the file when it is missing or does not parse."""
+        """Read a tokenizer.json; ConfigError naming the file when it is missing or does not parse.
+        Its end-of-document token is the ``eos_token`` of a ``tokenizer_config.json`` beside it (as
+        transformers reads a folder), else ``<|endoftext|>``."""
         path = Path(path).expanduser()
         if not path.is_file():
             raise ConfigError(f"tokenizer file {path} does not exist: set data.tokenizer to "
                               f"{', '.join(NAMES)} or the path of a tokenizer.json")
         try:
-            return cls(tokenizers.Tokenizer.from_file(str(path)), kind)
+            return cls(tokenizers.Tokenizer.from_file(str(path)), kind, _eos_token(path.parent / TRANSFORMERS_CONFIG))
         except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ConfigError(f"{path} does not parse as a Hugging Face tokenizer.json ({reason}): "
@@ -177,6 +184,10 @@ class HFTokenizer(Tokenizer):
     def encode_batch(self, texts: Sequence[str], special: bool = False) -> list[np.ndarray]:
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=special)
         return [np.asarray(encoding.ids, dtype=np.int64) for encoding in encodings]
+
+    def encode_documents(self, texts: Sequence[str], dtype: np.dtype) -> np.ndarray:
+        encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)  # no offsets: faster
+        return _joined([np.asarray(encoding.ids, dtype=dtype) for encoding in encodings], self.eot, dtype)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(_checked(ids, self.vocab_size).tolist(), skip_special_tokens=False)
@@ -217,6 +228,25 @@ def load_tokenizer(folder: Path, kind: str) -> Tokenizer:
         raise ConfigError(f"{path} is missing ({folder}/meta.json says tokenizer {kind!r}): "
                           "put it back or prepare again")
     return CharTokenizer.load(path) if kind == "char" else HFTokenizer.from_file(path, kind)
+
+
+def _joined(ids: list[np.ndarray], eot: int | None, dtype: np.dtype) -> np.ndarray:
+    """``ids`` concatenated, each followed by ``eot`` (when not None), as ``dtype``."""
+    if eot is not None:
+        mark = np.array([eot], dtype=dtype)
+        ids = [part for piece in ids for part in (piece, mark)]
+    return np.concatenate(ids).astype(dtype, copy=False) if ids else np.zeros(0, dtype)
+
+
+def _eos_token(config: Path) -> str:
+    """The ``eos_token`` a tokenizer_config.json names (a string, or ``{"content": ...}``), else <|endoftext|>."""
+    try:
+        eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token") if config.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return EOT  # a broken config is transformers' to report; the tokenizer itself stands
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) else EOT
 
 
 def _checked(ids: Sequence[int], vocab_size: int) -> np.ndarray:
