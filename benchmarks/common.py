@@ -1,5 +1,5 @@
-"""What every benchmark shares: the model sizes, building a Trainer, interleaved timing, the
-table on the console and the JSON record in ``benchmarks/results/``.
+"""What every benchmark shares: the model sizes, assembling a run (``theseus.recipe.assemble``),
+interleaved timing, the table on the console and the JSON record in ``benchmarks/results/``.
 
 Machines here are shared and noisy: a comparison is always measured in one process, its
 sides interleaved (A B B A ...), and reported as a ratio of medians.
@@ -55,12 +55,30 @@ def stand_in(name: str) -> bool:
     return not (ROOT / "experiments" / f"{name}.yaml").exists()
 
 
-def make_trainer(overrides: Sequence[str]):
-    """A resolved ``Trainer`` for ``overrides`` (W&B off)."""
+def make_run(overrides: Sequence[str], steps: str | None = "train"):
+    """The run ``overrides`` describe, assembled (``theseus.recipe.assemble``; W&B off):
+    ``steps="train"`` compiles the train and eval steps, ``"eval"`` the eval step, None neither."""
     from theseus.config.compose import compose
-    from theseus.training.trainer import Trainer
+    from theseus.recipe import assemble
 
-    return Trainer(compose([*overrides, *QUIET]))
+    return assemble(compose([*overrides, *QUIET]), steps=steps)
+
+
+def build(run, steps: str | None = "train"):
+    """``run``'s state layout and steps compiled again, afresh (``compile_steps``, as ``assemble``
+    does): a build to time apart from assembling the run (its data, model and plan)."""
+    from theseus.training.compiled import compile_steps
+
+    return compile_steps(run.model, run.task, run.plan, run.compiled.mesh, run.settings, steps)
+
+
+def device_batch(run, host, mesh=None):
+    """A host batch from ``run``'s loader as the global ``[grad_accum, micro, ...]`` array its
+    train step takes, on ``mesh`` (default: the run's)."""
+    from theseus.training.batches import global_batch
+
+    s = run.settings.trainer
+    return global_batch(host, run.compiled.mesh if mesh is None else mesh, s.batch_size, s.grad_accum)
 
 
 def interleaved(sides: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:

@@ -18,7 +18,7 @@ import argparse
 import time
 
 import jax
-from common import experiment, make_trainer, save, show
+from common import device_batch, experiment, make_run, save, show
 
 from theseus.base.axis import MESH_AXES
 from theseus.base.hardware import lookup
@@ -46,23 +46,23 @@ def rate(fetch, tokens_per_call: int, seconds: float) -> float:
 
 def measure(job: str, seconds: float) -> dict:
     overrides, demand_on = JOBS[job]
-    trainer = make_trainer(overrides)
-    s = trainer.settings.trainer
-    loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.settings.data.seed)
+    run = make_run(overrides, steps=None)  # the data and model; no step compiled
+    s = run.settings.trainer
+    loader = run.dataset.loader("train", run.model.seq_len, s.batch_size, seed=run.settings.data.seed)
     mesh = jax.make_mesh((1,) * len(MESH_AXES), MESH_AXES)
     windows, position = loader.windows, iter(range(0, 1 << 62, loader.windows.stride))
     rates = {
-        "gather": rate(lambda: windows.batch(next(position)), trainer.tokens_per_step, seconds),
-        "loader": rate(lambda: next(loader), trainer.tokens_per_step, seconds),
-        "loader + device array": rate(lambda: jax.block_until_ready(trainer._global_batch(next(loader), mesh)),
-                                      trainer.tokens_per_step, seconds),
+        "gather": rate(lambda: windows.batch(next(position)), run.tokens_per_step, seconds),
+        "loader": rate(lambda: next(loader), run.tokens_per_step, seconds),
+        "loader + device array": rate(lambda: jax.block_until_ready(device_batch(run, next(loader), mesh)),
+                                      run.tokens_per_step, seconds),
     }
     loader.close()
-    flops_per_token = trainer.flops_per_step / trainer.tokens_per_step
+    flops_per_token = run.flops_per_step / run.tokens_per_step
     kind, devices = demand_on or (jax.devices()[0].device_kind, jax.device_count())
-    peak = lookup(kind).peak("bfloat16") * devices if demand_on else trainer.peak()[0] * devices
+    peak = lookup(kind).peak("bfloat16") * devices if demand_on else run.peak[0] * devices
     demand = peak / flops_per_token
-    return {"batch_size": s.batch_size, "seq_len": trainer.seq_len, "tokens_per_step": trainer.tokens_per_step,
+    return {"batch_size": s.batch_size, "seq_len": run.model.seq_len, "tokens_per_step": run.tokens_per_step,
             "tokens_per_s": rates, "demand_device": f"{devices} x {kind}",
             "demand_tokens_per_s_at_100pct_mfu": demand,
             "headroom": {name: r / demand for name, r in rates.items()}}

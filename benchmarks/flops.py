@@ -11,8 +11,9 @@ each count is of that same program, the gradient of the loss of one sequence:
 - jaxpr dots: every ``dot_general`` in the jaxpr, the same before XLA.
 - formula: nanoGPT's/PaLM's 6N + 12·L·d·T per token, N the parameters less the position
   embedding (the tied token embedding counts: it is the head).
-- train step: the cross-check ``Trainer.build()`` logs, XLA's count of the whole step at the
-  experiment's batch; it adds AdamW (about 15 FLOPs a parameter a step).
+- train step: the cross-check the run logs (``run.compiled.xla_flops``, compiled by
+  ``theseus.recipe.assemble``), XLA's count of the whole step at the experiment's batch; it
+  adds AdamW (about 15 FLOPs a parameter a step).
 
     python benchmarks/flops.py [--sizes gpt_tiny gpt_small ...]
 """
@@ -25,7 +26,7 @@ import re
 
 import jax
 import jax.numpy as jnp
-from common import SIZES, experiment, make_trainer, program_cost, save, show, stand_in, stopwatch
+from common import SIZES, build, experiment, make_run, program_cost, save, show, stand_in, stopwatch
 from jax.extend.core import jaxprs_in_params
 
 from theseus.tasks.lm import cross_entropy
@@ -40,17 +41,17 @@ _DEFINITION = re.compile(r"%([\w.\-]+) = \w+\[([\d,]*)\]")
 _DOT = re.compile(r"= \w+\[([\d,]*)\]\S* dot\((?:\S+ )?%([\w.\-]+),.*?lhs_contracting_dims=\{([\d,]*)\}")
 
 
-def gradient(trainer):
+def gradient(run):
     """The gradient of the loss of one sequence: ``(params, tokens [1, seq + 1]) -> grads``."""
     def loss(params, tokens):
-        return cross_entropy(trainer.model.apply({"params": params}, tokens[:, :-1]), tokens[:, 1:])
+        return cross_entropy(run.model.apply({"params": params}, tokens[:, :-1]), tokens[:, 1:])
 
     return jax.grad(loss)
 
 
-def formula(trainer, params) -> int:
+def formula(run, params) -> int:
     """6N + 12·L·d·T per token, times T tokens."""
-    model, seq = trainer.model, trainer.seq_len
+    model, seq = run.model, run.model.seq_len
     n = sum(math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
             if "wpe" not in jax.tree_util.keystr(path))
     return (6 * n + 12 * model.n_layers * model.d_model * seq) * seq
@@ -86,22 +87,22 @@ def _dims(text: str) -> list[int]:
 
 
 def count(size: str) -> dict:
-    trainer = make_trainer([*experiment(size), *ONE_MICRO_BATCH])
-    seconds, step = stopwatch(trainer.build)
-    params = step.target.params
-    tokens = jax.ShapeDtypeStruct((1, trainer.seq_len + 1), jnp.int32)
-    grad = gradient(trainer)
+    run = make_run([*experiment(size), *ONE_MICRO_BATCH], steps=None)  # the build timed alone below
+    seconds, step = stopwatch(lambda: build(run))
+    params, seq = step.target.params, run.model.seq_len
+    tokens = jax.ShapeDtypeStruct((1, seq + 1), jnp.int32)
+    grad = gradient(run)
     compiled = jax.jit(grad).lower(params, tokens).compile()
-    analytic = trainer.model.flops(trainer.seq_len)
+    analytic = run.model.flops(seq)
     counts = {"xla": program_cost(compiled)["flops"], "xla_dots": xla_dot_flops(compiled),
               "jaxpr_dots": jaxpr_dot_flops(jax.make_jaxpr(grad)(params, tokens).jaxpr),
-              "formula": formula(trainer, params)}
-    m = trainer.model
-    return {"stand_in": stand_in(size), "n_layers": m.n_layers, "d_model": m.d_model, "seq_len": trainer.seq_len,
+              "formula": formula(run, params)}
+    m = run.model
+    return {"stand_in": stand_in(size), "n_layers": m.n_layers, "d_model": m.d_model, "seq_len": seq,
             "vocab_size": m.vocab_size, "n_params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
             "model_flops": analytic, **{f"{k}_flops": v for k, v in counts.items()},
             **{f"{k}_over_model": v / analytic for k, v in counts.items()},
-            "batch_size": trainer.settings.trainer.batch_size, "train_step_xla_over_model": step.xla_flops / trainer.flops_per_step,
+            "batch_size": run.settings.trainer.batch_size, "train_step_xla_over_model": step.xla_flops / run.flops_per_step,
             "compile_s": seconds}
 
 

@@ -22,7 +22,7 @@ import argparse
 import time
 
 import jax
-from common import experiment, interleaved, make_trainer, save, show, spread
+from common import device_batch, experiment, interleaved, make_run, save, show, spread
 
 from theseus.training.metrics import format_bytes
 
@@ -39,12 +39,12 @@ class Config:
     """One (attention implementation, batch size): built, initialised, warmed up."""
 
     def __init__(self, overrides: list[str]):
-        self.trainer = make_trainer(overrides)
-        self.compiled = self.trainer.build()
+        self.run = make_run(overrides)
+        self.compiled = self.run.compiled
         self.state = self.compiled.init()
-        s = self.trainer.settings.trainer
-        loader = self.trainer.dataset.loader("train", self.trainer.seq_len, s.batch_size, seed=0)
-        self.tokens = self.trainer._global_batch(next(loader), self.compiled.mesh)
+        s = self.run.settings.trainer
+        loader = self.run.dataset.loader("train", self.run.model.seq_len, s.batch_size, seed=0)
+        self.tokens = device_batch(self.run, next(loader))
         loader.close()
         self.key = jax.random.key(0)
         self.window(2)  # first executions: autotuning, allocation
@@ -58,10 +58,10 @@ class Config:
         return (time.perf_counter() - began) / steps
 
     def figures(self, step_s: float) -> dict:
-        t = self.trainer
-        peak, source = t.peak()
-        return {"step_s": step_s, "tokens_per_s": t.tokens_per_step / step_s,
-                "mfu": t.flops_per_step / step_s / (peak * jax.device_count()), "peak_flops": peak,
+        run = self.run
+        peak, source = run.peak
+        return {"step_s": step_s, "tokens_per_s": run.tokens_per_step / step_s,
+                "mfu": run.flops_per_step / step_s / (peak * jax.device_count()), "peak_flops": peak,
                 "peak_source": source, "xla_memory": self.compiled.memory}
 
 

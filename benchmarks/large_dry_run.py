@@ -11,10 +11,12 @@ The simulated devices are the trainer's own: ``mesh.cpu_devices``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import jax
-from common import make_trainer, save, show, stopwatch
+from common import build, make_run, save, show, stopwatch
 
+from theseus.plan.memory import fit_of
 from theseus.training.metrics import format_bytes
 from theseus.training.state import bytes_per_device, n_params
 
@@ -29,17 +31,17 @@ ARGS.add_argument("--policies", nargs="+", default=["none", "dots", "full"])
 
 
 def dry_run(args: argparse.Namespace, policy: str) -> dict:
-    """Build one policy's trainer; its bytes per device, XLA memory and compile seconds."""
+    """Assemble and build one policy's run; its bytes per device, XLA memory and compile seconds."""
     n = args.devices
     overrides = ["+experiment=gpt_tiny", "data.tokenizer=byte", f"architecture.n_layers={args.layers}",
                  f"architecture.d_model={args.d_model}", f"architecture.n_heads={args.heads}",
                  f"architecture.seq_len={args.seq}", f"architecture.vocab_size={args.vocab}",
                  "architecture.scan_layers=true", f"architecture.remat={policy}", f"mesh.cpu_devices={n}",
                  "mesh.data=1", f"mesh.fsdp={n}", f"trainer.batch_size={n}", "trainer.grad_accum=1"]
-    trainer = make_trainer(overrides)
-    seconds, compiled = stopwatch(trainer.build)
+    run = make_run(overrides, steps=None)  # the build timed alone below
+    seconds, compiled = stopwatch(lambda: build(run))
     params, opt = compiled.target.params, compiled.target.opt_state
-    fit = trainer.fit(compiled.memory, compile_candidates=False)
+    fit = fit_of(dataclasses.replace(run, compiled=compiled))  # advice estimated, not compiled
     total = {"params": 4 * n_params(params), "opt_state": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(opt))}
     per_device = {"params": bytes_per_device(params), "opt_state": bytes_per_device(opt)}
     return {"n_params": n_params(params), "devices": jax.device_count(), "compile_s": seconds,

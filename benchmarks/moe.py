@@ -19,7 +19,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from common import interleaved, make_trainer, program_cost, save, show, spread
+from common import interleaved, make_run, program_cost, save, show, spread
 from overhead import TheseusLoop
 
 SIDES = {
@@ -37,7 +37,7 @@ def main() -> None:
     common = [f"trainer.batch_size={args.batch_size}", "trainer.log_every=2", "trainer.grad_accum=1",
               f"trainer.max_steps={2 * (args.rounds + 2)}"]
     with tempfile.TemporaryDirectory() as runs:
-        loops = {name: TheseusLoop(make_trainer([*overrides, *common]), Path(runs) / str(i))
+        loops = {name: TheseusLoop(make_run([*overrides, *common]), Path(runs) / str(i))
                  for i, (name, overrides) in enumerate(SIDES.items())}
         for loop in loops.values():
             loop.window()  # warm-up
@@ -46,12 +46,11 @@ def main() -> None:
     base = "gpt_small"
     results = {}
     for name, loop in loops.items():
-        trainer = loop.trainer
         cost = program_cost(loop.compiled.step)
         results[name] = {
             "overrides": [*SIDES[name], *common], "step_s": spread(samples[name]),
             "paired_ratio": float(np.median(np.divide(samples[name], samples[base]))),
-            "xla_flops": cost["flops"], "model_flops": trainer.flops_per_step,
+            "xla_flops": cost["flops"], "model_flops": loop.run.flops_per_step,
             "n_params": sum(int(np.prod(p.shape)) for p in jax.tree.leaves(loop.state.params)),
             "samples": samples[name]}
     for r in results.values():

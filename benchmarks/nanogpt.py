@@ -78,7 +78,7 @@ def run_nanogpt(work: Path, iters: int) -> dict[str, float]:
     args = [*NANOGPT_ARGS, f"--max_iters={iters}", f"--lr_decay_iters={iters}", f"--eval_interval={iters}",
             f"--out_dir={work / 'out'}"]
     seconds, proc = stopwatch(lambda: subprocess.run([sys.executable, "train.py", *args], cwd=work,
-                                                     capture_output=True, text=True))
+                                                     check=False, capture_output=True, text=True))
     if proc.returncode:
         raise RuntimeError(f"nanoGPT's train.py failed:\n{proc.stderr[-2000:]}")
     lines = proc.stdout.splitlines()
@@ -90,7 +90,7 @@ def run_nanogpt(work: Path, iters: int) -> dict[str, float]:
 def run_theseus(folder: Path, iters: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as run_dir:
         command = [sys.executable, "-m", "theseus.run", *theseus_args(folder, iters), f"hydra.run.dir={run_dir}"]
-        seconds, proc = stopwatch(lambda: subprocess.run(command, cwd=run_dir, capture_output=True, text=True))
+        seconds, proc = stopwatch(lambda: subprocess.run(command, check=False, cwd=run_dir, capture_output=True, text=True))
         if proc.returncode:
             raise RuntimeError(f"theseus failed:\n{proc.stderr[-2000:]}")
         rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]

@@ -2,9 +2,9 @@
 
 Both sides train the same GPT (the same Flax module, initial parameters, dtype, batches and
 AdamW settings) in one process, interleaved one log window at a time. The theseus side is
-the step ``Trainer.build()`` compiles, driven by the trainer's own loop methods
-(``Trainer.take_step``: the prefetching loader, the global batch, the step call;
-``Trainer.log_window`` at each window's end: the metrics fetch, throughput, the logger
+the step ``theseus.recipe.assemble`` compiles (``run.compiled``), driven by the trainer's own
+loop methods (``Trainer(run).take_step``: the prefetching loader, the global batch, the step
+call; ``Trainer(run).log`` at each window's end: the metrics fetch, throughput, the logger
 (metrics.jsonl and the console line) and the non-finite check). The bare side is what
 one writes by hand: a jitted value_and_grad + optax update, ``device_put`` of a numpy batch.
 Both sides see the same stream of batches, so their losses must agree step for step.
@@ -33,12 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from common import child, experiment, interleaved, make_trainer, program_cost, save, show, spread, stand_in
+from common import child, experiment, interleaved, make_run, program_cost, save, show, spread, stand_in
 
 from theseus.data.loader import Windows
 from theseus.training.logger import RunLogger
 from theseus.training.loop import LoopState
 from theseus.training.optimizer import decay_mask
+from theseus.training.trainer import Trainer
 
 # Settings the bare loop implements too: no dropout, a cosine schedule, no accumulation.
 FAIR = ["architecture.dropout=0.0", "optimizer.schedule=cosine", "trainer.grad_accum=1"]
@@ -52,19 +53,19 @@ CASES = {
 
 
 class TheseusLoop:
-    """``Trainer.run``'s loop, one log window per call: the trainer's own ``train_step`` and
-    ``log_window`` (the other hooks, a few integer tests and a preemption flag read, left out)."""
+    """``Trainer.run``'s loop, one log window per call: the trainer's own ``take_step`` and
+    ``log`` hook (the other hooks, a few integer tests and a preemption flag read, left out)."""
 
-    def __init__(self, trainer, run_dir: Path):
-        s = trainer.settings.trainer
-        self.trainer, self.every = trainer, s.log_every
-        self.compiled = trainer.build()
-        loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.settings.data.seed,
-                                        prefetch=trainer.prefetch)
-        logger = RunLogger(trainer.logging, run_dir, resolved_config=trainer.resolved, total_steps=s.max_steps)
+    def __init__(self, run, run_dir: Path):
+        s = run.settings.trainer
+        self.run, self.trainer, self.every = run, Trainer(run), s.log_every
+        self.compiled = run.compiled
+        loader = run.dataset.loader("train", run.model.seq_len, s.batch_size, seed=run.settings.data.seed,
+                                    prefetch=run.prefetch)
+        logger = RunLogger(run.logging, run_dir, resolved_config=run.record, total_steps=s.max_steps)
         self.loop = LoopState(run_dir, self.compiled, self.compiled.init(), loader, logger, checkpointer=None,
-                         dropout_key=jax.random.key(s.seed + 1), peak=trainer.peak()[0], step=0,
-                         last_step=s.max_steps)
+                              dropout_key=jax.random.key(s.seed + 1), peak=run.peak[0], step=0,
+                              last_step=s.max_steps)
 
     @property
     def state(self):
@@ -76,17 +77,17 @@ class TheseusLoop:
         for _ in range(self.every):
             self.trainer.take_step(self.loop)
         with contextlib.redirect_stdout(io.StringIO()):  # the console line, kept off this table
-            metrics = self.trainer.log_window(self.loop)
-        return (time.perf_counter() - clock) / self.every, metrics["loss"]
+            self.trainer.log(self.loop)  # due: a window is log_every steps from step 0
+        return (time.perf_counter() - clock) / self.every, self.loop.logged["loss"]
 
 
 class BareLoop:
     """The hand-written loop: same module, init, batches and optimizer settings, nothing else."""
 
-    def __init__(self, trainer):
-        s, o, model = trainer.settings.trainer, trainer.settings.optimizer, trainer.model
+    def __init__(self, run):
+        s, o, model = run.settings.trainer, run.settings.optimizer, run.model
         self.every = s.log_every
-        tokens = jnp.zeros((1, trainer.seq_len), jnp.int32)
+        tokens = jnp.zeros((1, model.seq_len), jnp.int32)
         self.params = jax.jit(lambda: nn.unbox(model.init(jax.random.key(s.seed), tokens)["params"]))()
         schedule = optax.warmup_cosine_decay_schedule(0.0, o.lr, o.warmup_steps, s.max_steps,
                                                       end_value=o.lr * o.min_lr_ratio)
@@ -94,7 +95,7 @@ class BareLoop:
                               optax.adamw(schedule, o.b1, o.b2, o.eps, weight_decay=o.weight_decay, mask=decay_mask))
         self.opt_state = self.tx.init(self.params)
         self.step = jax.jit(functools.partial(_bare_step, model, self.tx), donate_argnums=(0, 1))
-        self.windows = Windows(trainer.dataset.tokens["train"], trainer.seq_len, s.batch_size, trainer.settings.data.seed)
+        self.windows = Windows(run.dataset.tokens["train"], model.seq_len, s.batch_size, run.settings.data.seed)
         self.position = 0
 
     def window(self) -> tuple[float, float]:
@@ -122,11 +123,11 @@ def _bare_step(model, tx, params, opt_state, batch):
 def measure(name: str, rounds: int) -> dict:
     """Interleave the two loops for ``rounds`` windows each (after one warm-up window)."""
     exp, extra, _ = CASES[name]
-    job = make_trainer([*experiment(exp), *extra]).settings.trainer  # the job's schedule, lengthened if too short
+    job = make_run([*experiment(exp), *extra], steps=None).settings.trainer  # the job's schedule, lengthened if too short
     every, steps = job.log_every, max(job.max_steps, (rounds + 1) * job.log_every)
-    trainer = make_trainer([*experiment(exp), *extra, *FAIR, f"trainer.max_steps={steps}"])
+    run = make_run([*experiment(exp), *extra, *FAIR, f"trainer.max_steps={steps}"])
     with tempfile.TemporaryDirectory() as run_dir:
-        ours, bare = TheseusLoop(trainer, Path(run_dir)), BareLoop(trainer)
+        ours, bare = TheseusLoop(run, Path(run_dir)), BareLoop(run)
         batch = jax.device_put(bare.windows.batch(0))
         cost = {"theseus": program_cost(ours.compiled.step),
                 "bare": program_cost(bare.step.lower(bare.params, bare.opt_state, batch).compile())}
@@ -145,7 +146,7 @@ def measure(name: str, rounds: int) -> dict:
     loss_gap = max(abs(a - b) / abs(b) for a, b in zip(losses["theseus"], losses["bare"], strict=True))
     theseus, base = spread(samples["theseus"]), spread(samples["bare"])
     return {"experiment": exp, "stand_in": stand_in(exp), "overrides": [*extra, *FAIR],
-            "batch_size": trainer.settings.trainer.batch_size, "seq_len": trainer.seq_len, "steps_per_window": every,
+            "batch_size": run.settings.trainer.batch_size, "seq_len": run.model.seq_len, "steps_per_window": every,
             "rounds": rounds, "warmup_seconds": warm, "theseus_step_s": theseus, "bare_step_s": base,
             "ratio": theseus["median"] / base["median"],
             "paired_ratio": float(np.median(np.divide(samples["theseus"], samples["bare"]))),

@@ -17,7 +17,7 @@ from common import RESULTS, ROOT, show
 from theseus.training.metrics import format_bytes
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ("overhead", "flops", "startup", "scaling", "data", "scale", "large_dry_run", "torch_cpu", "moe")
+SCRIPTS = ("overhead", "flops", "startup", "scaling", "data", "prepare", "scale", "large_dry_run", "torch_cpu", "moe")
 
 
 def checks() -> list[tuple[str, str, str, bool]]:
@@ -40,6 +40,10 @@ def checks() -> list[tuple[str, str, str, bool]]:
                  max(losses) - min(losses) <= 1e-4))
     rows += [(f"data headroom, {job}", f"{min(v['headroom'].values()):,.0f}x", ">= 1x", min(v["headroom"].values()) >= 1)
              for job, v in r["data"].items()]
+    rows += [(f"prepare throughput / tokenizers' {name}", f"{v['median']:.2f}x", ">= 0.8x", v["median"] >= 0.8)
+             for name, v in r["prepare"]["ratio"].items()]
+    rows += [(f"prepare peak RSS, {size} JSONL", f"{v['peak_rss_mib']:.0f} MiB", "< 1024 MiB", v["peak_rss_mib"] < 1024)
+             for size, v in r["prepare"]["memory"].items()]
     memory = r["scale"]["memory"]
     for layers in ("unrolled", "scanned"):
         temps = [memory[f"{layers} {policy}"]["temp"] for policy in ("none", "dots", "full")]

@@ -4,9 +4,10 @@ model with ``architecture.scan_layers`` against unrolled. Compiles only, runs no
 
     python benchmarks/scale.py [--memory-size gpt2_124m] [--compile-layers 24]
 
-Memory: the dry run's figures (``Trainer.build().memory``) at the experiment's batch (256
-sequences of 1024, grad_accum 4). Compile: ``Trainer.build()`` (the train and eval steps) of
-gpt_small's width at ``--compile-layers`` layers, each side twice, interleaved, fresh caches.
+Memory: the dry run's figures (``assemble(cfg).compiled.memory``) at the experiment's batch
+(256 sequences of 1024, grad_accum 4). Compile: the build of the state's layout and the train
+and eval steps (``compile_steps``, as ``theseus.recipe.assemble`` does) of gpt_small's width at
+``--compile-layers`` layers, each side twice, interleaved, fresh caches.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 import jax
-from common import experiment, interleaved, make_trainer, save, show, spread, stopwatch
+from common import build, experiment, interleaved, make_run, save, show, spread, stopwatch
 
 from theseus.training.metrics import format_bytes
 
@@ -30,7 +31,7 @@ def memory(size: str, batch: list[str]) -> dict[str, dict]:
             name = f"{'scanned' if scan else 'unrolled'} {policy}"
             overrides = [*experiment(size), *BYTES, *batch, f"architecture.remat={policy}",
                          f"architecture.scan_layers={str(scan).lower()}"]
-            seconds, compiled = stopwatch(lambda o=overrides: make_trainer(o).build())
+            seconds, compiled = stopwatch(lambda o=overrides: make_run(o).compiled)  # assembled: compiled
             out[name] = {**compiled.memory, "compile_s": seconds}
             print(name, format_bytes(compiled.memory["temp"]), f"{seconds:.0f} s", flush=True)
     return out
@@ -41,12 +42,12 @@ def compile_times(layers: int, rounds: int) -> dict:
     base = [*experiment("gpt_small"), *BYTES, f"architecture.n_layers={layers}"]
 
     def side(scan: bool):
-        trainer = make_trainer([*base, f"architecture.scan_layers={str(scan).lower()}"])
+        run = make_run([*base, f"architecture.scan_layers={str(scan).lower()}"], steps=None)
 
-        def build() -> float:  # lowering and compiling the train and eval steps
+        def rebuild() -> float:  # the layout, lowering and compiling the train and eval steps
             jax.clear_caches()
-            return stopwatch(trainer.build)[0]
-        return build
+            return stopwatch(lambda: build(run))[0]
+        return rebuild
 
     samples = interleaved({"unrolled": side(False), "scanned": side(True)}, rounds)
     medians = {name: spread(values)["median"] for name, values in samples.items()}

@@ -22,7 +22,7 @@ import argparse
 import time
 
 import jax
-from common import experiment, interleaved, make_trainer, save, show, spread
+from common import device_batch, experiment, interleaved, make_run, save, show, spread
 
 from theseus.training.metrics import format_bytes
 from theseus.training.state import bytes_per_device
@@ -42,15 +42,15 @@ STEPS = 3  # steps per timed call
 
 
 class Layout:
-    """One mesh layout: its trainer, compiled step, state and loader."""
+    """One mesh layout: its assembled run, compiled step, state and loader."""
 
     def __init__(self, data: int, fsdp: int, tensor: int):
-        self.trainer = make_trainer([*MODEL, f"mesh.data={data}", f"mesh.fsdp={fsdp}", f"mesh.tensor={tensor}"])
-        self.compiled = self.trainer.build()
+        self.run = make_run([*MODEL, f"mesh.data={data}", f"mesh.fsdp={fsdp}", f"mesh.tensor={tensor}"])
+        self.compiled = self.run.compiled
         self.state = self.compiled.init()
-        s = self.trainer.settings.trainer
-        self.loader = self.trainer.dataset.loader("train", self.trainer.seq_len, s.batch_size, seed=0,
-                                                  prefetch=self.trainer.prefetch)
+        s = self.run.settings.trainer
+        self.loader = self.run.dataset.loader("train", self.run.model.seq_len, s.batch_size, seed=0,
+                                              prefetch=self.run.prefetch)
         self.key = jax.random.key(s.seed + 1)
         self.loss = float("nan")
 
@@ -58,7 +58,7 @@ class Layout:
         """Seconds per step over STEPS steps."""
         began = time.perf_counter()
         for _ in range(STEPS):
-            tokens = self.trainer._global_batch(next(self.loader), self.compiled.mesh)
+            tokens = device_batch(self.run, next(self.loader))
             self.state, metrics = self.compiled.step(self.state, tokens, self.key)
         self.loss = float(metrics["loss"])
         return (time.perf_counter() - began) / STEPS

@@ -4,8 +4,9 @@ run's first line) as a ratio to a fresh Python importing the libraries they need
 
 The run is the real command line (W&B off, a log line every step) in a fresh process; it is
 stopped once its first step is logged. The phases are timed in another fresh process that
-walks the same path by hand: import, compose, Trainer, build (trace + compile of the train
-and eval steps), init (compiled on first use), first batch, first step.
+walks the same path by hand: import, compose, ``assemble`` (settings, data, model and plan;
+then the trace + compile of the train and eval steps, reported apart), init (compiled on first
+use), first batch, first step.
 
     python benchmarks/startup.py [--repeats N]
 """
@@ -91,22 +92,24 @@ def _time_phases(overrides: list[str]) -> None:
 
     import theseus.run  # noqa: F401  (what the command line imports)
     from theseus.config.compose import compose
-    from theseus.training.trainer import Trainer
+    from theseus.recipe import assemble
+    from theseus.training.batches import global_batch
     lap("import")
     cfg = compose([*overrides, "logger.mode=disabled"])
     lap("compose")
-    trainer = Trainer(cfg)
-    lap("Trainer(cfg)")
-    compiled = trainer.build()
-    lap("build: trace + compile step, eval")
+    run = assemble(cfg)
+    lap("assemble")
+    compiled = run.compiled  # assemble's lap split: its compile, and the rest (settings, data, model, layout)
+    times["assemble(cfg): settings, data, model, layout"] = times.pop("assemble") - compiled.seconds
+    times["assemble(cfg): trace + compile step, eval"] = compiled.seconds
     state = compiled.init()
     jax.block_until_ready(state)
     lap("init: compile + run")
-    s = trainer.settings.trainer
-    loader = trainer.dataset.loader("train", trainer.seq_len, s.batch_size, seed=trainer.settings.data.seed)
-    tokens = trainer._global_batch(next(loader), compiled.mesh)
+    s = run.settings.trainer
+    loader = run.dataset.loader("train", run.model.seq_len, s.batch_size, seed=run.settings.data.seed)
+    tokens = global_batch(next(loader), compiled.mesh, s.batch_size, s.grad_accum)
     lap("loader + first batch")
-    trainer.peak()
+    run.peak  # noqa: B018  (a cached property: measured here, once)
     lap("peak FLOP/s")
     jax.block_until_ready(compiled.step(state, tokens, jax.random.key(0)))
     lap("first step")

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import interleaved, make_trainer, save, show, spread
+from common import device_batch, interleaved, make_run, save, show, spread
 from torch import nn
 
 SHAKESPEARE = Path("/work/shared/data/tinyshakespeare.txt")
@@ -70,12 +70,12 @@ class TorchGPT(nn.Module):
 class TorchSide:
     """PyTorch eager with ``threads`` intra-op threads (set for each window)."""
 
-    def __init__(self, trainer, batches: list[np.ndarray], threads: int):
+    def __init__(self, run, batches: list[np.ndarray], threads: int):
         self.threads = threads
-        m = trainer.model
+        m = run.model
         torch.manual_seed(0)
         self.model = TorchGPT(m.vocab_size, m.seq_len, m.d_model, m.n_layers, m.n_heads)
-        o = trainer.settings.optimizer
+        o = run.settings.optimizer
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.b1, o.b2), eps=o.eps,
                                      weight_decay=o.weight_decay)
         self.batches = [torch.from_numpy(b.astype(np.int64)) for b in batches]
@@ -97,10 +97,10 @@ class TorchSide:
 
 
 class JaxSide:
-    def __init__(self, trainer, batches: list[np.ndarray]):
-        self.compiled = trainer.build()
+    def __init__(self, run, batches: list[np.ndarray]):
+        self.compiled = run.compiled
         self.state = self.compiled.init()
-        self.batches = [trainer._global_batch(b, self.compiled.mesh) for b in batches]
+        self.batches = [device_batch(run, b) for b in batches]
         self.key = jax.random.key(0)
         self.loss = math.nan
 
@@ -123,19 +123,19 @@ def main() -> None:
     args = parser.parse_args()
     data = ["data.source=text", f"data.path={args.data}", "data.tokenizer=char"] if args.data.is_file() else []
     devices = [f"mesh.cpu_devices={args.cpu_devices}"] if args.cpu_devices is not None else []
-    trainer = make_trainer(["+experiment=gpt_tiny", *data, *CONFIG, *devices, *args.extra])
-    loader = trainer.dataset.loader("train", trainer.seq_len, trainer.settings.trainer.batch_size, seed=0)
+    run = make_run(["+experiment=gpt_tiny", *data, *CONFIG, *devices, *args.extra])
+    loader = run.dataset.loader("train", run.model.seq_len, run.settings.trainer.batch_size, seed=0)
     batches = [next(loader) for _ in range(8)]  # [1, batch, seq + 1] each
     loader.close()
     flat = [b.reshape(-1, b.shape[-1]) for b in batches]  # [batch, seq + 1]
     threads = torch.get_num_threads()
-    sides = {"theseus": JaxSide(trainer, batches), "torch": TorchSide(trainer, flat, threads)}
+    sides = {"theseus": JaxSide(run, batches), "torch": TorchSide(run, flat, threads)}
     if threads > 1:  # on a loaded machine, spinning OpenMP threads can cost PyTorch more than they give
-        sides["torch 1 thread"] = TorchSide(trainer, flat, 1)
+        sides["torch 1 thread"] = TorchSide(run, flat, 1)
     for side in sides.values():
         side.window(3)  # warm-up: compilation, allocation
     samples = interleaved({name: lambda s=side: s.window(args.steps) for name, side in sides.items()}, args.rounds)
-    tokens = trainer.tokens_per_step
+    tokens = run.tokens_per_step
     rate = {name: tokens / spread(values)["median"] for name, values in samples.items()}
     best_torch = max(v for name, v in rate.items() if name.startswith("torch"))
     results = {"data": str(args.data) if data else "stdlib", "overrides": [*CONFIG, *devices, *args.extra],

@@ -1,5 +1,5 @@
 """The import graph of theseus is layered and acyclic (README, Layout: config -> base -> model ->
-stateful / data -> tasks / interop -> training -> entry points).
+stateful / data -> tasks -> training -> interop / plan -> entry points).
 
 Every module under theseus/ is parsed with ``ast`` (nothing is imported); every ``theseus.*``
 import counts, a lazy one inside a function as much as one at the top, since laziness only
@@ -20,7 +20,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "theseus"
 # Layer of each part: an import may go to the same part or a lower layer, never up, and never
 # sideways between two different parts of one layer. Top-level modules not listed here (run,
 # sample, export, evaluate, launch, sweep, report/, ...) are entry points.
-LAYERS = {"config": 0, "base": 1, "model": 2, "stateful": 3, "data": 3, "interop": 4, "tasks": 4, "training": 5}
+LAYERS = {"config": 0, "base": 1, "model": 2, "stateful": 3, "data": 3, "tasks": 4, "training": 5, "interop": 6,
+          "plan": 6}
+# A model family: what the generic step, the tasks and the trainer must not know (they reach a
+# model's auxiliary losses and own updates through theseus.model.module's channels).
+FAMILIES = ("theseus.model.models", "theseus.model.moe", "theseus.stateful")
+GENERIC = ("theseus.training.step", "theseus.training.trainer", "theseus.training.compiled")
+JOB_TASK = "theseus.tasks.regression"  # the PMM experiment: a job that builds its own stateful models
 ENTRY = max(LAYERS.values()) + 1
 
 
@@ -146,6 +152,14 @@ def test_imports_only_go_down_the_layers():
 
 def test_the_trainer_imports_no_model():
     assert [m for m in graph()["theseus.training.trainer"] if part(m) == "model"] == []
+
+
+def test_training_imports_no_interop_and_the_step_and_tasks_no_model_family():
+    edges = graph()
+    crossings = [f"{source} imports {target}" for source, targets in sorted(edges.items()) for target in sorted(targets)
+                 if (part(source) == "training" and part(target) == "interop")
+                 or (source in GENERIC or part(source) == "tasks" and source != JOB_TASK) and target.startswith(FAMILIES)]
+    assert crossings == []
 
 
 @pytest.fixture

@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from theseus.config import ConfigError
-from theseus.training.trained import is_run_dir, source_config, trained_params
-from theseus.training.trainer import Trainer
+from theseus.recipe import assemble
+from theseus.trained import is_run_dir, source_config, trained_params
 
 # What an override may set (key prefixes, and how the refusal says it): what is evaluated, not
 # the model; a Hugging Face folder brings no data, so its overrides name that too.
@@ -53,16 +53,15 @@ def overrides(args: list[str], allowed: tuple[tuple[str, ...], str]) -> list[str
 
 def run_evaluations(path: Path, step: int | None, args: list[str]) -> dict:
     """The record of an evaluation of a run's checkpoint or a Hugging Face folder's weights
-    (``step``: None for a folder; ``mesh``, ``metrics``, ``samples``), by the Trainer: its mesh
-    over every device, its parameter layout and compiled eval step, the batches its loop
-    evaluates on."""
-    trainer = Trainer(source_config(path, overrides(args, RUN_KEYS if is_run_dir(path) else FOLDER_KEYS)))
-    compiled = trainer.build(train=False)
-    params, at = trained_params(path, step, trainer.model, compiled.target)
-    metrics = trainer.evaluation_metrics(compiled, params)
+    (``step``: None for a folder; ``mesh``, ``metrics``, ``samples``), assembled as a run is:
+    its mesh over every device, its parameter layout and compiled eval step, the batches its
+    loop evaluates on."""
+    run = assemble(source_config(path, overrides(args, RUN_KEYS if is_run_dir(path) else FOLDER_KEYS)), steps="eval")
+    params, at = trained_params(path, step, run.model, run.compiled.target)
+    metrics = run.evaluate(params)
     samples = [{"task": task, "index": i, **record}
-               for task, records in trainer.evaluations.samples.items() for i, record in enumerate(records)]
-    return {"path": str(path), "step": at, "mesh": dict(compiled.mesh.shape), "metrics": metrics,
+               for task, records in run.evaluations.samples.items() for i, record in enumerate(records)]
+    return {"path": str(path), "step": at, "mesh": dict(run.compiled.mesh.shape), "metrics": metrics,
             "samples": samples}
 
 

@@ -21,16 +21,14 @@ from pathlib import Path
 import jax
 import numpy as np
 from flax import traverse_util
-from omegaconf import OmegaConf
 
 from theseus.config import ConfigError
 from theseus.data.tokenizer import export_tokenizer
 from theseus.interop.expressible import check_expressible
 from theseus.interop.hf_config import CONFIG_FILE, arch_of, hf_config, read_config
 from theseus.interop.hf_weights import WEIGHTS_FILE, save, to_hf
-from theseus.interop.init_from import KEY as INIT_FROM
 from theseus.model.models.gpt import unstack_layers
-from theseus.training.trained import load_trained
+from theseus.trained import load_trained
 
 
 def export(run_dir: Path, out_dir: Path, step: int | None = None) -> None:
@@ -42,7 +40,7 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> None:
     kind = check_expressible(model, run.params)  # refuses what transformers would not compute, before writing
     params = unstack_layers(run.params) if model.scan_layers else run.params  # Hugging Face's layers are one by one
     arch = arch_of(model)
-    imported = OmegaConf.select(run.cfg, INIT_FROM)
+    imported = run.hf_source
     vocab_size = model.vocab_size if imported else tokenizer.vocab_size
     special = (read_config(Path(imported).expanduser()) if imported
                else {"bos_token_id": tokenizer.eot, "eos_token_id": tokenizer.eot})

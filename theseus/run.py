@@ -143,23 +143,25 @@ def _split_sweep(parsed: list) -> list[list[list[str]]]:
 
 def sweep_params(cfg: DictConfig) -> list[str]:
     """A composed config's ``hydra.sweeper.params`` as ``KEY=VALUES`` overrides."""
-    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
+    params = cfg.hydra.sweeper.get("params") or {}
     return [f"{key}={value}" for key, value in params.items()]
 
 
 def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
-    """Compose and resolve every job ``argv`` describes; ConfigError on the first mistake.
+    """Compose and check every job ``argv`` describes; ConfigError on the first mistake.
 
-    Returns the first job's composed config (its ``hydra`` node kept) and the jobs' Trainers
-    (one each; none for a task of its own, or one checked where it runs), or None when there
-    is nothing left for Hydra to do (a dry run has been done).
+    Returns the first job's composed config (its ``hydra`` node kept) and the jobs' assembled
+    runs (a single run's compiled, its run directory checked; a sweep's checked only, each job
+    assembled again where it runs; none for a task of its own or a remote launcher's job), or
+    None when there is nothing left for Hydra to do (a dry run has been done).
     """
     check_words(argv)
     base = compose(job_overrides(argv)[0], hydra=True)  # the first job of the command line: its sweep file
     if INFO_FLAGS & set(argv):
         return base, []
-    from theseus.tasks.task import JobTask, task_class  # the trainer's imports: after a typo's error, not before
-    from theseus.training.trainer import Trainer
+    from theseus.recipe import assemble  # the trainer's imports: after a typo's error, not before
+    from theseus.tasks.task import JobTask, task_class
+    from theseus.training.settings import configure_settings
 
     if not is_multirun(argv):
         base = continue_last(base)  # trainer.resume=last: the run directory this command continues
@@ -168,28 +170,38 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     if is_multirun(argv) and gpus:  # parallel jobs on this host: one GPU share each, or refused now
         check_enough(parallel_jobs(base.hydra.launcher), gpus)
     remote = any(arg.startswith("hydra/launcher=submitit") for arg in argv)  # other machines, other devices
-    trainers, labels = [], []
+    runs, planned = [], []
     for overrides in job_overrides(argv, sweep_params(base) if is_multirun(argv) else ()):
         cfg, run_dir = _job(compose(overrides, hydra=True) if is_multirun(argv) else base)
         if remote or issubclass(task_class(cfg), JobTask):  # checked where it runs, or a job of its own
             continue
-        trainer = Trainer(cfg)
-        if not is_multirun(argv):
-            trainer.check_run_dir(run_dir)
-        trainers.append(trainer)
-        labels.append(overrides)
-    if trainers and all(t.settings.trainer.dry_run for t in trainers):
-        from theseus.sweep import print_plans, write_plan
-
-        plan_file = trainers[0].settings.trainer.plan_file
-        plans = [trainer.dry_run() for trainer in trainers]
-        if len(plans) > 1 and any(plan["target"] for plan in plans):
-            print_plans(labels, plans)
-        if plan_file:
-            write_plan(plan_file, labels, plans)
-            print(f"plan: {plan_file} ({sum(plan['fits'] is True for plan in plans)} of {len(plans)} points fit)")
+        if configure_settings(cfg).trainer.dry_run:
+            planned.append((overrides, cfg))
+        elif is_multirun(argv):
+            runs.append(assemble(cfg, steps=None))
+        else:
+            runs.append(assemble(cfg, run_dir))
+    if planned and not runs:
+        plan(planned, assemble)
         return None
-    return base, trainers
+    return base, runs
+
+
+def plan(planned: list[tuple[list[str], DictConfig]], assemble) -> None:
+    """Dry-run each planned job (``trainer.dry_run``); a sweep over targets ends with a table of
+    its points, and ``trainer.plan_file`` gets them as JSON lines."""
+    from theseus.plan.dry_run import dry_run
+    from theseus.sweep import print_plans, write_plan
+    from theseus.training.settings import configure_settings
+
+    labels = [overrides for overrides, _ in planned]
+    plans = [dry_run(cfg, assemble) for _, cfg in planned]
+    if len(plans) > 1 and any(point["target"] for point in plans):
+        print_plans(labels, plans)
+    plan_file = configure_settings(planned[0][1]).trainer.plan_file
+    if plan_file:
+        write_plan(plan_file, labels, plans)
+        print(f"plan: {plan_file} ({sum(point['fits'] is True for point in plans)} of {len(plans)} points fit)")
 
 
 def _job(composed: DictConfig) -> tuple[DictConfig, Path]:
@@ -209,25 +221,26 @@ class JobFailed(CompactHydraException):
     the job as failed, runs the others, then prints this line instead of a traceback."""
 
 
-def execute(cfg: DictConfig, run_dir: Path, trainer=None) -> float:
+def execute(cfg: DictConfig, run_dir: Path, run=None) -> float:
     """Run one job in ``run_dir``; returns the objective (the final val loss).
 
     A JobTask (``task=regression``) runs the job itself; the trainer trains any other task
-    (``trainer``: one already built for ``cfg``).
+    (``run``: the job already assembled for ``run_dir``).
     """
+    from theseus.recipe import assemble
     from theseus.tasks.task import JobTask, task_class
     from theseus.training.trainer import Trainer
 
     if issubclass(task_class(cfg), JobTask):
         with configuration(cfg):
             return configure(task_class(cfg)).run(cfg, run_dir)
-    return (trainer or Trainer(cfg)).run(run_dir)
+    return Trainer(run or assemble(cfg, run_dir)).run(run_dir)
 
 
-def hydra_task(trainer=None):
+def hydra_task(run=None):
     """Hydra's task function: runs the job in its output directory, reporting a ConfigError or
     TrainingError in one line; jobs run in parallel (joblib) prefix their lines with ``[job N]``.
-    ``trainer``: the preflight's, reused by a single run."""
+    ``run``: the preflight's, reused by a single run."""
 
     def task(cfg: DictConfig) -> float:
         hydra_config = HydraConfig.get()
@@ -244,7 +257,7 @@ def hydra_task(trainer=None):
             if not is_checked(cfg):  # a sweeper's composition (the preflight checked its own)
                 validate(cfg)
             initialize(cfg)  # a no-op when main() has joined already; launchers such as submitit call here first
-            return execute(cfg, Path(hydra_config.runtime.output_dir), trainer)
+            return execute(cfg, Path(hydra_config.runtime.output_dir), run)
         except (ConfigError, TrainingError) as exc:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
@@ -264,7 +277,7 @@ class Callbacks:
     def __init__(self, composed: DictConfig):
         from hydra.utils import instantiate
 
-        declared = OmegaConf.select(composed, "hydra.callbacks") or {}
+        declared = composed.hydra.get("callbacks") or {}
         self.callbacks = [instantiate(params) for params in declared.values()]
 
     def _notify(self, hook: str, reverse: bool = False, **kwargs) -> None:
@@ -312,17 +325,15 @@ def train(config: Sequence[str] | DictConfig, run_dir: str | Path) -> float:
     or a config from ``theseus.compose``. ``run_dir`` receives what a command-line run writes
     (``.hydra/config.yaml`` included, so ``theseus.sample`` reads it); a run there is resumed.
     """
+    from theseus.recipe import assemble
     from theseus.tasks.task import JobTask, task_class
-    from theseus.training.trainer import Trainer
 
     cfg = compose(list(config)) if not isinstance(config, DictConfig) else config
     run_dir = Path(run_dir)
-    trainer = None if issubclass(task_class(cfg), JobTask) else Trainer(cfg)
-    if trainer is not None:
-        trainer.check_run_dir(run_dir)
+    run = None if issubclass(task_class(cfg), JobTask) else assemble(cfg, run_dir)
     (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
-    return execute(cfg, run_dir, trainer)
+    return execute(cfg, run_dir, run)
 
 
 def use_compilation_cache() -> None:
@@ -367,9 +378,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     if checked is None:  # a dry run, done
         return
-    base, trainers = checked
+    base, runs = checked
     if base is not None and not any(arg.startswith("-") for arg in argv):  # one job, no Hydra flag
-        run_composed(base, hydra_task(trainers[0] if trainers else None))
+        run_composed(base, hydra_task(runs[0] if runs else None))
         return
     sys.argv = [sys.argv[0], *argv]  # what Hydra parses
     hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)(hydra_task())()

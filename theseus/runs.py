@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from theseus.training.runs import Run, Runs, load
+from theseus.training.records import Run, Runs, load
 from theseus.training.seeds import Group, seed_groups
 
 __all__ = ["Group", "Run", "Runs", "load", "seed_groups"]

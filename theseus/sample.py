@@ -21,7 +21,7 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.data.chat import ChatTemplate, chat_prompt
 from theseus.data.config import DataConfig
 from theseus.model.generate import generate, sample_text
-from theseus.training.trained import load_trained
+from theseus.trained import load_trained
 
 
 def main(argv: list[str] | None = None) -> int:

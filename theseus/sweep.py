@@ -31,7 +31,7 @@ from rich.table import Table
 
 from theseus.config import PLANNING, keys_with
 from theseus.training.config import TrainerConfig
-from theseus.training.runs import RESULT, SUMMARY_METRICS, Job, collect, error_line, fmt, rows, swept
+from theseus.training.records import RESULT, SUMMARY_METRICS, Job, collect, error_line, fmt, rows, swept
 from theseus.training.seeds import LEVEL, Group, seed_groups, seed_keys
 
 

@@ -43,13 +43,13 @@ import os, sys, tempfile
 import jax
 from theseus.base.mesh import MeshConfig, auto_cpu_devices
 from theseus.config.compose import compose
-from theseus.training.trainer import Trainer
+from theseus.recipe import assemble
 
 print(auto_cpu_devices(MeshConfig(), 12, cores=4), auto_cpu_devices(MeshConfig(), 6, cores=4),
       auto_cpu_devices(MeshConfig(), 7, cores=4), auto_cpu_devices(MeshConfig(data=1), 12, cores=4),
       auto_cpu_devices(MeshConfig(fsdp=2), 12, cores=4), auto_cpu_devices(MeshConfig(cpu_devices=1), 12, cores=4))
-trainer = Trainer(compose(["+experiment=gpt_tiny", "data.source=text", f"data.path={sys.argv[1]}",
-                           f"data.cache_dir={tempfile.mkdtemp()}", "trainer.batch_size=12", "logger.mode=disabled"]))
+assemble(compose(["+experiment=gpt_tiny", "data.source=text", f"data.path={sys.argv[1]}",
+                   f"data.cache_dir={tempfile.mkdtemp()}", "trainer.batch_size=12", "logger.mode=disabled"]), steps=None)
 print(jax.device_count(), len(os.sched_getaffinity(0)))
 """
 

@@ -99,8 +99,8 @@ def test_a_tensor_axis_spanning_the_processes_trains_as_one(runs, corpus, tmp_pa
 def test_every_process_measures_its_own_devices(corpus, tmp_path):
     """Process 1 measuring the peak FLOP/s on process 0's device would time nothing."""
     script = ("import sys, jax; from theseus.config.compose import compose; from theseus.base.distributed import "
-              "initialize; cfg = compose(sys.argv[1:]); initialize(cfg); from theseus.training.trainer import Trainer; "
-              "peak, source = Trainer(cfg).peak(); print('RESULT', jax.process_index(), source, 1e8 < peak < 1e14)")
+              "initialize; cfg = compose(sys.argv[1:]); initialize(cfg); from theseus.recipe import assemble; "
+              "peak, source = assemble(cfg, steps=None).peak; print('RESULT', jax.process_index(), source, 1e8 < peak < 1e14)")
     join = [*arguments(corpus, tmp_path), f"distributed.coordinator=127.0.0.1:{free_port()}", "distributed.num_processes=2"]
     jobs = [([*join, f"distributed.process_id={i}"],
              {"XDG_CACHE_HOME": str(tmp_path / f"host{i}"),  # hosts do not share a cache

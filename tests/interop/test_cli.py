@@ -84,7 +84,7 @@ def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
     assert (config["max_position_embeddings"], config["rope_theta"], config["tie_word_embeddings"]) == \
         (32, 500000.0, False)  # the lowered context
 
-    from theseus.training.trained import load_trained
+    from theseus.trained import load_trained
 
     restored = load_trained(run)
     model, params, tokenizer = restored.model, restored.params, restored.tokenizer
@@ -125,7 +125,7 @@ def test_a_native_run_exports_as_gpt2_without_its_vocabulary_padding(tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert (config["model_type"], config["vocab_size"], config["n_positions"]) == ("gpt2", 300, 64)
 
-    from theseus.training.trained import load_trained
+    from theseus.trained import load_trained
 
     restored = load_trained(run)
     model, params, tokenizer = restored.model, restored.params, restored.tokenizer

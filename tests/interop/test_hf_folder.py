@@ -12,11 +12,12 @@ from interop.hf_models import CORPUS, torch, transformers
 
 from support import run_python
 from theseus.config import configuration, configure
+from theseus.config.compose import with_values
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.data.tokenizer import HFTokenizer
-from theseus.interop.init_from import apply_init_from
-from theseus.training.trained import source_config
+from theseus.interop.init_from import init_from_values
+from theseus.trained import source_config
 
 PROMPT = "def __init__"
 
@@ -70,7 +71,8 @@ def test_evaluating_a_folder_gives_transformers_loss_on_the_same_batches(kind, r
     assert "val_loss" in proc.stdout
 
     # the batches the evaluation reads (the trainer's validation loader), scored by transformers
-    cfg = apply_init_from(source_config(folder, overrides))
+    cfg = source_config(folder, overrides)
+    cfg = with_values(cfg, init_from_values(cfg))
     with configuration(cfg):
         data = configure(DataConfig)
     loader = open_dataset(data).loader("val", 64, 2, seed=data.seed, prefetch=0)

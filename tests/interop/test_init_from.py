@@ -1,4 +1,4 @@
-"""``apply_init_from``: the composed config resolved against a Hugging Face folder, and the
+"""``init_from_values``: the composed config resolved against a Hugging Face folder, and the
 folder's mistakes refused in one line."""
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from interop.hf_models import target_of, theseus_model
 from omegaconf import OmegaConf
 
 from theseus.config import ConfigError
-from theseus.config.compose import compose
+from theseus.config.compose import compose, with_values
 from theseus.interop.hf_config import arch_of
-from theseus.interop.init_from import apply_init_from
+from theseus.interop.init_from import init_from_values
 from theseus.interop.loading import load_params
 
 
 def resolved(folder: Path, *overrides: str):
-    return apply_init_from(compose([f"trainer.init_from={folder}", *overrides]))
+    cfg = compose([f"trainer.init_from={folder}", *overrides])
+    return with_values(cfg, init_from_values(cfg))
 
 
 def edited(folder: Path, tmp: Path, **changes) -> Path:
@@ -50,7 +51,7 @@ def test_an_explicit_tokenizer_is_kept(llama_folder):
 
 def test_a_config_without_init_from_is_unchanged():
     cfg = compose(["architecture.n_layers=3"])
-    assert apply_init_from(cfg) is cfg
+    assert init_from_values(cfg) == {}
 
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_one_line(gpt2_folder, tmp_path):

@@ -13,8 +13,6 @@ from theseus.model.module import Module
 
 # --- the seed's examples, as written ----------------------------------------------------
 
-from theseus.config import field
-from theseus.model.module import Module
 
 class Scale(Module):
     factor: float = field("architecture/scale", default=1.0)
@@ -26,7 +24,6 @@ class Scale(Module):
     def __call__(self, x):
         return x * self.factor
 
-from theseus.config import configure
 from theseus.model.layers import MLP
 
 class FeedForward(Module):

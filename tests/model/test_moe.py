@@ -16,7 +16,8 @@ from theseus.model.generate import generate
 from theseus.model.layers import MLP, Block
 from theseus.model.models.gpt import GPT, stack_layers
 from theseus.model.models.moe_gpt import MoEGPT
-from theseus.model.moe import MOE_COLLECTION, MoE, MoEBlock, moe_losses
+from theseus.model.module import AUXILIARY, auxiliary
+from theseus.model.moe import MoE, MoEBlock
 from theseus.tasks.lm import LanguageModeling, cross_entropy
 
 D, E = 16, 4
@@ -77,20 +78,20 @@ def test_dropless_layer_equals_the_per_token_reference(activation, top_k, norm):
     layer, params, x = build(top_k=top_k, capacity_factor=None, norm_topk_prob=norm)
     layer = layer.clone(activation=activation)
     params = init(layer, x)
-    y, sown = jax.jit(lambda p, x: layer.apply({"params": p}, x, mutable=[MOE_COLLECTION]))(params, x)
+    y, sown = jax.jit(lambda p, x: layer.apply({"params": p}, x, mutable=[AUXILIARY]))(params, x)
     expected, dropped = reference(params, x, top_k, None, activation == "swiglu", norm)
     np.testing.assert_allclose(y, expected, atol=1e-4, rtol=1e-4)
-    assert dropped == 0 and moe_losses(sown)[1]["moe/dropped"] == 0
+    assert dropped == 0 and auxiliary(sown)[1]["moe/dropped"] == 0
 
 
 def test_capacity_drops_later_choices_and_counts_them():
     layer, params, x = build(top_k=2, capacity_factor=0.6)  # 3 slots per expert for 20 choices of a sequence
     assert layer.capacity(10) == 3
-    y, sown = layer.apply({"params": params}, x, mutable=[MOE_COLLECTION])
+    y, sown = layer.apply({"params": params}, x, mutable=[AUXILIARY])
     expected, dropped = reference(params, x, 2, 3, swiglu=False)
     np.testing.assert_allclose(y, expected, atol=1e-4, rtol=1e-4)
     assert dropped > 0.3
-    assert float(moe_losses(sown)[1]["moe/dropped"]) == pytest.approx(dropped)
+    assert float(auxiliary(sown)[1]["moe/dropped"]) == pytest.approx(dropped)
 
 
 def test_shared_expert_with_its_gate():
@@ -108,8 +109,8 @@ def test_shared_expert_with_its_gate():
 def test_auxiliary_losses_and_load():
     """Load-balancing loss (Mixtral's formula), z-loss and per-expert shares from the router."""
     layer, params, x = build(top_k=2, capacity_factor=None, aux_loss=0.5, z_loss=0.25)
-    _, sown = layer.apply({"params": params}, x, mutable=[MOE_COLLECTION])
-    penalty, metrics = moe_losses(sown)
+    _, sown = layer.apply({"params": params}, x, mutable=[AUXILIARY])
+    penalty, metrics = auxiliary(sown)
     logits = np.asarray(x, np.float64) @ np.asarray(params["router"], np.float64)
     probs = np.asarray(jax.nn.softmax(logits, -1))
     chosen = np.zeros_like(probs)
@@ -275,8 +276,8 @@ def test_route_bias_chooses_the_experts_and_the_gates_stay_unbiased():
     assert np.allclose(layer.apply({"params": params}, x), unbiased, atol=1e-4)
     # a bias of 2 on expert 3 makes it every token's choice (probabilities are below 1)
     biased = {**params, "b_route": jnp.array([0.0, 0.0, 0.0, 2.0])}
-    y, sown = layer.apply({"params": biased}, x, mutable=[MOE_COLLECTION])
-    _, metrics = moe_losses(sown)
+    y, sown = layer.apply({"params": biased}, x, mutable=[AUXILIARY])
+    _, metrics = auxiliary(sown)
     assert float(metrics["moe/load_e3"]) == pytest.approx(0.5)
     assert float(metrics["moe/bias_e3"]) == 2.0
     logits = np.asarray(x, np.float64) @ np.asarray(params["router"], np.float64)
@@ -307,9 +308,10 @@ def test_route_bias_gradient_is_the_load_imbalance_and_the_loss_unchanged():
         if isinstance(block, dict) and "mlp" in block:
             del block["mlp"]["b_route"]
     assert float(loss) == float(task.loss_and_metrics(plain, no_bias, tokens, None)[0])
-    _, sown = model.apply({"params": params}, tokens[:, :-1], mutable=[MOE_COLLECTION])
+    _, sown = model.apply({"params": params}, tokens[:, :-1], mutable=[AUXILIARY])
     layers = [name for name in params if isinstance(params[name], dict) and "mlp" in params[name]]
     assert len(layers) == 4
     for name in layers:
-        load = sown[MOE_COLLECTION][name]["mlp"]["routing"][0]["load"]
+        routing = sown[AUXILIARY][name]["mlp"]["routing"][0]
+        load = jnp.stack([routing[f"moe/load_e{i}"] for i in range(E)])
         np.testing.assert_allclose(nn.unbox(grads[name]["mlp"]["b_route"]), (load - 1 / E) / len(layers), atol=1e-7)

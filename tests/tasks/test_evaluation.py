@@ -19,9 +19,9 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
-from theseus.training.trained import load_trained
-from theseus.tasks.evaluation import evaluate, load_evaluations
-from theseus.training.trainer import Trainer
+from theseus.trained import load_trained
+from theseus.tasks.evaluation import EvaluationConfig, evaluate, load_evaluations
+from theseus.recipe import assemble
 
 STEPS = 12
 LETTERS = string.ascii_lowercase
@@ -111,7 +111,7 @@ def test_each_source_s_loss_equals_that_source_evaluated_alone(files, straight):
             logits = run.model.apply({"params": params}, tokens[:, :-1], deterministic=True)
             return cross_entropy(logits, tokens[:, 1:])
 
-        evaluations = load_evaluations({}, dataset, run.model, data.seed, prefetch=0)
+        evaluations = load_evaluations(EvaluationConfig(), dataset, run.model, data.seed, prefetch=0)
         return evaluate(run.params, evaluations, loss=jax.jit(loss), val_metrics=LanguageModeling().val_metrics,
                         sharding=sharding, rules=(), share=(0, 1), batch_size=16, batches=2)
 
@@ -168,7 +168,7 @@ def test_bad_input_is_refused_before_training(files, tmp_path, extra, message):
         extra = [f"evaluation.multiple_choice.toy={bad}"]
     overrides = [o for o in command(files, tmp_path / "run", *extra)[2:] if not o.startswith("hydra.")]
     with pytest.raises(ConfigError) as err:
-        Trainer(compose(overrides))
+        assemble(compose(overrides), steps=None)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 

@@ -16,6 +16,7 @@ from theseus.config.compose import compose
 from theseus.config.registry import chosen
 from theseus.tasks import JobTask, LanguageModeling, task_class
 from theseus.tasks.lm import cross_entropy
+from theseus.recipe import assemble
 from theseus.training.trainer import Trainer
 
 
@@ -34,7 +35,7 @@ TINY = ["+experiment=gpt_tiny", "trainer.max_steps=3", "trainer.log_every=1", "t
 
 def train(tmp_path, name: str, *overrides: str) -> list[dict]:
     run_dir = tmp_path / name
-    Trainer(compose([*TINY, f"data.cache_dir={tmp_path / 'cache'}", *overrides])).run(run_dir)
+    Trainer(assemble(compose([*TINY, f"data.cache_dir={tmp_path / 'cache'}", *overrides]), run_dir)).run(run_dir)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -56,7 +57,7 @@ def test_the_composed_config_names_its_task():
 
 def test_the_trainer_refuses_a_task_that_runs_itself():
     with pytest.raises(ConfigError, match="task=regression runs its job itself"):
-        Trainer(compose(["+experiment=pmm_regression"]))
+        assemble(compose(["+experiment=pmm_regression"]), steps=None)
 
 
 def test_cross_entropy_ignores_minus_one_targets_like_numpy():

@@ -172,11 +172,13 @@ def test_extension_follows_the_schedule(tmp_path, schedule, steps, allowed):
     """A run stopped at ``steps`` of 100 extends to 200 when its learning rates so far would
     not change: a constant, wsd before its decay (the last 20%), never a cosine."""
     from theseus.config.compose import compose
-    from theseus.training.trainer import Trainer
+    from theseus.training.settings import configure_settings
+    from theseus.training.resume import extension_problem
 
     (tmp_path / "checkpoints" / str(steps)).mkdir(parents=True)
     cfg = compose(["+experiment=gpt_tiny", f"optimizer.schedule={schedule}", "trainer.max_steps=200"])
-    problem = Trainer(cfg)._extension_problem(tmp_path, saved_steps=100)
+    settings = configure_settings(cfg)
+    problem = extension_problem(tmp_path, 100, settings.optimizer, settings.trainer.max_steps)
     assert (problem is None) == allowed, problem
 
 
@@ -184,11 +186,13 @@ def test_a_constant_run_shorter_than_its_warmup_is_refused_saying_so(tmp_path):
     """Its warmup was cut to its length (gpt_tiny warms up over 10 steps): longer, its steps
     would have had other rates."""
     from theseus.config.compose import compose
-    from theseus.training.trainer import Trainer
+    from theseus.training.settings import configure_settings
+    from theseus.training.resume import extension_problem
 
     (tmp_path / "checkpoints" / "5").mkdir(parents=True)
     cfg = compose(["+experiment=gpt_tiny", "optimizer.schedule=constant", "trainer.max_steps=200"])
-    problem = Trainer(cfg)._extension_problem(tmp_path, saved_steps=5)
+    settings = configure_settings(cfg)
+    problem = extension_problem(tmp_path, 5, settings.optimizer, settings.trainer.max_steps)
     assert problem.endswith("a constant schedule extends in place only once its warmup (optimizer.warmup_steps=10) "
                             "is over"), problem
 

@@ -11,13 +11,14 @@ import pytest
 
 from support import run_python
 from theseus.config.compose import compose
-from theseus.training.trainer import Trainer
+from theseus.recipe import assemble
 
 SCRIPT = r"""
 import json, math, re, sys, tempfile
 from pathlib import Path
 import jax
 from theseus.config.compose import compose
+from theseus.recipe import assemble
 from theseus.training.trainer import Trainer
 
 corpus, runs = sys.argv[1], json.loads(sys.argv[2])
@@ -27,15 +28,15 @@ base = ["+experiment=gpt_tiny", "model=moe", "data.source=text", f"data.path={co
         "trainer.eval_every=0", "trainer.eval_batches=1", "logger.mode=disabled", "optimizer.warmup_steps=2"]
 out = {}
 for name, overrides in runs.items():
-    trainer = Trainer(compose(base + overrides))
-    compiled = trainer.build()
+    run_dir = Path(tempfile.mkdtemp())
+    run = assemble(compose(base + overrides), run_dir)
+    compiled = run.compiled
     text = compiled.step.as_text()
     gathered = [math.prod(int(d) for d in dims.split(",") if d)
                 for result in re.findall(r"= (\(.*?\)|\S+) all-gather(?:-start)?\(", text)
                 for dims in re.findall(r"\[([\d,]*)\]", result)]
     out["devices"] = jax.device_count()  # once the trainer has made the backend (mesh.cpu_devices)
-    run_dir = Path(tempfile.mkdtemp())
-    trainer.run(run_dir)
+    Trainer(run).run(run_dir)
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     out[name] = {"loss": [l["loss"] for l in lines if "loss" in l], "dropped": [l["moe/dropped"] for l in lines if "loss" in l],
                  "all_to_all": len(re.findall(r" all-to-all(?:-start)?\(", text)), "gathered": gathered,
@@ -88,8 +89,8 @@ def test_flops_agree_with_xla(corpus, tmp_path):
     ratios = {}
     for name, extra in {"dense": [], "moe": ["model=moe", "architecture.moe.n_experts=4",
                                              "architecture.moe.capacity_factor=1.0"]}.items():
-        trainer = Trainer(compose(base + extra))
-        ratios[name] = trainer.build().xla_flops / trainer.flops_per_step
+        run = assemble(compose(base + extra))
+        ratios[name] = run.compiled.xla_flops / run.flops_per_step
     assert ratios["moe"] == pytest.approx(1.0, abs=0.05), ratios
     assert ratios["moe"] == pytest.approx(ratios["dense"], abs=0.05), ratios
 

@@ -65,13 +65,18 @@ def test_nonfinite_updates_are_refused(skip):
     assert int(after_next.step) == 3 and int(after_next.first_nonfinite) == 2
 
 
+def loads(routing: dict, n_experts: int) -> jax.Array:
+    """A layer's sown ``moe/load_e{i}`` as one vector ``[expert]``."""
+    return jnp.stack([routing[f"moe/load_e{i}"] for i in range(n_experts)])
+
+
 def moe_steps(rate: float, steps: int) -> tuple[list[float], list[dict], dict]:
     """``steps`` AdamW steps of a 2-layer MoEGPT (4 experts, top-1) whose router is scaled up to
     route unevenly, on one fixed batch: each step's mean over layers of the largest expert's
     load, the biases before each step, and the first step's per-layer loads."""
     from theseus.config import configuration, configure
     from theseus.model.models.moe_gpt import MoEGPT
-    from theseus.model.moe import MOE_COLLECTION
+    from theseus.model.module import AUXILIARY
     from theseus.tasks.lm import LanguageModeling
 
     arch = {"n_layers": 2, "d_model": 32, "n_heads": 4, "seq_len": 16, "vocab_size": 64,
@@ -84,8 +89,8 @@ def moe_steps(rate: float, steps: int) -> tuple[list[float], list[dict], dict]:
         lambda path, p: p * 30 if path[-1].key == "router" else p, state.params))
     tokens = jax.random.randint(jax.random.key(1), (1, 8, 17), 0, 64)
     step = jax.jit(functools.partial(train_step, model=model, task=LanguageModeling(), tx=tx, schedule=lambda s: 1e-4))
-    _, sown = model.apply({"params": state.params}, tokens[0, :, :-1], mutable=[MOE_COLLECTION])
-    first = {name: layer["mlp"]["routing"][0]["load"] for name, layer in sown[MOE_COLLECTION].items()}
+    _, sown = model.apply({"params": state.params}, tokens[0, :, :-1], mutable=[AUXILIARY])
+    first = {name: loads(layer["mlp"]["routing"][0], 4) for name, layer in sown[AUXILIARY].items()}
     largest, biases = [], []
     for _ in range(steps):
         biases.append({name: state.params[name]["mlp"].get("b_route") for name in first})
@@ -117,7 +122,6 @@ def test_routing_biases_in_a_model_declaring_no_rate_are_refused():
     from theseus.model.layers import Block
     from theseus.model.models.gpt import GPT
     from theseus.model.moe import MoE
-    from theseus.tasks.lm import LanguageModeling
 
     class MoEFFBlock(Block):
         mlp_cls = MoE
@@ -129,10 +133,6 @@ def test_routing_biases_in_a_model_declaring_no_rate_are_refused():
             "moe": {"n_experts": 4, "bias_update_rate": 0.01}}
     with configuration({"architecture": arch}):
         model = configure(MyGPT)
-    tx = optax.adamw(1e-3)
-    state = nn.unbox(init_state(model, tx, seq_len=16, seed=0))
-    tokens = jnp.zeros((1, 2, 17), jnp.int32)
-    step = functools.partial(train_step, model=model, task=LanguageModeling(), tx=tx, schedule=lambda s: 1e-3)
     with pytest.raises(ConfigError, match=r"^architecture.moe.bias_update_rate is set, but MyGPT declares no "
                                           r"bias_update_rate for the train step to apply: subclass MoEGPT"):
-        jax.eval_shape(step, state, tokens, jax.random.key(0))
+        jax.eval_shape(lambda: init_state(model, optax.adamw(1e-3), seq_len=16, seed=0))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -40,7 +41,7 @@ def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig
     registry.load()
     _check_folder_choices(overrides)
     chosen = None if registry.all_loaded() else choices(overrides)
-    registry.resolve(chosen or {})  # the chosen options imported, the nodes of those imported published
+    registry.publish(chosen or {})  # the chosen options imported, the nodes of those imported published
     for key, where in undeclared(overrides, None if chosen is None else registry.schema(chosen)):
         raise unknown_key(key, where)
     cfg = _hydra(overrides)
@@ -52,6 +53,16 @@ def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig
         with open_dict(cfg):
             del cfg["hydra"]
     return cfg
+
+
+def with_values(cfg: DictConfig, values: Mapping[str, Any]) -> DictConfig:
+    """A new config: ``cfg`` with ``values`` (dotted keys) laid over it, ``cfg`` unchanged. What
+    a run derives (its vocabulary, ``trainer.init_from``'s architecture) is kept apart from the
+    composed config, and laid over it only to configure the run's parts."""
+    derived = cfg.copy()
+    for key, value in values.items():
+        OmegaConf.update(derived, key, value, force_add=True)
+    return derived
 
 
 def _hydra(overrides: Sequence[str]) -> DictConfig:

@@ -237,7 +237,7 @@ def broken(group: str, name: str) -> str | None:
     return _BROKEN.get((group, name))
 
 
-def resolve(choices: Mapping[str, str]) -> None:
+def publish(choices: Mapping[str, str]) -> None:
     """Import the options ``choices`` (``{group: option}``) names, and publish their nodes."""
     for group, name in choices.items():
         if name in _OPTIONS.get(group, {}):

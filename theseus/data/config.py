@@ -18,8 +18,8 @@ MIXTURE_KEYS = ("source", "path", "weight", "text_field", "split")  # the last t
 @dataclasses.dataclass(frozen=True)
 class DataConfig(Configurable):
     source: str = field("data.source", default="stdlib", choices=SOURCES,
-                        help="stdlib: this Python's own source files; text: local files (data.path); shards: pre-tokenized "
-                             ".bin files; jsonl (.gz, .zst too), parquet, arrow (a datasets save_to_disk folder): "
+                        help="stdlib: this Python's own source files; text: local files (data.path); "
+                             "shards: pre-tokenized .bin files; jsonl (.gz, .zst too), parquet, arrow (a datasets save_to_disk folder): "
                              "one document per row")
     path: str | None = field("data.path", default=None,
                              help="a file, folder or glob (text, jsonl, parquet), a save_to_disk folder (arrow), "

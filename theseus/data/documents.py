@@ -34,7 +34,7 @@ def documents(cfg: DataConfig, files: list[Path]) -> Iterator[Documents]:
     for batch in _file_documents(files) if cfg.source not in RECORDS else _record_documents(cfg, files):
         texts += batch.texts
         done += batch.done
-        size += sum(map(len, batch.texts))  # characters: a bound on the batch, not its bytes
+        size += sum(map(len, batch.texts))  # characters: near enough to its bytes to size a batch
         if size >= CHUNK_BYTES or done >= CHUNK_BYTES:
             yield Documents(texts, done)
             texts, done, size = [], 0, 0

@@ -4,7 +4,8 @@
         row["messages"]
 
 Sources: ``jsonl`` (one JSON object a line; ``.gz`` and ``.zst`` decompressed as read),
-``parquet`` (read a row group at a time with pyarrow), ``arrow`` (a folder written by
+``parquet`` (read with pyarrow, BATCH_ROWS rows at a time; pyarrow holds one row group's
+column chunks), ``arrow`` (a folder written by
 ``datasets.Dataset.save_to_disk``, or a ``DatasetDict``'s, whose ``split`` is read; its Arrow
 stream files are read with pyarrow a record batch at a time, through ordinary reads, not a
 memory map, so the pages read do not stay in the process's RSS).
@@ -20,17 +21,18 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, BinaryIO
 
 from theseus.config import ConfigError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SOURCES = ("jsonl", "parquet", "arrow")
 JSONL_NAMES = (".jsonl", ".ndjson")  # what a jsonl folder's files end with (before .gz/.zst); a glob takes any
 COMPRESSED = (".gz", ".zst")
-BATCH_ROWS = 1024  # rows per batch of parquet (and of JSONL); arrow keeps its files' own batches
+BATCH_ROWS = 256  # rows per batch at most (jsonl, parquet); arrow keeps its files' own batches (datasets: 1000 rows)
+BATCH_BYTES = 1 << 20  # JSONL bytes per batch at most: a batch of long documents stays small
 STATE, DICT = "state.json", "dataset_dict.json"  # what save_to_disk writes into a Dataset's, a DatasetDict's folder
 
 
@@ -102,7 +104,8 @@ def arrow_files(folder: Path, split: str) -> list[Path]:
     files = [folder / e["filename"] for e in entries]
     for file in files:
         if not file.is_file():
-            raise ConfigError(f"{file} is missing ({folder / STATE} lists it): save the dataset again with save_to_disk")
+            raise ConfigError(f"{file} is missing ({folder / STATE} lists it): "
+                              "save the dataset again with save_to_disk")
     return files
 
 
@@ -126,7 +129,7 @@ def open_binary(path: Path) -> tuple[BinaryIO, BinaryIO]:
     if path.name.endswith(".gz"):
         return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), 1 << 20), raw
     if path.name.endswith(".zst"):
-        import zstandard
+        import zstandard  # here: only a .zst file needs it
 
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True),
                                  1 << 20), raw
@@ -134,10 +137,10 @@ def open_binary(path: Path) -> tuple[BinaryIO, BinaryIO]:
 
 
 def _jsonl_batches(file: Path) -> Iterator[Batch]:
-    """A JSONL file's objects, BATCH_ROWS at a time (blank lines skipped)."""
+    """A JSONL file's objects, BATCH_ROWS or BATCH_BYTES at a time (blank lines skipped)."""
     stream, raw = open_binary(file)
     with stream, raw:
-        rows, numbers = [], []
+        rows, numbers, size = [], [], 0
         try:
             for number, line in enumerate(stream, 1):
                 if not line.strip():
@@ -153,9 +156,10 @@ def _jsonl_batches(file: Path) -> Iterator[Batch]:
                                       'JSONL file holds one object such as {"text": "..."}')
                 rows.append(row)
                 numbers.append(number)
-                if len(rows) == BATCH_ROWS:
+                size += len(line)
+                if len(rows) == BATCH_ROWS or size >= BATCH_BYTES:
                     yield Batch(rows, numbers, raw.tell())
-                    rows, numbers = [], []
+                    rows, numbers, size = [], [], 0
         except (OSError, EOFError) as exc:
             raise ConfigError(f"{file} cannot be read ({exc}): a truncated or corrupt compressed file? "
                               "write it again, or leave it out of data.path") from exc
@@ -163,6 +167,9 @@ def _jsonl_batches(file: Path) -> Iterator[Batch]:
 
 
 def _parquet_batches(file: Path, column: str | None) -> Iterator[Batch]:
+    import pyarrow as pa  # here, not at the top: a run of another source does not load pyarrow
+    import pyarrow.parquet as pq
+
     try:
         reader = pq.ParquetFile(file)
     except (pa.ArrowException, OSError) as exc:
@@ -177,6 +184,8 @@ def _parquet_batches(file: Path, column: str | None) -> Iterator[Batch]:
 
 
 def _arrow_batches(file: Path, column: str | None) -> Iterator[Batch]:
+    import pyarrow as pa
+
     size = file.stat().st_size
     try:
         with pa.OSFile(str(file)) as raw, pa.ipc.open_stream(raw) as reader:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from theseus.config import ConfigError
 from theseus.data.config import DataConfig
-from theseus.data.records import SOURCES as RECORDS
 from theseus.data.records import data_files, open_binary
 
 STDLIB_SKIP = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})

@@ -1,6 +1,6 @@
 """``trainer.init_from=PATH``: a composed config resolved against the run or model it starts from.
 
-    cfg = apply_init_from(cfg)  # before the Trainer: a pure function of the composed config
+    values = init_from_values(cfg)  # {"architecture.n_layers": 4, ...}: a pure function of the composed config
 
 A theseus run directory (or its ``checkpoints/``, or one step's folder) gives the architecture
 it was trained with: every ``architecture.*`` key and ``data.tokenizer`` left at its default
@@ -22,17 +22,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from theseus.config import ConfigError
 from theseus.config.compose import chosen_files
 from theseus.config.registry import chosen, chosen_schema, model_class, read_saved
+from theseus.config.schema import flatten
 from theseus.data.tokenizer import JSON_FILE, NAMES, ByteTokenizer, HFTokenizer
 from theseus.interop.hf_config import architecture, format_of, read_config
 from theseus.interop.hf_weights import Checkpoint
 from theseus.model.models.gpt import GPT
 from theseus.model.models.moe_gpt import MoEGPT
+from theseus.training.checkpoint import run_of, theseus_checkpoint
 
 KEY = "trainer.init_from"
 
@@ -40,12 +43,12 @@ KEY = "trainer.init_from"
 def model_choice(folder: Path, overrides: Sequence[str]) -> list[str]:
     """``["model=NAME"]``, the model the Hugging Face ``folder`` loads into (``moe`` for Mixtral
     and Qwen2-MoE), when neither ``overrides`` nor an experiment file they choose picks a model;
-    else ``[]`` (a model given explicitly stays, for ``apply_init_from`` to check)."""
+    else ``[]`` (a model given explicitly stays, for ``init_from_values`` to check)."""
     if chooses_model(overrides) or not (Path(folder).expanduser() / "config.json").is_file():
         return []
     try:
         return [f"model={format_of(read_config(Path(folder).expanduser().resolve())).model}"]
-    except ConfigError:  # a broken config.json: apply_init_from reports it
+    except ConfigError:  # a broken config.json: init_from_values reports it
         return []
 
 
@@ -70,15 +73,25 @@ def chooses_model(overrides: Sequence[str]) -> bool:
     return False
 
 
-def apply_init_from(cfg: DictConfig) -> DictConfig:
-    """``cfg`` with the architecture and tokenizer of ``trainer.init_from`` (unchanged when unset)."""
-    given = OmegaConf.select(cfg, KEY)
+def hf_folder(init_from: str | None) -> Path | None:
+    """The Hugging Face folder ``trainer.init_from`` names (None: unset, or a theseus checkpoint)."""
+    if init_from is None or theseus_checkpoint(Path(init_from)) is not None:
+        return None
+    return Path(init_from).expanduser()
+
+
+def init_from_values(cfg: DictConfig) -> dict[str, Any]:
+    """What ``trainer.init_from`` determines, as dotted keys and values (``{}`` when unset):
+    the architecture and tokenizer of the run or Hugging Face folder it names; ConfigError for
+    a folder theseus cannot load, or an explicit key that contradicts it."""
+    flat = flatten(OmegaConf.to_container(cfg, resolve=True))
+    given = flat.get(KEY)
     if given is None:
-        return cfg
+        return {}
     folder = Path(given).expanduser().resolve()
     run = theseus_checkpoint(folder)
     if run is not None:
-        return _from_run(cfg, run)
+        return _from_run(cfg, flat, run)
     hf = read_config(folder)
     arch = architecture(hf, where=str(folder / "config.json"))
     try:
@@ -91,66 +104,39 @@ def apply_init_from(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"{KEY}={given} is a Hugging Face {hf['model_type']} checkpoint, which loads into "
                           f"model={model}, but model={chosen(cfg, 'model')}: set model={model}")
     defaults = chosen_schema(cfg)
-    cfg = cfg.copy()
+    values = {}
     for name, value in arch.items():
         key = f"architecture.{name}"
-        current = OmegaConf.select(cfg, key)
+        current = flat.get(key)
         explicit = current != defaults[key].default
         if explicit and name == "seq_len" and current < value:
             continue  # a shorter context than the checkpoint's: allowed
         if explicit and current != value:
             raise ConfigError(f"{key}={current} contradicts {KEY}={given}, whose config.json gives {key}={value}: "
                               f"drop the override (the architecture follows the checkpoint)")
-        OmegaConf.update(cfg, key, value, force_add=True)
-    tokenizer = OmegaConf.select(cfg, "data.tokenizer")
+        values[key] = value
+    tokenizer = flat["data.tokenizer"]
     if tokenizer == defaults["data.tokenizer"].default and (folder / JSON_FILE).is_file():
-        tokenizer = str(folder / JSON_FILE)
-        OmegaConf.update(cfg, "data.tokenizer", tokenizer)
+        tokenizer = values["data.tokenizer"] = str(folder / JSON_FILE)
     size = _tokenizer_size(tokenizer)
     if size is not None and size > arch["vocab_size"]:
         raise ConfigError(f"data.tokenizer={tokenizer} has {size} tokens, more than the {arch['vocab_size']} rows of "
                           f"{KEY}={given}: use the checkpoint's own tokenizer.json")
-    return cfg
+    return values
 
 
-def theseus_checkpoint(path: Path) -> Path | None:
-    """``path`` when it holds theseus checkpoints: a run directory with ``checkpoints/``, that
-    folder, or one step's folder in it; None otherwise."""
-    path = Path(path).expanduser()
-
-    def has_steps(folder: Path) -> bool:
-        return folder.is_dir() and any(child.name.isdigit() and child.is_dir() for child in folder.iterdir())
-
-    if has_steps(path / "checkpoints") or has_steps(path):
-        return path
-    if path.name.isdigit() and (path / "state").is_dir():
-        return path
-    return None
-
-
-def run_of(checkpoint: Path) -> Path | None:
-    """The run directory of a theseus checkpoint path (the folder holding ``.hydra/``)."""
-    for folder in (checkpoint, *checkpoint.parents[:2]):
-        if (folder / ".hydra" / "config.yaml").is_file():
-            return folder
-    return None
-
-
-def _from_run(cfg: DictConfig, checkpoint: Path) -> DictConfig:
-    """``cfg`` with the architecture and tokenizer of the theseus run ``checkpoint`` belongs to,
-    wherever ``cfg`` leaves them at their defaults."""
+def _from_run(cfg: DictConfig, flat: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
+    """The architecture and tokenizer of the theseus run ``checkpoint`` belongs to, wherever
+    ``cfg`` leaves them at their defaults."""
     run = run_of(checkpoint)
     if run is None:
         raise ConfigError(f"{KEY}={checkpoint} has no .hydra/config.yaml beside its checkpoints: give the run "
                           f"directory a theseus run wrote")
-    saved = read_saved(run / ".hydra" / "config.yaml")
+    saved = flatten(OmegaConf.to_container(read_saved(run / ".hydra" / "config.yaml"), resolve=True))
     defaults = chosen_schema(cfg)
-    cfg = cfg.copy()
-    for key in (key for key in defaults if key.startswith("architecture.") or key == "data.tokenizer"):
-        value = OmegaConf.select(saved, key)
-        if value is not None and OmegaConf.select(cfg, key) == defaults[key].default:
-            OmegaConf.update(cfg, key, value, force_add=True)
-    return cfg
+    return {key: saved[key] for key in defaults
+            if (key.startswith("architecture.") or key == "data.tokenizer")
+            and saved.get(key) is not None and flat.get(key) == defaults[key].default}
 
 
 def _tokenizer_size(tokenizer: str) -> int | None:

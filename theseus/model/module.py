@@ -1,8 +1,11 @@
 """Module: a flax.linen.Module whose hyperparameters are config fields.
 
 It adds to Linen: ``components()`` (the configurable child types), dtypes from config,
-a ``sharding`` plan over logical axes, and ``flops(seq)``. Values are resolved when the
-module is built; the configuration in force then travels with the module (through Flax's
+a ``sharding`` plan over logical axes, ``flops(seq)``, and two channels from a model to the
+train step that name no model family: what its layers sow into ``AUXILIARY`` (a penalty added
+to the objective, metrics logged beside the loss; ``auxiliary``) and parameters the step
+updates by a rule of their own instead of the optimizer (``outside_optimizer``). Values are
+resolved when the module is built; the configuration in force then travels with the module (through Flax's
 clones) and is active again while its lazy ``setup()`` builds children.
 """
 
@@ -10,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import flax.linen as nn
 import jax
@@ -22,6 +26,11 @@ from theseus.config.fields import RUNTIME, Configurable, check_ranges, field, sp
 
 M = TypeVar("M", bound="Module")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+# The collection a layer sows its training-only outputs into: dicts holding ``penalty`` (a
+# weighted float32 scalar the objective adds) and named float32 scalar metrics (``moe/z_loss``).
+AUXILIARY = "auxiliary"
+PENALTY = "penalty"
+Rule = Callable[[jax.Array, jax.Array], jax.Array]  # (parameter, its gradient) -> the new parameter
 
 
 class Module(nn.Module, Configurable):
@@ -80,6 +89,12 @@ class Module(nn.Module, Configurable):
         """
         return 0
 
+    def outside_optimizer(self) -> Mapping[str, Rule]:
+        """Parameters the train step updates itself, by leaf name: their gradients are taken out
+        before clipping and the optimizer (which then leaves them be), and each is replaced by
+        ``rule(param, gradient)`` after the update. None by default."""
+        return {}
+
     def plan(self) -> ShardingPlan:
         """The merged plan of this module and every Module type in its components() tree."""
         children = [self.detached(cls) for cls in type(self).gather()[1:] if issubclass(cls, Module)]
@@ -124,3 +139,15 @@ def _in_own_configuration(method):
             return method(self, *args, **kwargs)
 
     return wrapped
+
+
+def auxiliary(sown: Mapping[str, Any]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``(penalty, metrics)`` from what a model's layers sowed into ``AUXILIARY`` (the mutable
+    collections of an ``apply``): each entry averaged over the layers that sowed it (a scanned
+    stack counts each layer); ``(0, {})`` when none did."""
+    sites = jax.tree.leaves(sown.get(AUXILIARY, {}), is_leaf=lambda node: isinstance(node, dict) and PENALTY in node)
+    if not sites:
+        return jnp.zeros((), jnp.float32), {}
+    means = {name: jnp.concatenate([jnp.ravel(site[name]) for site in sites if name in site]).mean()
+             for name in dict.fromkeys(name for site in sites for name in site)}
+    return means.pop(PENALTY), means

@@ -19,13 +19,13 @@ Bias-balanced routing (DeepSeek-V3's auxiliary-loss-free balancing), with
 ``bias_update_rate`` gamma > 0: a per-expert bias ``b_route: [expert]`` is added to the
 routing probabilities to choose the top-k only (the gates stay the unbiased probabilities),
 and after each step, outside the gradient, ``b_e -= gamma x sign(load_e - 1 / n_experts)``
-(``route_bias_step``): an overloaded expert is chosen less. The bias is a parameter whose
+(``route_bias_rule``): an overloaded expert is chosen less. The bias is a parameter whose
 gradient channel carries the step's load imbalance (``_sow`` adds ``(b - stop_gradient(b)) x
-imbalance`` to the loss: zero in value); the train step takes that channel out
-(``route_bias_signal``) before the norm, clipping and optimizer see the gradients.
+imbalance`` to the loss: zero in value); the model declares it ``outside_optimizer`` (MoEGPT
+does), so the train step takes that channel out before the norm, clipping and optimizer.
 
-The layer sows into the ``moe`` collection (``nn.Module.sow``) what the task adds to the loss
-and logs: ``moe_losses`` reads it back.
+The layer sows into the ``auxiliary`` collection (``theseus.model.module.AUXILIARY``) what the
+task adds to the loss and logs.
 
 Shapes: ``x: [batch, seq, d_model]``.
 """
@@ -33,7 +33,7 @@ Shapes: ``x: [batch, seq, d_model]``.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -52,10 +52,9 @@ from theseus.base.axis import (
     ShardingPlan,
 )
 from theseus.config import NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, Range, configure, field
-from theseus.model.layers import MLP, Block, dense, leaf_name, param
-from theseus.model.module import Module
+from theseus.model.layers import MLP, Block, dense, param
+from theseus.model.module import AUXILIARY, PENALTY, Module, Rule
 
-MOE_COLLECTION = "moe"  # the Flax collection the layers sow their routing statistics into
 ROUTE_BIAS = "b_route"  # the name of bias-balanced routing's per-expert bias (a bias: never weight-decayed)
 
 
@@ -144,6 +143,8 @@ class MoE(Module):
         self.gate = param(self, "shared_gate", init, (EMBED, None), (d, 1)) if self.shared and self.shared_gate else None
         self.route_bias = (param(self, ROUTE_BIAS, nn.initializers.zeros, (None,), (e,))
                            if self.bias_update_rate else None)
+        if self.route_bias is not None:
+            self._check_bias_is_updated()
         self.drop = nn.Dropout(self.dropout)
 
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
@@ -201,27 +202,42 @@ class MoE(Module):
         out = dense("ebcf,efd->ebcd", h, self.w_out, None, dtype).transpose(1, 0, 2, 3)
         return nn.with_logical_constraint(out, (EXPERT_BATCH, EXPERT_AXIS, None, None))
 
+    def _check_bias_is_updated(self) -> None:
+        """ConfigError unless the model this layer is in updates its routing bias outside the
+        optimizer (a user's GPT with MoE layers declaring no rate): the optimizer would
+        otherwise train it as a weight. A layer applied on its own is no model to train."""
+        root = self
+        while isinstance(root.parent, nn.Module):
+            root = root.parent
+        if root is not self and ROUTE_BIAS not in getattr(root, "outside_optimizer", dict)():
+            raise ConfigError(
+                f"architecture.moe.bias_update_rate is set, but {type(root).__name__} declares no bias_update_rate for "
+                f"the train step to apply: subclass MoEGPT, or declare bias_update_rate: float = "
+                f"field(\"architecture.moe.bias_update_rate\", default=0.0) on {type(root).__name__} and return "
+                f"{{ROUTE_BIAS: route_bias_rule(rate)}} from its outside_optimizer()")
+
     def _sow(self, logits: jax.Array, probs: jax.Array, experts: jax.Array, kept: jax.Array) -> None:
         """Record this layer's routing: the weighted auxiliary loss and what the log shows.
 
-        ``load``: each expert's share of the top-k choices (before capacity; sums to 1);
-        ``balance``: Switch/Mixtral's ``n_experts x sum_e (choices_e / tokens) x mean prob_e``;
-        ``z``: mean ``logsumexp(logits)^2``; ``dropped``: the fraction of choices over capacity;
-        ``bias``: bias-balanced routing's bias, whose gradient is ``load - 1 / n_experts``.
+        ``moe/load_e{i}``: expert i's share of the top-k choices (before capacity; they sum to 1);
+        ``moe/aux_loss``: Switch/Mixtral's ``n_experts x sum_e (choices_e / tokens) x mean prob_e``;
+        ``moe/z_loss``: mean ``logsumexp(logits)^2``; ``moe/dropped``: the fraction of choices
+        over capacity; ``moe/bias_e{i}``: bias-balanced routing's bias, whose gradient is
+        ``load - 1 / n_experts``. The train step averages each over the MoE layers.
         """
         chosen = jax.nn.one_hot(experts, self.n_experts, dtype=jnp.float32).sum(-2)  # [batch, seq, expert]
         per_token = chosen.mean((0, 1))
         balance = self.n_experts * jnp.sum(per_token * probs.mean((0, 1)))
         z = jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
         load = per_token / self.top_k
-        routing = {"penalty": self.aux_loss * balance + self.z_loss * z, "balance": balance, "z": z,
-                   "dropped": (~kept).astype(jnp.float32).mean(), "load": load}
+        routing = {PENALTY: self.aux_loss * balance + self.z_loss * z, "moe/aux_loss": balance, "moe/z_loss": z,
+                   "moe/dropped": (~kept).astype(jnp.float32).mean(), **_per_expert("moe/load_e", load)}
         if self.route_bias is not None:
             bias = self.route_bias.astype(jnp.float32)
             imbalance = jax.lax.stop_gradient(load - 1 / self.n_experts)
-            routing["penalty"] += jnp.sum((bias - jax.lax.stop_gradient(bias)) * imbalance)
-            routing["bias"] = bias
-        self.sow(MOE_COLLECTION, "routing", routing)
+            routing[PENALTY] += jnp.sum((bias - jax.lax.stop_gradient(bias)) * imbalance)
+            routing.update(_per_expert("moe/bias_e", bias))
+        self.sow(AUXILIARY, "routing", routing)
 
     def flops(self, seq: int) -> int:
         """The router (d_model x experts) for every token, the ``top_k`` experts each token
@@ -263,59 +279,12 @@ class MoEBlock(Block):
     mlp_cls: ClassVar[type[Module]] = MoE
 
 
-def moe_losses(sown: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The auxiliary loss and routing metrics from a model's ``moe`` collection, averaged over
-    its MoE layers (a scan's stacked layers included): ``(penalty, metrics)``, ``(0, {})``
-    for a model without them. Metrics: ``moe/aux_loss`` (load balance), ``moe/z_loss``,
-    ``moe/dropped`` (fraction of choices over capacity), ``moe/load_e{i}`` (expert i's share),
-    with bias-balanced routing ``moe/bias_e{i}`` (expert i's selection bias)."""
-    layers = jax.tree.leaves(sown, is_leaf=lambda node: isinstance(node, dict) and "penalty" in node)
-    if not layers:
-        return jnp.zeros((), jnp.float32), {}
-
-    def mean(name: str, trailing: int = 0) -> jax.Array:  # over layers (and scanned layers' leading axis)
-        values = [jnp.reshape(layer[name], (-1, *jnp.shape(layer[name])[jnp.ndim(layer[name]) - trailing:]))
-                  for layer in layers]
-        return jnp.concatenate(values).mean(0)
-
-    load = mean("load", trailing=1)
-    metrics = {"moe/aux_loss": mean("balance"), "moe/z_loss": mean("z"), "moe/dropped": mean("dropped"),
-               **{f"moe/load_e{i}": load[i] for i in range(load.shape[0])}}
-    if "bias" in layers[0]:
-        bias = mean("bias", trailing=1)
-        metrics.update({f"moe/bias_e{i}": bias[i] for i in range(bias.shape[0])})
-    return mean("penalty"), metrics
+def _per_expert(prefix: str, values: jax.Array) -> dict[str, jax.Array]:
+    """``values: [expert]`` as scalars named ``{prefix}{i}``."""
+    return {f"{prefix}{i}": values[i] for i in range(values.shape[0])}
 
 
-def _is_route_bias(path: tuple) -> bool:
-    return leaf_name(path) == ROUTE_BIAS
-
-
-def route_bias_rate(model: nn.Module, params: Any) -> float:
-    """The step size of ``model``'s bias-balanced routing (0: none), read from the model's own
-    ``bias_update_rate`` (``MoEGPT`` declares it). ConfigError when ``params`` hold routing
-    biases that no rate would move (a model of the user's with MoE layers, declaring none):
-    the optimizer would otherwise train them as weights."""
-    rate = getattr(model, "bias_update_rate", 0.0)
-    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    if not rate and any(_is_route_bias(path) for path in paths):
-        raise ConfigError(
-            f"architecture.moe.bias_update_rate is set, but {type(model).__name__} declares no bias_update_rate for "
-            f"the train step to apply: subclass MoEGPT, or declare bias_update_rate: float = "
-            f"field(\"architecture.moe.bias_update_rate\", default=0.0) on {type(model).__name__}")
-    return rate
-
-
-def route_bias_signal(grads: Any) -> tuple[Any, Any]:
-    """Split a gradient tree: ``(grads, signal)``, the routing biases' entries zeroed in the first
-    (the optimizer leaves a parameter of zero gradient where it is), their gradients (each
-    expert's load imbalance, ``load - 1 / n_experts`` up to a positive scale) in the second
-    (zero elsewhere)."""
-    signal = jax.tree_util.tree_map_with_path(lambda p, g: g if _is_route_bias(p) else jnp.zeros_like(g), grads)
-    return jax.tree_util.tree_map_with_path(lambda p, g: jnp.zeros_like(g) if _is_route_bias(p) else g, grads), signal
-
-
-def route_bias_step(params: Any, signal: Any, rate: float) -> Any:
-    """DeepSeek-V3's bias update: ``b -= rate x sign(load imbalance)`` for every routing bias."""
-    return jax.tree_util.tree_map_with_path(
-        lambda p, w, g: (w - rate * jnp.sign(g)).astype(w.dtype) if _is_route_bias(p) else w, params, signal)
+def route_bias_rule(rate: float) -> Rule:
+    """DeepSeek-V3's bias update, ``b -= rate x sign(load imbalance)``: the routing bias's
+    gradient is the imbalance (``MoE._sow``), so the rule reads it from there."""
+    return lambda bias, imbalance: (bias - rate * jnp.sign(imbalance)).astype(bias.dtype)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from theseus.training.metrics import format_duration
-from theseus.training.runs import Run, Runs, fmt, load
+from theseus.training.records import Run, Runs, fmt, load
 from theseus.training.seeds import LEVEL, seed_groups, seed_keys
 
 # Charts in this order first, then every other logged key alphabetically; these are never charted.

@@ -2,7 +2,7 @@
 multiple-choice tasks of ``evaluation.multiple_choice`` and the lm-evaluation-harness tasks of
 ``evaluation.lm_eval`` (``eval/TASK/METRIC`` as lm-eval names its metrics).
 
-    evaluations = load_evaluations(cfg, data, model, seed=0, prefetch=0)   # checks every file first
+    evaluations = load_evaluations(settings, data, model, seed=0, prefetch=0)   # checks every file first
     metrics = evaluate(params, evaluations, loss=..., sharding=..., rules=..., share=(0, 1),
                        batch_size=16, batches=10)
     # {"val_loss": ..., "val_bpb": ..., "val_loss/NAME": ..., "val_bpb/NAME": ...,
@@ -27,10 +27,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
-from omegaconf import OmegaConf
 
 from theseus.base.mesh import on_devices
-from theseus.config import ConfigError, Configurable, configuration, configure, field
+from theseus.config import ConfigError, Configurable, field
 from theseus.data.dataset import Dataset
 from theseus.data.mixture import Mixture
 from theseus.data.tokenizer import Tokenizer
@@ -94,20 +93,16 @@ class Evaluations:
     samples: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # TASK -> the latest per-example records
 
 
-def load_evaluations(cfg: Any, data: Dataset | Mixture, model: nn.Module, seed: int, prefetch: int,
-                     settings: EvaluationConfig | None = None) -> Evaluations:
-    """The evaluations ``cfg`` (its ``evaluation.*`` keys, or ``settings`` configured from them
-    already) asks for on ``data``; ConfigError, naming the file and line, for a multiple-choice
-    file that does not load."""
-    if settings is None:
-        with configuration(cfg):
-            settings = configure(EvaluationConfig)
+def load_evaluations(settings: EvaluationConfig, data: Dataset | Mixture, model: nn.Module, seed: int, prefetch: int,
+                     imported: bool = False) -> Evaluations:
+    """The evaluations ``settings`` ask for on ``data``; ConfigError, naming the file and line,
+    for a multiple-choice file that does not load. ``imported``: the model's weights come from
+    a Hugging Face folder, whose vocabulary is its own."""
     sources = ({name: (data.sources[name], weight) for name, weight in data.weights.items()}
                if isinstance(data, Mixture) else {"data": (data, 1.0)})
     tasks = {str(name): load_examples(path, data.tokenizer, model.seq_len)
              for name, path in settings.multiple_choice.items()}
     # an imported checkpoint keeps its vocabulary; a run's own drops the rows padding its tokenizer's
-    imported = OmegaConf.select(OmegaConf.create(cfg), "trainer.init_from")
     vocab_size = model.vocab_size if imported else data.tokenizer.vocab_size
     manager = None
     if settings.lm_eval:

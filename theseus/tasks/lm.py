@@ -2,8 +2,8 @@
 
 An example is a window of ``seq + 1`` token ids, ``int32 [seq + 1]``: the model reads
 ``tokens[:, :-1]`` and is scored on predicting ``tokens[:, 1:]`` by ``cross_entropy``. Training
-adds the auxiliary losses of a mixture-of-experts model's routers (``theseus.model.moe``);
-evaluations score the cross-entropy alone.
+adds what the model's layers sow as auxiliary losses (``theseus.model.module.auxiliary``: a
+mixture of experts' routers, say); evaluations score the cross-entropy alone.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.model.moe import MOE_COLLECTION, moe_losses
+from theseus.model.module import AUXILIARY, auxiliary
 from theseus.tasks.task import LossTask
 
 
@@ -35,16 +35,16 @@ class LanguageModeling(LossTask):
 
     def loss_and_metrics(self, model: nn.Module, params: Any, batch: jax.Array,
                          rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """The next-token loss plus the routers' auxiliary losses (weighted, averaged over MoE
-        layers), and their metrics (``theseus.model.moe.moe_losses``) with ``lm_loss``, the
-        cross-entropy alone; a model without MoE layers gives ``loss`` and no metrics. A subclass
+        """The next-token loss plus the penalty the model's layers sow (``auxiliary``: averaged
+        over the layers that sow it), and their metrics with ``lm_loss``, the cross-entropy
+        alone; a model whose layers sow nothing gives ``loss`` and no metrics. A subclass
         that overrides ``loss`` has its own objective: that, with no metrics."""
         if type(self).loss is not LanguageModeling.loss:
             return super().loss_and_metrics(model, params, batch, rng)
         logits, sown = model.apply({"params": params}, batch[:, :-1], deterministic=rng is None,
-                                   rngs=None if rng is None else {"dropout": rng}, mutable=[MOE_COLLECTION])
+                                   rngs=None if rng is None else {"dropout": rng}, mutable=[AUXILIARY])
         lm_loss = cross_entropy(logits, batch[:, 1:])
-        penalty, metrics = moe_losses(sown)
+        penalty, metrics = auxiliary(sown)
         return lm_loss + penalty, {"lm_loss": lm_loss, **metrics} if metrics else {}
 
     def val_metrics(self, val_loss: float, bytes_per_token: float | None) -> dict[str, float]:

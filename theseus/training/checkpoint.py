@@ -145,3 +145,25 @@ def _shapes(tree: Any) -> list[tuple[int, ...]]:
     """The sorted shapes of a tree's arrays: what must agree for a checkpoint to fit."""
     return sorted(tuple(leaf.shape) for leaf in jax.tree.leaves(tree) if hasattr(leaf, "shape"))
 
+
+def theseus_checkpoint(path: Path) -> Path | None:
+    """``path`` when it holds theseus checkpoints: a run directory with ``checkpoints/``, that
+    folder, or one step's folder in it; None otherwise."""
+    path = Path(path).expanduser()
+
+    def has_steps(folder: Path) -> bool:
+        return folder.is_dir() and any(child.name.isdigit() and child.is_dir() for child in folder.iterdir())
+
+    if has_steps(path / "checkpoints") or has_steps(path):
+        return path
+    if path.name.isdigit() and (path / "state").is_dir():
+        return path
+    return None
+
+
+def run_of(checkpoint: Path) -> Path | None:
+    """The run directory of a theseus checkpoint path (the folder holding ``.hydra/``)."""
+    for folder in (checkpoint, *checkpoint.parents[:2]):
+        if (folder / ".hydra" / "config.yaml").is_file():
+            return folder
+    return None

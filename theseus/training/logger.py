@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from theseus.config import ConfigError, Configurable, field
-from theseus.training.progress import Progress
-from theseus.training.runs import RESULT, record_failure
+from theseus.training.console import Progress
+from theseus.training.records import RESULT, record_failure
 from theseus.training.tensorboard import TensorBoard, job_hparams
 
 

@@ -73,7 +73,7 @@ class LoopState:
     """A run in progress: what the trainer's step and hooks read and update."""
 
     run_dir: Path
-    compiled: Any  # theseus.training.trainer.Compiled
+    compiled: Any  # theseus.training.compiled.Compiled
     state: TrainState
     loader: Any  # theseus.data.loader's: next() -> host batch, last_wait, get_state()
     logger: RunLogger

@@ -17,10 +17,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from theseus.config import ConfigError, registry
 from theseus.config.schema import flatten
+from theseus.training.checkpoint import Checkpointer, theseus_checkpoint
+from theseus.training.optimizer import make_schedule
+from theseus.training.settings import Settings
 
 MAX_STEPS = "trainer.max_steps"
 
@@ -91,7 +95,7 @@ def continue_last(composed: DictConfig) -> DictConfig:
     """``composed`` (a single run's, with its ``hydra`` node) with ``hydra.run.dir`` the run that
     ``trainer.resume=last`` continues; unchanged for any other ``trainer.resume`` or when there
     is none yet (a new run, said on stderr)."""
-    if OmegaConf.select(composed, "trainer.resume") != "last":
+    if composed.trainer.resume != "last":
         return composed
     root = runs_root(composed)
     if root is None:  # a fixed hydra.run.dir: that one is continued
@@ -111,19 +115,48 @@ def continue_last(composed: DictConfig) -> DictConfig:
     return composed
 
 
-def init_from_problem(source: str, saved_optimizer: str | None, optimizer: str, init_optimizer: bool,
-                      saved_params: Mapping[str, tuple[int, ...]], params: Mapping[str, tuple[int, ...]]) -> str | None:
-    """Why ``trainer.init_from=source`` cannot start this run, in one line (None: it can).
+def extension_problem(run_dir: Path, saved_steps: int, optimizer: Any, max_steps: int) -> str | None:
+    """Why ``run_dir`` (trained for ``saved_steps``) cannot go on to ``max_steps``: the steps it
+    has taken would have had other learning rates (a cosine decays over all the steps); None
+    when they keep theirs (a constant schedule, or wsd's stable phase)."""
+    taken = max((int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()), default=0)
+    steps = np.arange(taken)
+    before = np.asarray(make_schedule(optimizer, saved_steps)(steps))
+    after = np.asarray(make_schedule(optimizer, max_steps)(steps))
+    changed = np.flatnonzero(~np.isclose(before, after, rtol=1e-6, atol=0))
+    if not changed.size:
+        return None
+    first = int(changed[0])
+    if optimizer.schedule == "cosine":
+        extends = "a constant or wsd schedule can be extended in place"
+    else:  # the warmup was cut to the steps the run had, or a wsd's decay has begun
+        extends = (f"a {optimizer.schedule} schedule extends in place only once its warmup "
+                   f"(optimizer.warmup_steps={optimizer.warmup_steps}) is over"
+                   + (" and before its decay" if optimizer.schedule == "wsd" else ""))
+    return (f"with optimizer.schedule={optimizer.schedule} the learning rate of step {first + 1} (of the "
+            f"{taken} taken) would have been {after[first]:.3g}, not {before[first]:.3g}. Start a new run from "
+            f"its weights instead: trainer.init_from={run_dir} trainer.max_steps={max_steps} "
+            f"hydra.run.dir=NEW (trainer.init_optimizer=true keeps its optimizer state); {extends}")
 
-    Its optimizer state is taken only from the same optimizer; its weights only where every
-    parameter this run has exists there with the same shape (the first that differs is named).
+
+def check_run_dir(run_dir: Path, composed: DictConfig, settings: Settings) -> None:
+    """Refuse what the run cannot do with ``run_dir`` (before anything is written or compiled).
+
+    ``trainer.resume``: ``never`` refuses a directory with checkpoints; ``auto`` (and ``last``,
+    which has chosen ``run_dir``) refuses to continue one whose saved config differs in shapes,
+    data order or optimizer, or whose ``trainer.max_steps`` changes the learning rates of steps
+    already taken; a path must hold checkpoints.
     """
-    if init_optimizer and saved_optimizer is not None and saved_optimizer != optimizer:
-        return (f"trainer.init_from={source}: its optimizer is {saved_optimizer}, this run's is {optimizer}: drop "
-                f"trainer.init_optimizer or use optimizer={saved_optimizer}")
-    for name, shape in params.items():
-        if saved_params.get(name) != shape:
-            held = "does not exist there" if name not in saved_params else f"is {saved_params[name]} there"
-            return (f"trainer.init_from={source}: parameter {name} is {shape} in this run but {held}: "
-                    f"start from a run of the same architecture (or drop the architecture.* overrides)")
-    return None
+    resume, used = settings.trainer.resume, Checkpointer.exists(run_dir / "checkpoints")
+    if resume == "never" and used:
+        raise ConfigError(f"{run_dir} already has checkpoints and trainer.resume=never: "
+                          f"choose a new hydra.run.dir, or trainer.resume=auto to continue it")
+    if resume not in ("auto", "last", "never") and theseus_checkpoint(Path(resume)) is None:
+        raise ConfigError(f"trainer.resume={resume} is not a checkpoint: give a run directory with "
+                          f"checkpoints/, its checkpoints/ folder or one step's folder (or auto, last, never)")
+    saved = run_dir / ".hydra" / "config.yaml"
+    if resume in ("auto", "last") and used and saved.is_file():
+        old = OmegaConf.to_container(registry.read_saved(saved), resolve=True)
+        problem = extension_problem(run_dir, old["trainer"]["max_steps"], settings.optimizer,
+                                    settings.trainer.max_steps)
+        check_resume(run_dir, old, OmegaConf.to_container(composed, resolve=True), problem)

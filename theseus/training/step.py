@@ -5,19 +5,22 @@ A batch arrives as ``batch: [grad_accum, micro_batch, *example]`` (the task's ex
 micro-batch (its metrics, such as a mixture of experts' routing, are averaged like the loss).
 Gradients of the micro-batches are summed in a ``lax.scan`` so memory holds one micro-batch of
 activations at a time; each micro-batch's loss is scaled by 1 / grad_accum first, so the sum
-is the mean. A model with bias-balanced routing (``bias_update_rate``, see
-``theseus.model.moe``) has its routing biases updated from their gradient channel, outside
-the optimizer.
+is the mean. Parameters the model updates ``outside_optimizer`` (a mixture of experts' routing
+biases) have their gradients taken out before clipping and the optimizer, and their rules
+applied after the update.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
-from theseus.model.moe import route_bias_rate, route_bias_signal, route_bias_step
+from theseus.model.layers import leaf_name
+from theseus.model.module import Rule
 from theseus.tasks.task import LossTask
 from theseus.training.state import TrainState
 
@@ -51,14 +54,11 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
                               jax.eval_shape(micro_loss, state.params, tokens[0], step_key)[1])
     (loss, grads, task_metrics), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros, no_metrics),
                                                   (jnp.arange(n_micro), tokens))
-    bias_rate = route_bias_rate(model, grads)
-    if bias_rate:
-        grads, bias_signal = route_bias_signal(grads)
+    rules = model.outside_optimizer()
+    grads, signals = _split(grads, rules)
     grad_norm = optax.global_norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    if bias_rate:
-        params = route_bias_step(params, bias_signal, bias_rate)
+    params = _apply_rules(optax.apply_updates(state.params, updates), signals, rules)
 
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     first = jnp.where((state.first_nonfinite == 0) & ~finite, state.step + 1, state.first_nonfinite)
@@ -71,6 +71,23 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
     metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
                "nonfinite_skipped": new_state.nonfinite, **task_metrics}
     return new_state, metrics
+
+
+def _split(grads, rules: Mapping[str, Rule]):
+    """``(grads, signals)``: the gradients of parameters named in ``rules`` zeroed in the first
+    (the optimizer leaves a parameter of zero gradient where it is), all of them in the second."""
+    if not rules:
+        return grads, grads
+    return jax.tree_util.tree_map_with_path(lambda path, g: jnp.zeros_like(g) if leaf_name(path) in rules else g,
+                                            grads), grads
+
+
+def _apply_rules(params, signals, rules: Mapping[str, Rule]):
+    """Each parameter named in ``rules`` replaced by ``rule(param, its gradient)``."""
+    if not rules:
+        return params
+    return jax.tree_util.tree_map_with_path(
+        lambda path, p, g: rules[leaf_name(path)](p, g) if leaf_name(path) in rules else p, params, signals)
 
 
 def eval_step(params, batch: jax.Array, *, model: nn.Module, task: LossTask) -> jax.Array:

@@ -29,7 +29,7 @@ from theseus.model.layers import (
     check_vocab_size,
     param,
 )
-from theseus.model.module import Module
+from theseus.model.module import AUXILIARY, Module
 
 # What each block keeps for the backward pass (architecture.remat); "none" keeps everything.
 REMAT_POLICIES: dict[str, Callable] = {
@@ -177,7 +177,7 @@ class GPT(Module):
         def body(block: Module, x: jax.Array, positions: jax.Array, segments: jax.Array | None) -> tuple[jax.Array, None]:
             return block(x, positions, deterministic, segments), None
 
-        scan = nn.scan(body, variable_axes={"params": 0, "cache": 0, "moe": 0}, split_rngs={"params": True, "dropout": True},
+        scan = nn.scan(body, variable_axes={"params": 0, "cache": 0, AUXILIARY: 0}, split_rngs={"params": True, "dropout": True},
                        in_axes=nn.broadcast, length=self.n_layers, metadata_params={nn.PARTITION_NAME: LAYERS})
         return scan(self.h, x, positions, segments)[0]
 

@@ -3,18 +3,19 @@ layer (``model=moe``; the keys ``architecture.moe.*``, see ``theseus.model.moe``
 
     with configuration(cfg):
         model = configure(MoEGPT, vocab_size=256)
-    logits, sown = model.apply({"params": params}, tokens, mutable=["moe"])  # sown: routing statistics
+    logits, sown = model.apply({"params": params}, tokens, mutable=["auxiliary"])  # sown: routing statistics
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 from theseus.config import NON_NEGATIVE, POSITIVE, ConfigError, field
 from theseus.model.layers import Block
 from theseus.model.models.gpt import GPT
-from theseus.model.moe import MoEBlock
-from theseus.model.module import Module
+from theseus.model.moe import ROUTE_BIAS, MoEBlock, route_bias_rule
+from theseus.model.module import Module, Rule
 
 
 class MoEGPT(GPT):
@@ -40,6 +41,10 @@ class MoEGPT(GPT):
     @classmethod
     def components(cls) -> list[type]:
         return [*super().components(), cls.moe_block_cls, cls.dense_block_cls]
+
+    def outside_optimizer(self) -> Mapping[str, Rule]:
+        """Bias-balanced routing's biases, moved by ``bias_update_rate`` against each expert's load."""
+        return {ROUTE_BIAS: route_bias_rule(self.bias_update_rate)} if self.bias_update_rate else {}
 
     def layer_cls(self, index: int) -> type[Module]:
         return self.moe_block_cls if (index + 1) % self.every == 0 else self.dense_block_cls

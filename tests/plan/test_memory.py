@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from support import ROOT, run_python
-from theseus.training.fit_check import check_fit, device_memory
+from theseus.plan.memory import check_fit, device_memory
 
 MiB = 2**20
 # 100 MiB of params, optimizer state and batch, 400 MiB of activations: 500 MiB in all

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from theseus.training.runs import Run, parse_override
+from theseus.training.records import Run, parse_override
 
 
 @pytest.mark.parametrize("override, parsed", [

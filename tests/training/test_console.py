@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from theseus.training.progress import Progress, status
+from theseus.training.console import Progress, status
 
 
 class Clock:
@@ -54,7 +54,7 @@ def test_rich_bar_on_a_terminal(monkeypatch):
 
 
 def test_the_transcript_keeps_what_the_console_showed(tmp_path, capsys):
-    from theseus.training.progress import RunConsole, evaluation_line
+    from theseus.training.console import RunConsole, evaluation_line
 
     log, console, other = tmp_path / "run" / "run.log", RunConsole(), RunConsole()
     console.show("before")  # no transcript open: the console only

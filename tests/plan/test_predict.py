@@ -3,7 +3,7 @@ of the computation it is in, through nested loops (micro-batches around a scan o
 
 from __future__ import annotations
 
-from theseus.training.predict import collective_bytes
+from theseus.plan.predict import collective_bytes
 
 # the shape of a step with trainer.grad_accum=2 around a 3-layer scan, as XLA prints it compiled
 HLO = """HloModule jit_train_step, entry_computation_layout={(f32[16,16]{1,0})->f32[2,16]{1,0}}

@@ -83,7 +83,7 @@ def torus(chips: int, dims: int) -> str:
     return "x".join(map(str, sorted(sides)))
 
 
-def resolve(name: str) -> Target:
+def target_named(name: str) -> Target:
     """The compile-only devices of target ``name`` (ConfigError for an unknown name or a missing extra)."""
     kind, model, n, nodes = parse(name)
     import jax

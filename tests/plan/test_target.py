@@ -10,7 +10,7 @@ import re
 import pytest
 
 from support import run_python
-from theseus.base.target import parse, torus
+from theseus.plan.target import parse, torus
 from theseus.config import ConfigError
 from theseus.training.config import TrainerConfig
 

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 import jax
 
+from theseus.config import ConfigError
 from theseus.training.metrics import format_bytes
+from theseus.training.parts import Run
 
 REMAT_ORDER = ("none", "dots", "full")  # least memory last
 
@@ -107,3 +109,24 @@ def check_fit(memory: Mapping[str, int], limit: int, source: str, *, batch_size:
         advice = ("no trainer.grad_accum dividing the batch fits, nor a remat policy: lower trainer.batch_size "
                   "or architecture.seq_len, or shard over more devices")
     return Fit(needed, limit, source, advice + tried + untried)
+
+
+def fit_of(run: Run, compile_memory: Callable[[str, int | str], dict[str, int]] | None = None) -> Fit:
+    """Whether ``run``'s compiled step fits its device (``trainer.memory_limit`` overrides its
+    size; a target's HBM for a planned run); ``compile_memory(key, value)``, when given,
+    compiles the step under an advised setting first."""
+    s = run.settings.trainer
+    limit, source = ((s.memory_limit, "trainer.memory_limit") if s.memory_limit
+                     else (int(run.target.hbm), f"{run.target.chip.name} HBM") if run.target
+                     else device_memory(jax.local_devices()[0]))
+    return check_fit(run.compiled.memory, limit, source, batch_size=s.batch_size, grad_accum=s.grad_accum,
+                     parallel=run.batch_parallel, remat=getattr(run.model, "remat", None),
+                     compile_memory=compile_memory)
+
+
+def check_memory(run: Run) -> None:
+    """ConfigError when the compiled train step does not fit the device, with what would."""
+    if run.compiled.memory:
+        fit = fit_of(run)
+        if not fit.fits:
+            raise ConfigError(fit.problem())

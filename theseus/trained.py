@@ -23,19 +23,18 @@ from jax.sharding import Mesh
 from omegaconf import DictConfig, OmegaConf
 
 from theseus.base.axis import ShardingPlan
-from theseus.base.mesh import make_mesh, use_cpu_devices
 from theseus.config import ConfigError, registry
-from theseus.config.compose import compose
+from theseus.config.compose import compose, with_values
 from theseus.data.dataset import open_dataset
 from theseus.data.tokenizer import JSON_FILE, HFTokenizer, Tokenizer
 from theseus.interop.hf_config import CONFIG_FILE, arch_of
 from theseus.interop.init_from import KEY as INIT_FROM
-from theseus.interop.init_from import apply_init_from, model_choice
+from theseus.interop.init_from import hf_folder, init_from_values, model_choice
 from theseus.interop.loading import load_params
+from theseus.recipe import assemble
 from theseus.training.checkpoint import Checkpointer
-from theseus.training.optimizer import make_optimizer
-from theseus.training.resolve import configure_settings, resolve_model
-from theseus.training.state import TrainState, sharded_init
+from theseus.training.settings import configure_settings
+from theseus.training.state import TrainState
 
 SAVED_CONFIG = Path(".hydra") / "config.yaml"
 
@@ -52,6 +51,7 @@ class Trained:
     mesh: Mesh
     plan: ShardingPlan
     step: int | None  # the checkpoint's step; None: a Hugging Face folder's weights
+    hf_source: Path | None  # the Hugging Face folder the run started from (its vocabulary, special tokens)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -105,16 +105,15 @@ def load_trained(path: Path, step: int | None = None) -> Trained:
     one, or ``step``) or of a Hugging Face folder, sharded over the config's mesh; ConfigError
     when there is none, or the folder lacks its tokenizer.json."""
     path = path.expanduser()
-    cfg = apply_init_from(source_config(path))
-    settings = configure_settings(cfg)
-    use_cpu_devices(settings.mesh.cpu_devices)  # before anything counts the devices
-    tokenizer = open_dataset(settings.data).tokenizer if is_run_dir(path) else _folder_tokenizer(path)
-    cfg, model, plan = resolve_model(cfg, tokenizer.vocab_size, settings.mesh)
-    mesh = make_mesh(settings.mesh)
-    tx, _ = make_optimizer(settings.optimizer, settings.trainer.max_steps)  # a checkpoint's state holds its too
-    _, target, _ = sharded_init(model, tx, model.seq_len, settings.trainer.seed, plan, mesh)
-    params, at = trained_params(path, step, model, target)
-    return Trained(path, cfg, model, params, tokenizer, mesh, plan, at)
+    cfg = source_config(path)
+    if is_run_dir(path):  # the run's own tokenizer (its data's: a char or bpe one is fitted to it)
+        tokenizer = open_dataset(configure_settings(with_values(cfg, init_from_values(cfg))).data).tokenizer
+    else:
+        tokenizer = _folder_tokenizer(path)
+    run = assemble(cfg, steps=None, tokenizer=tokenizer)
+    params, at = trained_params(path, step, run.model, run.compiled.target)
+    return Trained(path, run.cfg, run.model, params, tokenizer, run.compiled.mesh, run.plan, at,
+                   hf_folder(run.settings.trainer.init_from))
 
 
 def _folder_tokenizer(folder: Path) -> Tokenizer:

@@ -1,0 +1,94 @@
+"""``trainer.dry_run=true``: assemble and compile a run, report what it would take, write nothing.
+
+It prints the parameters, FLOPs and XLA's memory per device, whether the step fits (and what
+would make it fit), and with ``mesh.target`` the step's predicted time on that hardware
+(``theseus.plan.predict``) with the tokens/s, MFU and chip-hours it implies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from omegaconf import DictConfig, OmegaConf
+
+from theseus.plan.memory import fit_of
+from theseus.plan.predict import Prediction, predict
+from theseus.training.metrics import format_bytes, format_duration, format_si
+from theseus.training.parts import Run
+from theseus.training.console import RunConsole
+from theseus.training.state import n_params
+from theseus.training.summary import describe
+
+ADVICE_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each setting it would advise
+
+
+def dry_run(cfg: DictConfig, assemble: Callable[[DictConfig], Run]) -> dict[str, Any]:
+    """Assemble ``cfg`` (``assemble``: ``theseus.recipe.assemble``), print its plan; returns the
+    plan's summary (a sweep's row): target, fits, memory, limit, step_s, chip_hours."""
+    run = assemble(cfg)
+    compiled, devices, target = run.compiled, run.devices, run.target
+    peak, _ = run.peak
+
+    def compile_memory(key: str, value: int | str) -> dict[str, int]:
+        changed = cfg.copy()
+        OmegaConf.update(changed, key, value, force_add=True)
+        return assemble(changed).compiled.memory
+
+    rows = describe(run, n_params(compiled.target.params))
+    rows.append(("step time at 100% MFU", duration(run.flops_per_step / (peak * len(devices)))))
+    rows.append(("compile time", duration(compiled.seconds)))
+    fit = (fit_of(run, compile_memory if compiled.seconds < ADVICE_COMPILE_BUDGET_S else None)
+           if compiled.memory else None)
+    rows += fit.rows() if fit else []
+    prediction = _predict(run) if target else None
+    if prediction:
+        rows += _prediction_rows(run, prediction)
+    console = RunConsole()
+    if jax.process_index() == 0:
+        console.show_table(f"theseus dry run for {target.name}" if target else "theseus dry run", rows)
+        if fit and not fit.fits:
+            console.show(fit.message())
+    return {"target": target.name if target else None, "fits": fit.fits if fit else None,
+            "memory": fit.needed if fit else None, "limit": fit.limit if fit else None,
+            "step_s": prediction.step_s if prediction else None,
+            "chip_hours": _chip_hours(run, prediction.step_s) if prediction else None}
+
+
+def _predict(run: Run) -> Prediction:
+    """The roofline of the step on the target's devices (see ``theseus.plan.predict``)."""
+    compiled, target = run.compiled, run.target
+    flops = max(run.flops_per_step, compiled.xla_flops or 0) / len(run.devices)
+    return predict(compiled.step, flops_per_device=flops, peak=run.peak[0], hbm_bandwidth=target.hbm_bandwidth,
+                   interconnect=target.interconnect, memory=compiled.memory,
+                   loop_trips=run.settings.trainer.grad_accum)
+
+
+def _chip_hours(run: Run, step_s: float) -> float:
+    return step_s * run.settings.trainer.max_steps * len(run.devices) / run.target.per_chip / 3600
+
+
+def _prediction_rows(run: Run, p: Prediction) -> list[tuple[str, str]]:
+    target, step, peak = run.target, p.step_s, run.peak[0]
+    mfu = run.flops_per_step / (step * peak * len(run.devices))
+    return [
+        ("predicted: compute / step", f"{duration(p.compute_s)} (FLOPs at peak)"),
+        ("predicted: memory / step", f"{duration(p.memory_s)} (HBM bytes {p.bytes_source}, "
+                                     f"{format_si(target.hbm_bandwidth, 'B/s')})"),
+        ("predicted: collectives / step", f"{duration(p.collective_s)} ({format_bytes(p.sent)} sent per device "
+                                          f"at {format_si(target.interconnect, 'B/s')})"),
+        ("predicted: step time", f"{duration(step)} ({p.bound}-bound; roofline, collectives not overlapped)"
+         + (f"; XLA's estimate {duration(p.xla_optimal_s)}" if p.xla_optimal_s else "")),
+        ("predicted: tokens / s", format_si(run.tokens_per_step / step)),
+        ("predicted: MFU", f"{mfu:.1%}"),
+        ("predicted: chip-hours",
+         f"{_chip_hours(run, step):.3g} for trainer.max_steps={run.settings.trainer.max_steps}"),
+    ]
+
+
+def duration(seconds: float) -> str:
+    """A short span in the unit that reads best: ``2.31 ms``, ``4.5 s``, ``13m05s``."""
+    if seconds < 1:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds:.3g} s" if seconds < 60 else format_duration(seconds)

@@ -1,0 +1,164 @@
+"""The recipe: a composed config assembled into a run, in the order a reader expects.
+
+    run = assemble(cfg, run_dir)          # settings, data, model, plan, mesh, state, compiled steps
+    Trainer(run).run(run_dir)             # the loop
+
+Every command assembles through ``assemble``: ``theseus.run`` (training, and the dry run of
+``theseus.plan``), ``theseus.evaluate`` (``steps="eval"``), and ``sample`` and ``export``
+(``theseus.trained.load_trained``: no steps, the tokenizer given). Each check raises a
+ConfigError in one line, before the work it guards.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from pathlib import Path
+
+import jax
+from omegaconf import DictConfig, OmegaConf
+
+from theseus.base.axis import BATCH_MESH_AXES
+from theseus.base.mesh import auto_cpu_devices, make_mesh, use_cpu_devices
+from theseus.config import ConfigError, configuration, configure
+from theseus.config.compose import with_values
+from theseus.config.registry import chosen
+from theseus.data.dataset import open_dataset, planned_vocab_size
+from theseus.data.tokenizer import Tokenizer
+from theseus.interop.hf_config import arch_of
+from theseus.interop.init_from import hf_folder, init_from_values
+from theseus.interop.loading import load_params
+from theseus.plan.memory import check_memory
+from theseus.plan.target import Target, target_named
+from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
+from theseus.tasks.task import LossTask, task_class
+from theseus.training import init_from
+from theseus.training.batches import batch_share
+from theseus.training.compiled import Compiled, Steps, compile_steps
+from theseus.training.logger import LoggerConfig, scrub, secrets
+from theseus.training.parts import Run, prefetch
+from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
+from theseus.training.resume import check_run_dir
+from theseus.training.state import TrainState
+
+
+def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "train",
+             tokenizer: Tokenizer | None = None) -> Run:
+    """The run ``cfg`` describes, checked and built.
+
+    ``run_dir``: the directory it trains in (its resume and ``trainer.init_from`` checked before
+    compiling, its memory after). ``steps``: ``"train"``, ``"eval"`` (the eval step alone) or
+    None (the state's layout only). ``tokenizer``: the model's, when no data is read (sample,
+    export); a planned run (``mesh.target``) reads none either: its tokenizer sizes the vocabulary.
+    """
+    composed, derived = cfg, init_from_values(cfg)  # trainer.init_from's architecture and tokenizer
+    cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
+    settings = configure_settings(cfg)  # trainer, optimizer, data, mesh: each checked
+    with configuration(cfg):
+        task, evaluation, logging = configure(task_class(cfg)), configure(EvaluationConfig), configure(LoggerConfig)
+    if not isinstance(task, LossTask):
+        raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
+                          f"run it with python -m theseus.run")
+    target = _target(settings)
+    devices = target.devices if target else _local_devices(settings, auto=tokenizer is None)
+    _check_batch(settings, settings.mesh.shape(len(devices)), target.process_count if target else jax.process_count())
+    declared_vocab = check_model(cfg)  # the model's own checks, before the data (which can take minutes)
+
+    dataset = None if target or tokenizer else open_dataset(settings.data)
+    tokens = (planned_vocab_size(settings.data, declared_vocab) if target
+              else (tokenizer or dataset.tokenizer).vocab_size)
+    derived["architecture.vocab_size"] = vocab_size(tokens, declared_vocab)
+    cfg = with_values(composed, derived)
+    model, plan = configure_model(cfg, settings.mesh)
+    if dataset is not None:
+        _check_windows(dataset, model.seq_len)
+    imported = hf_folder(settings.trainer.init_from) is not None  # a folder's weights keep its vocabulary
+    evaluations = (load_evaluations(evaluation, dataset, model, settings.data.seed, prefetch(settings.data), imported)
+                   if dataset is not None else None)
+    if run_dir is not None:
+        check_run_dir(run_dir, composed, settings)
+        init_from.check(settings, model)
+
+    mesh = make_mesh(settings.mesh, devices)
+    if steps == "train":
+        _say_compiling(model, devices, settings)
+    compiled = compile_steps(model, task, plan, mesh, settings, steps)
+    share = (0, 1) if target else batch_share(mesh, settings.trainer.batch_size // settings.trainer.grad_accum)
+    run = Run(composed=composed, derived=derived, cfg=cfg, record=scrub(OmegaConf.to_container(cfg, resolve=True),
+              secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,
+              devices=devices, compiled=compiled, dataset=dataset, evaluations=evaluations, batch_share=share,
+              start=_start(settings, model), target=target)
+    if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
+        check_memory(run)
+    return run
+
+
+def _target(settings: Settings) -> Target | None:
+    """``mesh.target``'s compile-only devices, for a dry run only."""
+    if not settings.mesh.target:
+        return None
+    if not settings.trainer.dry_run:
+        raise ConfigError(f"mesh.target={settings.mesh.target} plans a run on hardware this machine lacks: "
+                          f"add trainer.dry_run=true (or drop mesh.target to train here)")
+    return target_named(settings.mesh.target)
+
+
+def _local_devices(settings: Settings, auto: bool) -> list:
+    """This machine's devices; on a CPU ``mesh.cpu_devices`` of them, else (``auto``: a run, not
+    a model loaded to sample or export) one per core where the micro-batch splits so. JAX's CPU
+    backend is sized before anything counts its devices."""
+    s, given = settings.trainer, settings.mesh.cpu_devices
+    micro = s.batch_size // s.grad_accum if s.batch_size % s.grad_accum == 0 else 1
+    use_cpu_devices(given or (auto_cpu_devices(settings.mesh, micro) if auto else None), given=given is not None)
+    return jax.devices()
+
+
+def _check_batch(settings: Settings, mesh_shape: dict[str, int], processes: int) -> None:
+    """The batch splits over accumulation, the batch's mesh axes and the processes."""
+    s = settings.trainer
+    parallel = math.prod(mesh_shape[axis] for axis in BATCH_MESH_AXES)
+    if s.batch_size % (s.grad_accum * parallel):
+        raise ConfigError(f"trainer.batch_size={s.batch_size} must divide by trainer.grad_accum={s.grad_accum} x "
+                          f"mesh.data x mesh.fsdp x mesh.expert={parallel}: use a multiple of "
+                          f"{s.grad_accum * parallel}")
+    if s.batch_size % processes:
+        raise ConfigError(f"trainer.batch_size={s.batch_size} must divide by the {processes} "
+                          f"processes: each reads an equal share of every batch")
+
+
+def _check_windows(dataset, seq_len: int) -> None:
+    """Each split holds at least one window of ``seq_len + 1`` tokens."""
+    for split in ("train", "val"):
+        if dataset.n_tokens(split) < seq_len + 1:
+            raise ConfigError(f"the {split} split has {dataset.n_tokens(split)} tokens, fewer than one window of "
+                              f"architecture.seq_len+1={seq_len + 1}: lower architecture.seq_len, use more data or "
+                              f"raise data.val_fraction")
+
+
+def _say_compiling(model, devices: list, settings: Settings) -> None:
+    """The first line of a run, before the compile that takes seconds to minutes."""
+    if jax.process_index():
+        return
+    n, shape = len(devices), settings.mesh.shape(len(devices))
+    mesh = " x ".join(f"{k}={v}" for k, v in shape.items() if v > 1)
+    print(f"theseus: compiling {type(model).__name__}'s train step for {n} {devices[0].device_kind} "
+          f"device{'s' if n > 1 else ''}" + (f" ({mesh})" if mesh else ""), file=sys.stderr, flush=True)
+
+
+def _start(settings: Settings, model):
+    """How a new run's state is made (``(compiled, say) -> (state, loader state)``): initialised,
+    or with ``trainer.init_from``'s weights (a theseus checkpoint, or a Hugging Face folder's,
+    loaded onto their shards after the initialised params are dropped)."""
+    given = settings.trainer.init_from
+    if given is None:
+        return lambda compiled, say: (compiled.init(), None)
+    if init_from.source(given) is not None:
+        return functools.partial(init_from.start, settings=settings)
+    return functools.partial(_from_folder, folder=Path(given).expanduser(), arch=arch_of(model))
+
+
+def _from_folder(compiled: Compiled, say, folder: Path, arch) -> tuple[TrainState, dict | None]:
+    say(f"starting from the weights of {folder}")
+    state = compiled.init().replace(params=None)
+    return state.replace(params=load_params(folder, arch, compiled.target.params)), None

@@ -1,0 +1,73 @@
+"""A run's steps compiled ahead of time for its mesh: the state's sharded layout, the train
+step (with XLA's FLOPs and memory) and the eval step. The one place the jit boundaries are."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import flax.linen as nn
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from theseus.base.axis import ShardingPlan
+from theseus.base.mesh import compiler_options
+from theseus.tasks.task import LossTask
+from theseus.training.batches import batch_sharding
+from theseus.training.metrics import memory_report, xla_flops
+from theseus.training.optimizer import make_optimizer
+from theseus.training.settings import Settings
+from theseus.training.state import TrainState, sharded_init
+from theseus.training.step import eval_step, train_step
+
+
+Steps = Literal["train", "eval"] | None  # which steps to compile: both, the eval step alone, none (a layout)
+
+
+@dataclass
+class Compiled:
+    """The mesh, the state's layout and the compiled steps."""
+
+    mesh: Mesh
+    init: Any  # () -> TrainState, created sharded
+    target: TrainState  # ShapeDtypeStructs with shardings: what a checkpoint restores onto
+    step: Any  # (state, batch [accum, micro, *example], key) -> (state, metrics); donates state. None: not compiled
+    eval_step: Any  # (params, batch [micro, *example]) -> loss. None: not compiled
+    xla_flops: float | None  # XLA's count for one step, all devices
+    memory: dict[str, int]  # XLA's memory analysis of the step, bytes per device ({}: no train step)
+    seconds: float = 0.0  # how long the steps took to compile
+
+
+def compile_steps(model: nn.Module, task: LossTask, plan: ShardingPlan, mesh: Mesh, settings: Settings,
+                  steps: Steps) -> Compiled:
+    """The state's layout on ``mesh``; ``steps="train"``: the train and eval steps compiled,
+    ``"eval"``: the eval step alone, None: neither (a checkpoint to read)."""
+    s = settings.trainer
+    devices = list(mesh.devices.flat)
+    tx, schedule = make_optimizer(settings.optimizer, s.max_steps)
+    init, target, shardings = sharded_init(model, tx, model.seq_len, s.seed, plan, mesh)
+    if steps is None:
+        return Compiled(mesh, init, target, None, None, None, {})
+    replicated = NamedSharding(mesh, PartitionSpec())
+    micro = s.batch_size // s.grad_accum
+    example = task.example(model.seq_len)
+    tokens = jax.ShapeDtypeStruct((s.grad_accum, micro, *example.shape), example.dtype,
+                                  sharding=batch_sharding(mesh, accumulated=True))
+    eval_tokens = jax.ShapeDtypeStruct((micro, *example.shape), example.dtype, sharding=batch_sharding(mesh))
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+    step = jax.jit(functools.partial(train_step, model=model, task=task, tx=tx, schedule=schedule,
+                                     skip_nonfinite=s.skip_nonfinite),
+                   out_shardings=(shardings, replicated), donate_argnums=0)
+    loss = jax.jit(functools.partial(eval_step, model=model, task=task), out_shardings=replicated)
+    began = time.perf_counter()
+    with jax.set_mesh(mesh), nn.logical_axis_rules(plan.rules()):
+        options = compiler_options(devices)
+        step = step.lower(target, tokens, key).compile(options) if steps == "train" else None
+        loss = loss.lower(target.params, eval_tokens).compile(options)
+    measured = xla_flops(step) if step is not None else None
+    if measured is not None:  # XLA counts one device's share, and a scan's body once
+        measured *= len(devices) * s.grad_accum
+    return Compiled(mesh, init, target, step, loss, measured, memory_report(step) if step is not None else {},
+                    time.perf_counter() - began)

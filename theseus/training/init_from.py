@@ -1,0 +1,98 @@
+"""``trainer.init_from`` a theseus checkpoint: a new run that starts from another's weights
+(with ``trainer.init_optimizer`` its optimizer state, with ``trainer.init_data`` its data
+position), at step 0. A Hugging Face folder is ``theseus.interop``'s."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import flax.linen as nn
+from jax.sharding import NamedSharding, PartitionSpec
+from optax import ScaleByScheduleState
+
+from theseus.config import ConfigError
+from theseus.config.registry import chosen, read_saved
+from theseus.training.checkpoint import Checkpointer, path_shapes, run_of, theseus_checkpoint
+from theseus.training.compiled import Compiled
+from theseus.training.settings import Settings
+from theseus.training.state import TrainState, param_shapes
+
+Say = Callable[[str], None]
+
+
+def source(init_from: str | None) -> tuple[Checkpointer, Any, str | None] | None:
+    """``init_from`` when a theseus checkpoint: its checkpoints, the layout of the state it
+    holds and its optimizer (None: unknown); None for a Hugging Face folder or none."""
+    found = init_from and theseus_checkpoint(Path(init_from))
+    if not found:
+        return None
+    checkpoints, run = Checkpointer.at(found), run_of(found)
+    optimizer = chosen(read_saved(run / ".hydra" / "config.yaml"), "optimizer") if run else None
+    return checkpoints, checkpoints.saved_layout(checkpoints.requested_step), optimizer
+
+
+def check(settings: Settings, model: nn.Module) -> None:
+    """ConfigError when ``trainer.init_from`` (a theseus checkpoint) cannot start this run:
+    another optimizer's state asked for, a parameter of another shape (before compiling)."""
+    found = source(settings.trainer.init_from)
+    if found is None:
+        return
+    _, layout, optimizer = found
+    s = settings.trainer
+    problem = init_from_problem(s.init_from, optimizer, settings.optimizer.name, s.init_optimizer,
+                                path_shapes(layout["params"]), path_shapes(param_shapes(model, model.seq_len)))
+    if problem:
+        raise ConfigError(problem)
+
+
+def start(compiled: Compiled, say: Say, settings: Settings) -> tuple[TrainState, dict | None]:
+    """The state at step 0 from the checkpoint ``trainer.init_from`` names: its params, with
+    ``trainer.init_optimizer`` its optimizer state (the schedule's own count reset: the new
+    run's schedule starts at 0), and with ``trainer.init_data`` its loader state."""
+    s = settings.trainer
+    checkpoints, layout, optimizer = source(s.init_from)
+    target = compiled.target
+    if optimizer not in (None, settings.optimizer.name):  # another optimizer's state: read, then dropped
+        replicated = NamedSharding(compiled.mesh, PartitionSpec())
+        target = target.replace(opt_state=jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated), layout["opt_state"]))
+    restored = checkpoints.restore(target, step=checkpoints.requested_step, report=say)
+    if restored is None:
+        raise ConfigError(f"trainer.init_from={s.init_from}: no readable checkpoint there")
+    other, loader_state, _config, step = restored
+    parts = ["weights", *(["optimizer state"] if s.init_optimizer else []),
+             *(["data position"] if s.init_data else [])]
+    say(f"starting from the {', '.join(parts)} of {checkpoints.directory / str(step)}")
+    state = compiled.init().replace(params=other.params)
+    if s.init_optimizer:
+        state = state.replace(opt_state=restart_schedule(other.opt_state))
+    return state, loader_state if s.init_data else None
+
+
+def init_from_problem(source: str, saved_optimizer: str | None, optimizer: str, init_optimizer: bool,
+                      saved_params: Mapping[str, tuple[int, ...]], params: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Why ``trainer.init_from=source`` cannot start this run, in one line (None: it can).
+
+    Its optimizer state is taken only from the same optimizer; its weights only where every
+    parameter this run has exists there with the same shape (the first that differs is named).
+    """
+    if init_optimizer and saved_optimizer is not None and saved_optimizer != optimizer:
+        return (f"trainer.init_from={source}: its optimizer is {saved_optimizer}, this run's is {optimizer}: drop "
+                f"trainer.init_optimizer or use optimizer={saved_optimizer}")
+    for name, shape in params.items():
+        if saved_params.get(name) != shape:
+            held = "does not exist there" if name not in saved_params else f"is {saved_params[name]} there"
+            return (f"trainer.init_from={source}: parameter {name} is {shape} in this run but {held}: "
+                    f"start from a run of the same architecture (or drop the architecture.* overrides)")
+    return None
+
+
+def restart_schedule(opt_state: Any) -> Any:
+    """``opt_state`` with every learning-rate schedule's step count at 0 (the moments kept)."""
+    def reset(node: Any) -> Any:
+        return node._replace(count=jax.numpy.zeros_like(node.count)) if isinstance(node, ScaleByScheduleState) else node
+
+    return jax.tree.map(reset, opt_state, is_leaf=lambda node: isinstance(node, ScaleByScheduleState))

@@ -1,0 +1,99 @@
+"""``Run``: a run's parts, as ``theseus.recipe.assemble`` puts them together; the trainer loops
+over one, and evaluate, sample, export and the dry run read one."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import flax.linen as nn
+import jax
+from omegaconf import DictConfig
+
+from theseus.base.axis import BATCH_MESH_AXES, ShardingPlan
+from theseus.base.hardware import peak_flops
+from theseus.data.config import DataConfig
+from theseus.tasks.evaluation import EvaluationConfig, Evaluations, evaluate
+from theseus.tasks.task import LossTask
+from theseus.training.batches import batch_sharding
+from theseus.training.compiled import Compiled
+from theseus.training.logger import LoggerConfig
+from theseus.training.settings import Settings
+from theseus.training.state import TrainState
+
+
+@dataclass
+class Run:
+    """Everything a run is made of, resolved and checked."""
+
+    composed: DictConfig  # the config as composed and checked, unchanged
+    derived: dict[str, Any]  # what the run derived (dotted keys): its vocabulary, trainer.init_from's architecture
+    cfg: DictConfig  # composed with derived laid over it: what every part was configured from
+    record: dict[str, Any]  # cfg resolved, secrets scrubbed: what checkpoints, W&B and the logger record
+    settings: Settings
+    task: LossTask
+    evaluation: EvaluationConfig
+    logging: LoggerConfig
+    model: nn.Module
+    plan: ShardingPlan
+    devices: list  # the mesh's devices (a planned target's, compile-only, for a dry run)
+    compiled: Compiled
+    dataset: Any  # the data's Dataset or Mixture; None when not read (a planned run, sample, export)
+    evaluations: Evaluations | None
+    batch_share: tuple[int, int]  # (index, count): the share of every batch this process reads
+    start: Callable[[Compiled], tuple[TrainState, dict | None]]  # a new run's state and loader state
+    target: Any = None  # mesh.target's theseus.plan.target.Target, for a dry run
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        return self.settings.mesh.shape(len(self.devices))
+
+    @property
+    def batch_parallel(self) -> int:
+        """The devices a batch is split over: the product of the batch's mesh axes' sizes."""
+        return math.prod(self.mesh_shape[axis] for axis in BATCH_MESH_AXES)
+
+    @property
+    def micro_batch(self) -> int:
+        return self.settings.trainer.batch_size // self.settings.trainer.grad_accum
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.settings.trainer.batch_size * self.model.seq_len
+
+    @functools.cached_property
+    def flops_per_step(self) -> int:
+        """Model FLOPs of one optimizer step: ``model.flops(seq)`` per sequence."""
+        return self.model.flops(self.model.seq_len) * self.settings.trainer.batch_size
+
+    @functools.cached_property
+    def peak(self) -> tuple[float, str]:
+        """FLOP/s per device for MFU, and where the figure comes from: ``trainer.peak_flops``,
+        the target's or the device's table entry, or a measured calibration (a CPU)."""
+        dtype, given = self.model._activation_dtype, self.settings.trainer.peak_flops
+        if self.target and given is None and self.target.peak(dtype):
+            return self.target.peak(dtype), f"table: {self.target.chip.name}"
+        return peak_flops(self.devices[0] if self.target else jax.local_devices()[0], dtype, given)
+
+    @property
+    def prefetch(self) -> int:
+        return prefetch(self.settings.data)
+
+    def evaluate(self, params: Any) -> dict[str, float]:
+        """Every evaluation's metrics (``val_loss``, per source, multiple-choice and lm-eval
+        tasks) on ``trainer.eval_batches`` batches of each validation split (the same each time)."""
+        return evaluate(params, self.evaluations, loss=self.compiled.eval_step, val_metrics=self.task.val_metrics,
+                        sharding=batch_sharding(self.compiled.mesh), rules=self.plan.rules(),
+                        share=self.batch_share, batch_size=self.micro_batch,
+                        batches=self.settings.trainer.eval_batches)
+
+
+def prefetch(data: DataConfig) -> int:
+    """Batches the loader's thread gathers ahead: ``data.prefetch``, else 8, or none on a CPU
+    backend, where the thread would compete with the step for the same cores."""
+    if data.prefetch is not None:
+        return data.prefetch
+    return 0 if jax.default_backend() == "cpu" else 8

@@ -1,0 +1,95 @@
+"""A composed config resolved into a run's parts: each group's settings, then the model and its
+sharding plan, configured with the tokenizer's vocabulary.
+
+    settings = configure_settings(cfg)                     # trainer, optimizer, data, mesh: checked
+    declared = check_model(cfg)                            # the model's own checks, before the data
+    vocab = vocab_size(tokenizer.vocab_size, declared)     # the run derives it: laid over cfg (with_values)
+    model, plan = configure_model(with_values(cfg, {"architecture.vocab_size": vocab}), settings.mesh)
+
+``theseus.recipe.assemble`` resolves every run this way (to train, plan, evaluate, sample or
+export), so a checkpoint is read with the model and layout that wrote it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+from omegaconf import DictConfig
+
+from theseus.base.axis import ShardingPlan
+from theseus.base.mesh import MeshConfig
+from theseus.config import POSITIVE, ConfigError, Configurable, configuration, configure, field
+from theseus.config.registry import model_class
+from theseus.data.config import DataConfig
+from theseus.training.config import TrainerConfig
+from theseus.training.optimizer import optimizer_class
+
+VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The settings of a run's config groups, each checked (its own ranges) when configured."""
+
+    trainer: TrainerConfig
+    optimizer: Any  # the chosen optimizer's config (``optimizer_class``)
+    data: DataConfig
+    mesh: MeshConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary(Configurable):
+    """The vocabulary as the config declares it, read before the model (whose own check
+    refuses it unset): None takes the tokenizer's, padded (``vocab_size``)."""
+
+    size: int | None = field("architecture.vocab_size", default=None, check=POSITIVE,
+                             help="vocabulary; None: the tokenizer's")
+
+
+def configure_settings(cfg: DictConfig) -> Settings:
+    """``cfg``'s trainer, optimizer, data and mesh settings, configured in that order (the first
+    bad key is the one reported)."""
+    with configuration(cfg):
+        return Settings(configure(TrainerConfig), configure(optimizer_class(cfg)), configure(DataConfig),
+                        configure(MeshConfig))
+
+
+def check_model(cfg: DictConfig) -> int | None:
+    """The model's own checks (its keys' ranges, shapes that must divide), raised before the
+    data is prepared, which can take minutes; returns ``architecture.vocab_size`` as declared
+    (None: the tokenizer's).
+
+    The vocabulary is a stand-in here when undeclared (VOCAB_MULTIPLE): the run's own is known
+    only once the data is prepared whenever the tokenizer comes from the corpus (``char`` is
+    fitted to it, ``bpe`` trained on it may hold fewer tokens than ``data.bpe_vocab_size``, a
+    shard folder records its own in meta.json). Configuring a module allocates nothing;
+    ``configure_model`` then configures the run's model once, with the vocabulary.
+    """
+    with configuration(cfg):
+        declared = configure(Vocabulary).size
+        configure(model_class(cfg), vocab_size=declared or VOCAB_MULTIPLE)
+    return declared
+
+
+def configure_model(cfg: DictConfig, mesh: MeshConfig) -> tuple[nn.Module, ShardingPlan]:
+    """``(model, plan)``: the model ``cfg`` configures (its vocabulary set: ``vocab_size``) and
+    its sharding plan with ``mesh``'s overrides applied."""
+    with configuration(cfg):
+        model = configure(model_class(cfg))
+    return model, mesh.apply(model.plan())
+
+
+def vocab_size(tokenizer_size: int, declared: int | None) -> int:
+    """``architecture.vocab_size`` for a tokenizer of ``tokenizer_size`` tokens: ``declared``
+    (checked to hold them), else the tokenizer's size rounded up to a multiple of VOCAB_MULTIPLE,
+    so that the embedding splits evenly over tensor-parallel devices and matmuls tile well
+    (nanoGPT pads GPT-2's 50257 to 50304 for the same reason); the extra rows are never targets.
+    """
+    if declared is not None and declared < tokenizer_size:
+        raise ConfigError(
+            f"architecture.vocab_size={declared} is smaller than the tokenizer's vocabulary ({tokenizer_size}): "
+            f"set architecture.vocab_size>={tokenizer_size} or leave it unset"
+        )
+    return declared or -(-tokenizer_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
