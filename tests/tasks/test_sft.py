@@ -155,14 +155,14 @@ def test_val_loss_is_the_masked_mean_over_the_validation_conversations():
     mean over all their masked targets, each conversation scored alone."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from theseus.tasks.evaluation import evaluate, load_evaluations
+    from theseus.tasks.evaluation import EvaluationConfig, evaluate, load_evaluations
 
     data = Conversations.encode(rows(30), ChatTemplate.find("byte"), ByteTokenizer(), val_fraction=0.4, seed=3)
     model = tiny_gpt("rope")
     seq = 191
     params = model.init(jax.random.key(1), jnp.zeros((1, seq), jnp.int32))["params"]
     task = SupervisedFineTuning()
-    evaluations = load_evaluations({}, data, model, seed=0, prefetch=0)
+    evaluations = load_evaluations(EvaluationConfig(), data, model, seed=0, prefetch=0)
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     metrics = evaluate(params, evaluations, loss=jax.jit(lambda p, b: task.loss(model, p, b, None)),
                        val_metrics=task.val_metrics, sharding=NamedSharding(mesh, PartitionSpec("data")), rules=(),

@@ -26,7 +26,7 @@ from theseus.data.conversations import ROWS, Conversations
 from theseus.data.docstring_chats import stdlib_chats
 from theseus.data.records import iter_records
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer
-from theseus.model.moe import MOE_COLLECTION, moe_losses
+from theseus.model.module import AUXILIARY, auxiliary
 from theseus.tasks.lm import cross_entropy
 from theseus.tasks.task import LossTask
 
@@ -67,20 +67,21 @@ class SupervisedFineTuning(LossTask):
 
     def loss_and_metrics(self, model: nn.Module, params: Any, batch: jax.Array,
                          rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """The masked loss plus a mixture of experts' auxiliary losses and their metrics, with
-        ``lm_loss``, the masked cross-entropy alone (as ``lm``'s); a dense model's loss alone."""
+        """The masked loss plus the penalty the model's layers sow (``auxiliary``: a mixture of
+        experts' routers) and their metrics, with ``lm_loss``, the masked cross-entropy alone (as
+        ``lm``'s); a model whose layers sow nothing gives the loss and no metrics."""
         lm_loss, penalty, metrics = self._losses(model, params, batch, rng)
         return lm_loss + penalty, {"lm_loss": lm_loss, **metrics} if metrics else {}
 
     def _losses(self, model: nn.Module, params: Any, batch: jax.Array,
                 rng: jax.Array | None) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-        """``(masked cross-entropy, routers' penalty, their metrics)`` of ``batch``."""
+        """``(masked cross-entropy, the sown penalty, its metrics)`` of ``batch``."""
         tokens, mask, segments = batch[:, 0], batch[:, 1], batch[:, 2]
         logits, sown = model.apply({"params": params}, tokens[:, :-1], deterministic=rng is None,
                                    segments=segments[:, :-1],
-                                   rngs=None if rng is None else {"dropout": rng}, mutable=[MOE_COLLECTION])
+                                   rngs=None if rng is None else {"dropout": rng}, mutable=[AUXILIARY])
         lm_loss = cross_entropy(logits, jnp.where(mask[:, 1:] > 0, tokens[:, 1:], -1))
-        return (lm_loss, *moe_losses(sown))
+        return (lm_loss, *auxiliary(sown))
 
 
 def chat_tokenizer(name: str) -> Tokenizer:
