@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from data.chat_folders import chatml_folder
 from support import run_python
 
@@ -70,6 +69,7 @@ def transformers_val_loss(project: Path) -> float:
     """The mean, over every assistant token of the validation conversations, of transformers'
     cross-entropy (labels -100 outside apply_chat_template's assistant_masks)."""
     from interop.hf_models import torch, transformers
+
     from theseus.data.chat import ChatTemplate
     from theseus.data.conversations import Conversations
     from theseus.data.tokenizer import HFTokenizer
