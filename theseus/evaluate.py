@@ -33,7 +33,7 @@ from theseus.trained import is_run_dir, source_config, trained_params
 # the model; a Hugging Face folder brings no data, so its overrides name that too.
 RUN_KEYS = (("evaluation.", "trainer.eval_batches"),
             "e.g. evaluation.multiple_choice.NAME=FILE or trainer.eval_batches=N (the model and data are the run's)")
-FOLDER_KEYS = ((*RUN_KEYS[0], "data.", "trainer.batch_size"),
+FOLDER_KEYS = ((*RUN_KEYS[0], "data.", "trainer.batch_size", "task"),
                "e.g. data.path=FILE, evaluation.multiple_choice.NAME=FILE or trainer.eval_batches=N "
                "(the model is the folder's)")
 

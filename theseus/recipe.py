@@ -24,7 +24,7 @@ from theseus.base.mesh import auto_cpu_devices, make_mesh, use_cpu_devices
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import with_values
 from theseus.config.registry import chosen
-from theseus.data.dataset import open_dataset, planned_vocab_size
+from theseus.data.dataset import planned_vocab_size
 from theseus.data.tokenizer import Tokenizer
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import hf_folder, init_from_values
@@ -65,14 +65,14 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     _check_batch(settings, settings.mesh.shape(len(devices)), target.process_count if target else jax.process_count())
     declared_vocab = check_model(cfg)  # the model's own checks, before the data (which can take minutes)
 
-    dataset = None if target or tokenizer else open_dataset(settings.data)
+    dataset = None if target or tokenizer else task.dataset(settings.data)
     tokens = (planned_vocab_size(settings.data, declared_vocab) if target
               else (tokenizer or dataset.tokenizer).vocab_size)
     derived["architecture.vocab_size"] = vocab_size(tokens, declared_vocab)
     cfg = with_values(composed, derived)
     model, plan = configure_model(cfg, settings.mesh)
     if dataset is not None:
-        _check_windows(dataset, model.seq_len)
+        task.check_data(dataset, model.seq_len)
     imported = hf_folder(settings.trainer.init_from) is not None  # a folder's weights keep its vocabulary
     evaluations = (load_evaluations(evaluation, dataset, model, settings.data.seed, prefetch(settings.data), imported)
                    if dataset is not None else None)
@@ -125,15 +125,6 @@ def _check_batch(settings: Settings, mesh_shape: dict[str, int], processes: int)
     if s.batch_size % processes:
         raise ConfigError(f"trainer.batch_size={s.batch_size} must divide by the {processes} "
                           f"processes: each reads an equal share of every batch")
-
-
-def _check_windows(dataset, seq_len: int) -> None:
-    """Each split holds at least one window of ``seq_len + 1`` tokens."""
-    for split in ("train", "val"):
-        if dataset.n_tokens(split) < seq_len + 1:
-            raise ConfigError(f"the {split} split has {dataset.n_tokens(split)} tokens, fewer than one window of "
-                              f"architecture.seq_len+1={seq_len + 1}: lower architecture.seq_len, use more data or "
-                              f"raise data.val_fraction")
 
 
 def _say_compiling(model, devices: list, settings: Settings) -> None:

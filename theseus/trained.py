@@ -23,15 +23,15 @@ from jax.sharding import Mesh
 from omegaconf import DictConfig, OmegaConf
 
 from theseus.base.axis import ShardingPlan
-from theseus.config import ConfigError, registry
+from theseus.config import ConfigError, configuration, configure, registry
 from theseus.config.compose import compose, with_values
-from theseus.data.dataset import open_dataset
 from theseus.data.tokenizer import JSON_FILE, HFTokenizer, Tokenizer
 from theseus.interop.hf_config import CONFIG_FILE, arch_of
 from theseus.interop.init_from import KEY as INIT_FROM
 from theseus.interop.init_from import hf_folder, init_from_values, model_choice
 from theseus.interop.loading import load_params
 from theseus.recipe import assemble
+from theseus.tasks.task import task_class
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.settings import configure_settings
 from theseus.training.state import TrainState
@@ -107,7 +107,10 @@ def load_trained(path: Path, step: int | None = None) -> Trained:
     path = path.expanduser()
     cfg = source_config(path)
     if is_run_dir(path):  # the run's own tokenizer (its data's: a char or bpe one is fitted to it)
-        tokenizer = open_dataset(configure_settings(with_values(cfg, init_from_values(cfg))).data).tokenizer
+        with_init = with_values(cfg, init_from_values(cfg))
+        with configuration(with_init):
+            task = configure(task_class(with_init))
+        tokenizer = task.tokenizer(configure_settings(with_init).data)
     else:
         tokenizer = _folder_tokenizer(path)
     run = assemble(cfg, steps=None, tokenizer=tokenizer)
