@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.base.axis import ShardingPlan, merge
+from theseus.base.axis import ShardingPlan, gathered_for_use, merge
 from theseus.config.context import Snapshot, active, configuration, configure
 from theseus.config.fields import RUNTIME, Configurable, check_ranges, field, specs
 
@@ -124,3 +124,9 @@ def _in_own_configuration(method):
             return method(self, *args, **kwargs)
 
     return wrapped
+
+
+def param(module: Module, name: str, init: nn.initializers.Initializer, axes: tuple, shape: tuple) -> jax.Array:
+    """A parameter of ``module`` in its param dtype, annotated with logical ``axes``; what the
+    layer computes with is gathered over the batch's mesh axes (``gathered_for_use``: FSDP)."""
+    return gathered_for_use(module.param(name, nn.with_logical_partitioning(init, axes), shape, module._param_dtype), axes)

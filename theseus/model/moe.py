@@ -53,6 +53,7 @@ from theseus.base.axis import (
 )
 from theseus.config import NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, Range, configure, field
 from theseus.model.layers import MLP, Block, dense, leaf_name, param
+from theseus.model.lora import adapters
 from theseus.model.module import Module
 
 MOE_COLLECTION = "moe"  # the Flax collection the layers sow their routing statistics into
@@ -135,6 +136,7 @@ class MoE(Module):
         return min(seq, math.ceil(self.capacity_factor * seq * self.top_k / self.n_experts))
 
     def setup(self):
+        adapters({}, ("gate", "up", "down"), layer="mixture-of-experts layers (LoRA adapts attention and dense MLPs)")
         init = nn.initializers.normal(self.init_std)
         e, d, f = self.n_experts, self.d_model, self.hidden
         self.router = param(self, "router", init, (EMBED, None), (d, e))
