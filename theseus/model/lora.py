@@ -60,6 +60,7 @@ class LoRA(Configurable):
              "adapt the fused c_attn as one)")
 
     def __post_init__(self):
+        super().__post_init__()  # each field within its declared range
         unknown = [t for t in self.targets if t not in PROJECTIONS]
         if unknown:
             raise ConfigError(f"architecture.lora.targets has {unknown[0]!r}, which is not a projection: choose "
