@@ -14,8 +14,8 @@ from flax import traverse_util
 from interop.hf_models import hf_logits, target_of, theseus_model, torch, transformers
 from interop.test_cli import train_args
 from safetensors.numpy import load_file
-
 from support import run_python
+
 from theseus.config import ConfigError, configuration, configure
 from theseus.export import export_adapter
 from theseus.interop.hf_config import arch_of, read_config

@@ -116,17 +116,18 @@ def test_only_the_adapters_train():
 
     plain = without_adapters(model)
     plain_params = jax.eval_shape(plain.init, jax.random.key(0), TOKENS)["params"]
-    assert moments(jax.eval_shape(tx.init, plain_params)) == 2 * sum(leaf.size for leaf in jax.tree.leaves(nn.unbox(plain_params)))
+    everything = sum(leaf.size for leaf in jax.tree.leaves(nn.unbox(plain_params)))
+    assert moments(jax.eval_shape(tx.init, plain_params)) == 2 * everything
 
 
 @pytest.mark.parametrize(("style", "cls", "targets", "message"), [
-    (GPT2_STYLE, GPT, ["q", "x"], "architecture.lora.targets has 'x', which is not a projection: choose among q, k, "
-                                  "v, o, gate, up, down (e.g. architecture.lora.targets=[q,v])"),
-    (GPT2_STYLE, GPT, ["gate"], "architecture.lora.targets has 'gate', which this model's layers do not have (they "
-                                "adapt up, down): drop it from architecture.lora.targets"),
+    (GPT2_STYLE, GPT, ["q", "x"], ("architecture.lora.targets has 'x', which is not a projection: choose among q, k, "
+                                   "v, o, gate, up, down (e.g. architecture.lora.targets=[q,v])")),
+    (GPT2_STYLE, GPT, ["gate"], ("architecture.lora.targets has 'gate', but this model's layers have no such "
+                                 "projection (they have up, down): drop it from architecture.lora.targets")),
     ({**LLAMA_STYLE, "moe": {"n_experts": 4}}, MoEGPT, ["q", "up"],
-     "architecture.lora.targets has 'up', which mixture-of-experts layers (LoRA adapts attention and dense MLPs) "
-     "do not have (none of gate, up, down): drop it from architecture.lora.targets"),
+     ("architecture.lora.targets has 'up', but LoRA does not adapt the experts of a mixture of experts (it adapts "
+      "attention and dense MLPs): drop it from architecture.lora.targets")),
 ])
 def test_a_target_the_model_lacks_is_refused(style, cls, targets, message):
     with pytest.raises(ConfigError) as error:

@@ -111,20 +111,19 @@ class Adapter(Module):
 
 
 def adapters(projections: Mapping[str, Projection], family: Sequence[str], fuse: bool = False,
-             layer: str = "this model's layers") -> dict[str, Adapter]:
+             why: str | None = None) -> dict[str, Adapter]:
     """A layer's adapters (built in its ``setup``, under its configuration): ``projections``,
     target -> its shapes and axes; ``family``, the targets such a layer serves (one it lacks is
-    refused, naming ``layer``); ``fuse``: q, k and v share one adapter (GPT-2's c_attn)."""
+    refused, saying ``why``); ``fuse``: q, k and v share one adapter (GPT-2's c_attn)."""
     settings = configure(LoRA)
     if not settings.rank:
         return {}
     wanted = [t for t in family if t in settings.targets]
     missing = [t for t in wanted if t not in projections]
     if missing:
-        have = f"they adapt {', '.join(t for t in family if t in projections)}" if projections else "none of " + \
-            ", ".join(family)
-        raise ConfigError(f"architecture.lora.targets has {missing[0]!r}, which {layer} do not have ({have}): "
-                          f"drop it from architecture.lora.targets")
+        why = why or f"this model's layers have no such projection (they have {', '.join(projections)})"
+        raise ConfigError(f"architecture.lora.targets has {missing[0]!r}, but {why}: drop it from "
+                          f"architecture.lora.targets")
     if fuse and any(t in FUSED for t in wanted):
         wanted = ["".join(FUSED), *(t for t in wanted if t not in FUSED)]
     out = {}

@@ -136,7 +136,8 @@ class MoE(Module):
         return min(seq, math.ceil(self.capacity_factor * seq * self.top_k / self.n_experts))
 
     def setup(self):
-        adapters({}, ("gate", "up", "down"), layer="mixture-of-experts layers (LoRA adapts attention and dense MLPs)")
+        adapters({}, ("gate", "up", "down"), why="LoRA does not adapt the experts of a mixture of experts (it adapts "
+                                                 "attention and dense MLPs)")
         init = nn.initializers.normal(self.init_std)
         e, d, f = self.n_experts, self.d_model, self.hidden
         self.router = param(self, "router", init, (EMBED, None), (d, e))
