@@ -113,13 +113,15 @@ def test_adapter_export_refuses_a_run_without_adapters_or_base(llama_folder, tmp
 
 @pytest.mark.slow
 def test_a_lora_fine_tune_exports_merged_and_as_a_peft_adapter(llama_folder, tmp_path):
-    """A user's path: LoRA on a Llama folder (2 steps, weight decay on, scanned layers), then
+    """A user's path: LoRA on a Llama folder (2 steps, weight decay on, scanned layers, FSDP over
+    4 devices), then
     ``theseus.export RUN OUT`` and ``--adapter``: peft on the base gives the merged export's
     logits; every tensor LoRA did not target is the base's bit for bit."""
     proc = run_python(*train_args(llama_folder, tmp_path, "architecture.lora.rank=4", "architecture.lora.alpha=8",
                                   "architecture.lora.targets=[q,v,down]", "optimizer.lr=3e-2",
                                   "optimizer.warmup_steps=0", "optimizer.weight_decay=0.5",
-                                  "architecture.scan_layers=true"), cwd=tmp_path)
+                                  "architecture.scan_layers=true", "mesh.cpu_devices=4", "mesh.data=1",
+                                  "mesh.fsdp=4", "trainer.batch_size=4"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run, merged_out, adapter_out = tmp_path / "run", tmp_path / "merged", tmp_path / "adapter"
     for out, extra in ((merged_out, ()), (adapter_out, ("--adapter",))):
