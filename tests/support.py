@@ -111,7 +111,6 @@ def read_param_paths(step_dir: Path) -> dict:
     import jax
     import numpy as np
     import orbax.checkpoint as ocp
-    from flax import traverse_util
 
     reader, one = ocp.StandardCheckpointer(), jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from training.test_checkpoint import losses, run
-
 from support import read_param_paths
+from training.test_checkpoint import losses, run
 
 pytestmark = pytest.mark.slow  # real runs in subprocesses
 
