@@ -97,6 +97,21 @@ def test_peft_loads_the_adapters_onto_the_base_and_computes_the_merged_model(kin
         np.testing.assert_allclose(peft_merged[name], value, atol=1e-6, rtol=0, err_msg=name)
 
 
+def test_a_hugging_face_base_loads_with_fresh_adapters(llama_folder):
+    """The checkpoint holds no adapters: B starts at zero (the base's logits), A drawn as peft draws
+    lora_A (uniform in +-1/sqrt(fan_in)), a scanned model's stacked A's one per layer."""
+    base = theseus_model(llama_folder, scan_layers=True)
+    with configuration({**base.own_configuration().to_dict(), "architecture.lora.rank": 4}):
+        model = configure(type(base))
+    params = load_params(llama_folder, arch_of(model), target_of(model))
+    a, b = (np.asarray(params["h"]["attn"]["lora_v"][name]) for name in ("a", "b"))
+    assert a.shape == (2, 64, 4) and b.shape == (2, 4, 2, 16)
+    assert not b.any() and 0.1 < np.abs(a).max() <= 1 / 8 and not np.array_equal(a[0], a[1])
+    tokens = np.random.default_rng(0).integers(0, 333, size=(2, 16))
+    np.testing.assert_allclose(np.asarray(model.apply({"params": params}, jnp.asarray(tokens))),
+                               hf_logits(llama_folder, tokens), atol=1e-4, rtol=0)
+
+
 def test_adapter_export_refuses_a_run_without_adapters_or_base(llama_folder, tmp_path):
     model, params = lora_model(llama_folder, ["q"])
     with pytest.raises(ConfigError) as error:
