@@ -5,7 +5,7 @@ A targeted projection ``y = x W`` computes ``y = x W + (alpha / rank) dropout(x)
 ``B: [rank, *out]`` zeros, so that step 0 computes the base model; the scale is peft's
 ``lora_alpha / r``. Each adapter is a child ``lora_<target>`` of the layer it adapts, its
 parameters carrying the weight's logical axes (the rank axis is replicated), so it shards with
-its weight on any mesh. Training updates the adapters alone (``trainable``).
+its weight on any mesh. Training updates the adapters alone (``labels``: the optimizer's split).
 
 Targets (``architecture.lora.targets``): ``q``, ``k``, ``v``, ``o`` (attention), ``gate``,
 ``up``, ``down`` (the MLP's ``w_in`` gate and value/up rows, ``w_out``). GPT-2-style models
@@ -36,7 +36,6 @@ from theseus.model.module import Module, param
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 FUSED = ("q", "k", "v")  # GPT-2's c_attn: one adapter when the layer fuses them
 PREFIX = "lora_"  # an adapter's module name: lora_q, lora_qkv, lora_down...
-KEYS = ("architecture.lora.rank", "architecture.lora.alpha", "architecture.lora.dropout", "architecture.lora.targets")
 # where each target's update lands: (weight, index into its leading n_in axis or None)
 WEIGHTS = {"q": ("wq", None), "k": ("wk", None), "v": ("wv", None), "o": ("wo", None),
            "gate": ("w_in", 0), "up": ("w_in", -1), "down": ("w_out", None)}
