@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +19,7 @@ from support import run_python
 
 from theseus.config import ConfigError, configuration, configure
 from theseus.export import export_adapter
+from theseus.interop.expressible import check_expressible
 from theseus.interop.hf_config import arch_of, read_config
 from theseus.interop.hf_weights import to_hf
 from theseus.interop.loading import load_params
@@ -110,6 +112,19 @@ def test_a_hugging_face_base_loads_with_fresh_adapters(llama_folder):
     tokens = np.random.default_rng(0).integers(0, 333, size=(2, 16))
     np.testing.assert_allclose(np.asarray(model.apply({"params": params}, jnp.asarray(tokens))),
                                hf_logits(llama_folder, tokens), atol=1e-4, rtol=0)
+
+
+def test_a_run_without_adapters_exports_with_the_lora_keys_in_its_config(llama_folder):
+    """A composed config holds every key, architecture.lora.targets at its default (a list, held
+    as a tuple): the model still exports."""
+    base = theseus_model(llama_folder)
+    with configuration({**base.own_configuration().to_dict(), "architecture.lora.targets": ["q", "v"],
+                        "architecture.lora.alpha": 8.0}):
+        model = configure(type(base))
+    assert model.own_configuration().get("architecture.lora.targets") == ("q", "v")
+    assert check_expressible(model, nn.unbox(jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 4),
+                                                                                                      jnp.int32)))
+                             ["params"]) == "llama"
 
 
 def test_adapter_export_refuses_a_run_without_adapters_or_base(llama_folder, tmp_path):
