@@ -16,7 +16,7 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.model.lora import merged, settings_of, without_adapters
 from theseus.model.models.gpt import GPT
 from theseus.model.models.moe_gpt import MoEGPT
-from theseus.training.optimizer import AdamW, make_optimizer
+from theseus.training.optimizer import Adafactor, AdamW, Muon, make_optimizer
 
 GPT2_STYLE = {"positions": "learned"}
 LLAMA_STYLE = {"positions": "rope", "norm": "rmsnorm", "activation": "swiglu", "bias": False, "n_kv_heads": 2}
@@ -118,6 +118,18 @@ def test_only_the_adapters_train():
     plain_params = jax.eval_shape(plain.init, jax.random.key(0), TOKENS)["params"]
     everything = sum(leaf.size for leaf in jax.tree.leaves(nn.unbox(plain_params)))
     assert moments(jax.eval_shape(tx.init, plain_params)) == 2 * everything
+
+
+def test_muon_and_adafactor_train_the_adapters_alone():
+    model = build(LLAMA_STYLE, rank=4, targets=["q", "o", "up", "down"])
+    boxed = model.init(jax.random.key(0), TOKENS[:, :4])["params"]
+    params = nn.unbox(boxed)
+    for option in (Muon, Adafactor):  # their own masks and factored state
+        tx, _ = make_optimizer(option(warmup_steps=0), 10)
+        updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), nn.unbox(tx.init(boxed)), params)
+        after = flat(optax.apply_updates(params, updates))
+        assert all(np.array_equal(after[path], leaf) != ("/lora_" in path) for path, leaf in flat(params).items()), \
+            option.__name__
 
 
 @pytest.mark.parametrize(("style", "cls", "targets", "message"), [
