@@ -225,8 +225,8 @@ class MLP(Module):
         if self.bias:
             self.b_in = param(self, "b_in", zeros, (None, MLP_HIDDEN), (self.n_in, self.hidden))
             self.b_out = param(self, "b_out", zeros, (EMBED,), (self.d_model,))
-        into, out_of = ((self.d_model,), (EMBED,), (self.hidden,), (MLP_HIDDEN,)), ((self.hidden,), (MLP_HIDDEN,),
-                                                                                  (self.d_model,), (EMBED,))
+        into = ((self.d_model,), (EMBED,), (self.hidden,), (MLP_HIDDEN,))  # LoRA's shapes and axes: x -> hidden
+        out_of = ((self.hidden,), (MLP_HIDDEN,), (self.d_model,), (EMBED,))  # hidden -> x
         self.lora = adapters({**({"gate": into} if self.n_in == 2 else {}), "up": into, "down": out_of},
                              ("gate", "up", "down"))
         self.drop = nn.Dropout(self.dropout)
@@ -323,7 +323,7 @@ class Attention(Module):
         self.bk = param(self, "bk", zeros, (KV_HEADS, HEAD_DIM), (kv, hd)) if qkv_bias else None
         self.bv = param(self, "bv", zeros, (KV_HEADS, HEAD_DIM), (kv, hd)) if qkv_bias else None
         self.bo = param(self, "bo", zeros, (EMBED,), (d,)) if self.bias else None
-        into = ((d,), (EMBED,))  # LoRA: q, k and v fused as GPT-2's c_attn where positions are learned (GPT-2's)
+        into = ((d,), (EMBED,))  # LoRA; learned positions (GPT-2's layout) fuse q, k and v as GPT-2's c_attn does
         self.lora = adapters({"q": (*into, (h, hd), (HEADS, HEAD_DIM)), "k": (*into, (kv, hd), (KV_HEADS, HEAD_DIM)),
                               "v": (*into, (kv, hd), (KV_HEADS, HEAD_DIM)),
                               "o": ((h, hd), (HEADS, HEAD_DIM), (d,), (EMBED,))},
