@@ -103,6 +103,11 @@ def wandb_records(path: Path) -> list:
 def read_params(step_dir: Path) -> list:
     """The params of the checkpoint at ``step_dir`` (``checkpoints/N/state``), read back with Orbax
     alone onto this process's one device (the run may have had a device per core): leaves, as numpy."""
+    return list(read_param_paths(step_dir).values())
+
+
+def read_param_paths(step_dir: Path) -> dict:
+    """``read_params`` by path: ``{"h_0/attn/wq": array, ...}``, in the leaves' order."""
     import jax
     import numpy as np
     import orbax.checkpoint as ocp
@@ -110,4 +115,6 @@ def read_params(step_dir: Path) -> list:
     reader, one = ocp.StandardCheckpointer(), jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
                           reader.metadata(step_dir.absolute()).item_metadata)
-    return [np.asarray(x) for x in jax.tree.leaves(reader.restore(step_dir.absolute(), target)["params"])]
+    params = reader.restore(step_dir.absolute(), target)["params"]
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    return {"/".join(str(k.key) for k in path): np.asarray(x) for path, x in leaves}

@@ -9,6 +9,11 @@ place or a model class computing something else is refused in one line, and noth
 written. The vocabulary keeps a ``trainer.init_from`` checkpoint's own size (import then export
 is the identity); a run that padded its tokenizer's vocabulary to a multiple of 128 drops the
 padding rows.
+
+A LoRA run (``architecture.lora.rank`` > 0) exports merged: each adapted weight is
+``W + alpha / rank x A B``, a plain model of its model_type. With ``--adapter`` it writes peft's
+``adapter_config.json`` and ``adapter_model.safetensors`` instead, against the Hugging Face folder
+the run started from (``trainer.init_from``): ``peft.PeftModel.from_pretrained(base, OUT_DIR)``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -27,20 +33,30 @@ from theseus.data.tokenizer import export_tokenizer
 from theseus.interop.expressible import check_expressible
 from theseus.interop.hf_config import CONFIG_FILE, arch_of, hf_config, read_config
 from theseus.interop.hf_weights import WEIGHTS_FILE, save, to_hf
+from theseus.interop.peft_adapter import WEIGHTS_FILE as ADAPTER_WEIGHTS
+from theseus.interop.peft_adapter import adapter_config, adapter_tensors, save_adapter
+from theseus.model.lora import LoRA, merged, settings_of, without_adapters
 from theseus.model.models.gpt import unstack_layers
 from theseus.trained import load_trained
 
 
-def export(run_dir: Path, out_dir: Path, step: int | None = None) -> None:
-    """Write the Hugging Face folder ``out_dir`` of ``run_dir``'s checkpoint (the newest, or ``step``)."""
-    if (out_dir / WEIGHTS_FILE).exists():
-        raise ConfigError(f"{out_dir} already holds {WEIGHTS_FILE}: choose a new folder or remove it")
+def export(run_dir: Path, out_dir: Path, step: int | None = None, adapter: bool = False) -> None:
+    """Write the Hugging Face folder ``out_dir`` of ``run_dir``'s checkpoint (the newest, or ``step``);
+    ``adapter``: its LoRA adapters in peft's format instead."""
+    written = ADAPTER_WEIGHTS if adapter else WEIGHTS_FILE
+    if (out_dir / written).exists():
+        raise ConfigError(f"{out_dir} already holds {written}: choose a new folder or remove it")
     run = load_trained(run_dir, step)
-    model, tokenizer = run.model, run.tokenizer
-    kind = check_expressible(model, run.params)  # refuses what transformers would not compute, before writing
-    params = unstack_layers(run.params) if model.scan_layers else run.params  # Hugging Face's layers are one by one
-    arch = arch_of(model)
+    model, params, tokenizer, lora = run.model, run.params, run.tokenizer, settings_of(run.model)
     imported = run.hf_source
+    if adapter:
+        export_adapter(model, params, lora, imported, out_dir)
+        return
+    if lora.rank:  # the adapters merged into their weights: a plain model
+        model, params = without_adapters(model), merged(jax.device_get(params), lora.scale)
+    kind = check_expressible(model, params)  # refuses what transformers would not compute, before writing
+    params = unstack_layers(params) if model.scan_layers else params  # Hugging Face's layers are one by one
+    arch = arch_of(model)
     vocab_size = model.vocab_size if imported else tokenizer.vocab_size
     special = (read_config(Path(imported).expanduser()) if imported
                else {"bos_token_id": tokenizer.eot, "eos_token_id": tokenizer.eot})
@@ -54,14 +70,33 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> None:
     export_tokenizer(tokenizer, out_dir)
 
 
+def export_adapter(model: Any, params: Any, lora: LoRA, base: str | None, out_dir: Path) -> None:
+    """Write the adapters of ``params`` (a LoRA run's) in peft's format against the Hugging Face
+    folder ``base`` (the run's ``trainer.init_from``); ConfigError, nothing written, without them."""
+    if not lora.rank:
+        raise ConfigError("--adapter: the run has no LoRA adapters (architecture.lora.rank=0): export it without "
+                          "--adapter")
+    if base is None or not (Path(base).expanduser() / CONFIG_FILE).is_file():
+        raise ConfigError(f"--adapter writes adapters against the Hugging Face folder the run started from "
+                          f"(trainer.init_from), but it started from {base or 'no weights'}: export it merged, "
+                          f"without --adapter")
+    kind = check_expressible(without_adapters(model), merged(jax.device_get(params), lora.scale))
+    unrolled = unstack_layers(params) if model.scan_layers else params
+    tensors = adapter_tensors(kind, jax.device_get(unrolled))
+    save_adapter(out_dir, tensors, adapter_config(kind, lora, tensors, str(Path(base).expanduser().resolve())))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m theseus.export", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a run directory (with .hydra/ and checkpoints/)")
     parser.add_argument("out_dir", type=Path, help="the Hugging Face folder to write")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    parser.add_argument("--adapter", action="store_true",
+                        help="a LoRA run's adapters in peft's format (adapter_config.json, adapter_model.safetensors) "
+                             "instead of the merged model")
     args = parser.parse_args(argv)
     try:
-        export(args.run_dir, args.out_dir, args.step)
+        export(args.run_dir, args.out_dir, args.step, args.adapter)
     except ConfigError as exc:
         print(f"theseus: error: {exc}", file=sys.stderr)
         return 2

@@ -25,6 +25,7 @@ class Scale(Module):
         return x * self.factor
 
 from theseus.model.layers import MLP
+from theseus.model.lora import LoRA
 
 class FeedForward(Module):
     @classmethod
@@ -77,7 +78,7 @@ def test_feedforward_runs_and_counts_flops():
     y = model.apply(params, x, deterministic=True)
     assert y.shape == (2, 5, 8)
     assert model.bind(params).flops(5) == 6 * 2 * 8 * 16 * 5
-    assert CountedFeedForward.gather() == [CountedFeedForward, MLP]
+    assert CountedFeedForward.gather() == [CountedFeedForward, MLP, LoRA]  # the MLP's adapters
     assert "architecture.d_ff" in schema_of(CountedFeedForward)
 
 

@@ -61,10 +61,15 @@ def _check_keys(model: GPT, kind: str) -> None:
         if key.removeprefix("architecture.") in expressed(kind) or spec.role == RUNTIME:
             continue
         value = values.get(key)
-        if value is not MISSING and value != spec.default:
+        if value is not MISSING and _plain(value) != _plain(spec.default):
             raise ConfigError(f"{key}={value} has no equivalent in a Hugging Face {kind} config.json "
                               f"(declared by {spec.owner.__name__}; only its default, {spec.default!r}, exports): "
                               f"export writes only what transformers computes exactly")
+
+
+def _plain(value: Any) -> Any:
+    """A list as the tuple a configuration holds it as (``architecture.lora.targets``)."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _stock(model: GPT, kind: str) -> GPT:

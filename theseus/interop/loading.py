@@ -22,13 +22,15 @@ from flax import traverse_util
 from theseus.config import ConfigError
 from theseus.interop.hf_config import architecture, read_config
 from theseus.interop.hf_weights import Checkpoint, to_theseus
+from theseus.model import lora
 
 
-def load_params(folder: Path, arch: Mapping[str, Any], target: Mapping) -> dict:
+def load_params(folder: Path, arch: Mapping[str, Any], target: Mapping, seed: int = 0) -> dict:
     """The params of the checkpoint in ``folder``, laid out as ``target`` (the run's params:
     ShapeDtypeStructs with shardings) and cast to its dtypes; ``arch``: the run's architecture
     values (``hf_config.arch_of(model)``). A scanned model's blocks (``architecture.scan_layers``:
-    ``h/...`` with a leading layer axis) stack the checkpoint's layers.
+    ``h/...`` with a leading layer axis) stack the checkpoint's layers. LoRA's adapters, which
+    the checkpoint does not hold, start fresh (``lora.initial`` from ``seed``: B zero, the base's function).
 
     ConfigError when a tensor is missing, has another shape, or would be left unused.
     """
@@ -38,7 +40,9 @@ def load_params(folder: Path, arch: Mapping[str, Any], target: Mapping) -> dict:
         thunks = to_theseus(hf["model_type"], arch, checkpoint.read)
         loaded = {}
         for path, leaf in traverse_util.flatten_dict(target, sep="/").items():
-            loaded[path] = _place(_read(thunks, path, arch["n_layers"], folder), leaf, path, folder)
+            host = (lora.initial(path, leaf.shape, leaf.dtype, seed) if lora.is_adapter(path)
+                    else _read(thunks, path, arch["n_layers"], folder))
+            loaded[path] = _place(host, leaf, path, folder)
         tied = {"lm_head.weight"} if arch["tie_embeddings"] else set()  # a tied head some checkpoints store
         unused = [name for name in checkpoint.unused() if name not in tied]
     if unused:

@@ -21,10 +21,11 @@ import jax
 import jax.numpy as jnp
 from jax.tree_util import DictKey
 
-from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, VOCAB, gathered_for_use
+from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, VOCAB
 from theseus.base.hardware import check_attention_impl
 from theseus.config import ConfigError, configure, field
-from theseus.model.module import Module
+from theseus.model.lora import LoRA, adapt, adapters
+from theseus.model.module import Module, param
 
 
 def check_vocab_size(vocab_size: int | None) -> None:
@@ -55,12 +56,6 @@ def check_norm(norm: str, owner: type) -> None:
     if norm not in owner.norms:
         raise ConfigError(f"architecture.norm must be one of {', '.join(owner.norms)}, got {norm!r} "
                           f"(the keys of {owner.__name__}.norms)")
-
-
-def param(module: Module, name: str, init: nn.initializers.Initializer, axes: tuple, shape: tuple) -> jax.Array:
-    """A parameter of ``module`` in its param dtype, annotated with logical ``axes``; what the
-    layer computes with is gathered over the batch's mesh axes (``gathered_for_use``: FSDP)."""
-    return gathered_for_use(module.param(name, nn.with_logical_partitioning(init, axes), shape, module._param_dtype), axes)
 
 
 def leaf_name(path: tuple) -> str:
@@ -212,6 +207,10 @@ class MLP(Module):
     dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
     init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
 
+    @classmethod
+    def components(cls) -> list[type]:
+        return [LoRA]
+
     @property
     def hidden(self) -> int:
         return self.d_ff or 4 * self.d_model
@@ -228,6 +227,10 @@ class MLP(Module):
         if self.bias:
             self.b_in = param(self, "b_in", zeros, (None, MLP_HIDDEN), (self.n_in, self.hidden))
             self.b_out = param(self, "b_out", zeros, (EMBED,), (self.d_model,))
+        into = ((self.d_model,), (EMBED,), (self.hidden,), (MLP_HIDDEN,))  # LoRA's shapes and axes: x -> hidden
+        out_of = ((self.hidden,), (MLP_HIDDEN,), (self.d_model,), (EMBED,))  # hidden -> x
+        self.lora = adapters({**({"gate": into} if self.n_in == 2 else {}), "up": into, "down": out_of},
+                             ("gate", "up", "down"))
         self.drop = nn.Dropout(self.dropout)
 
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
@@ -236,9 +239,11 @@ class MLP(Module):
         # hidden] makes XLA transpose activations and their gradients (a fifth of gpt_small's CPU step)
         h = [dense("bsd,df->bsf", x, self.w_in[i], self.b_in[i] if self.bias else None, dtype)
              for i in range(self.n_in)]
+        h = list(adapt(self.lora, x, dict(zip(("gate", "up")[2 - self.n_in:], h, strict=True)), deterministic))
         h = jax.nn.silu(h[0]) * h[1] if self.activation == "swiglu" else jax.nn.gelu(h[0], approximate=True)
         h = nn.with_logical_constraint(h, (BATCH, SEQ, MLP_HIDDEN))
         y = dense("bsf,fd->bsd", h, self.w_out, self.b_out if self.bias else None, dtype)
+        (y,) = adapt(self.lora, h, {"down": y}, deterministic)
         return self.drop(y, deterministic=deterministic)
 
     def flops(self, seq: int) -> int:
@@ -299,7 +304,7 @@ class Attention(Module):
 
     @classmethod
     def components(cls) -> list[type]:
-        return [RoPE, KVCache]
+        return [RoPE, KVCache, LoRA]
 
     @property
     def head_dim(self) -> int:
@@ -321,6 +326,11 @@ class Attention(Module):
         self.bk = param(self, "bk", zeros, (KV_HEADS, HEAD_DIM), (kv, hd)) if qkv_bias else None
         self.bv = param(self, "bv", zeros, (KV_HEADS, HEAD_DIM), (kv, hd)) if qkv_bias else None
         self.bo = param(self, "bo", zeros, (EMBED,), (d,)) if self.bias else None
+        into = ((d,), (EMBED,))  # LoRA; learned positions (GPT-2's layout) fuse q, k and v as GPT-2's c_attn does
+        self.lora = adapters({"q": (*into, (h, hd), (HEADS, HEAD_DIM)), "k": (*into, (kv, hd), (KV_HEADS, HEAD_DIM)),
+                              "v": (*into, (kv, hd), (KV_HEADS, HEAD_DIM)),
+                              "o": ((h, hd), (HEADS, HEAD_DIM), (d,), (EMBED,))},
+                             ("q", "k", "v", "o"), fuse=self.positions == "learned")
         self.rope = configure(RoPE) if self.positions == "rope" else None
         self.cache = configure(KVCache) if self.decode else None
         self.drop = nn.Dropout(self.dropout)
@@ -331,6 +341,7 @@ class Attention(Module):
         q = dense("bsd,dnh->bsnh", x, self.wq, self.bq, dtype)  # [batch, seq, heads, head_dim]
         k = dense("bsd,dnh->bsnh", x, self.wk, self.bk, dtype)  # [batch, seq, kv_heads, head_dim]
         v = dense("bsd,dnh->bsnh", x, self.wv, self.bv, dtype)
+        q, k, v = adapt(self.lora, x, {"q": q, "k": k, "v": v}, deterministic)
         q = nn.with_logical_constraint(q, (BATCH, SEQ, HEADS, HEAD_DIM))
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
@@ -341,6 +352,7 @@ class Attention(Module):
             k, v, mask = self.cache(k, v, positions)
             out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
         y = dense("bsnh,nhd->bsd", out, self.wo, self.bo, dtype)
+        (y,) = adapt(self.lora, out, {"o": y}, deterministic)
         return self.drop(y, deterministic=deterministic)
 
     def flops(self, seq: int) -> int:

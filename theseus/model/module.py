@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.base.axis import ShardingPlan, merge
+from theseus.base.axis import ShardingPlan, gathered_for_use, merge
 from theseus.config.context import Snapshot, active, configuration, configure
 from theseus.config.fields import RUNTIME, Configurable, check_ranges, field, specs
 
@@ -151,3 +151,9 @@ def auxiliary(sown: Mapping[str, Any]) -> tuple[jax.Array, dict[str, jax.Array]]
     means = {name: jnp.concatenate([jnp.ravel(site[name]) for site in sites if name in site]).mean()
              for name in dict.fromkeys(name for site in sites for name in site)}
     return means.pop(PENALTY), means
+
+
+def param(module: Module, name: str, init: nn.initializers.Initializer, axes: tuple, shape: tuple) -> jax.Array:
+    """A parameter of ``module`` in its param dtype, annotated with logical ``axes``; what the
+    layer computes with is gathered over the batch's mesh axes (``gathered_for_use``: FSDP)."""
+    return gathered_for_use(module.param(name, nn.with_logical_partitioning(init, axes), shape, module._param_dtype), axes)

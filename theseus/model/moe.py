@@ -53,6 +53,7 @@ from theseus.base.axis import (
 )
 from theseus.config import NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, Range, configure, field
 from theseus.model.layers import MLP, Block, dense, param
+from theseus.model.lora import adapters
 from theseus.model.module import AUXILIARY, PENALTY, Module, Rule
 
 ROUTE_BIAS = "b_route"  # the name of bias-balanced routing's per-expert bias (a bias: never weight-decayed)
@@ -134,6 +135,8 @@ class MoE(Module):
         return min(seq, math.ceil(self.capacity_factor * seq * self.top_k / self.n_experts))
 
     def setup(self):
+        adapters({}, ("gate", "up", "down"), why="LoRA does not adapt the experts of a mixture of experts (it adapts "
+                                                 "attention and dense MLPs)")
         init = nn.initializers.normal(self.init_std)
         e, d, f = self.n_experts, self.d_model, self.hidden
         self.router = param(self, "router", init, (EMBED, None), (d, e))

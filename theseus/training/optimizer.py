@@ -19,6 +19,7 @@ import optax.contrib
 
 from theseus.config import FRACTION, NON_NEGATIVE, Configurable, Range, field
 from theseus.config.registry import chosen_class, name_of
+from theseus.model import lora
 from theseus.model.layers import leaf_name
 
 
@@ -225,4 +226,19 @@ def make_optimizer(config: OptimizerConfig, total_steps: int) -> tuple[optax.Gra
     """The chosen optimizer behind global-norm clipping, and its schedule."""
     schedule = make_schedule(config, total_steps)
     clip = optax.clip_by_global_norm(config.clip_norm) if config.clip_norm else optax.identity()
-    return fitted_boxes(optax.chain(clip, config.transform(schedule))), schedule
+    return fitted_boxes(adapters_only(optax.chain(clip, config.transform(schedule)))), schedule
+
+
+def adapters_only(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` on LoRA's adapters alone when the params have any (``theseus.model.lora``): the
+    frozen base gets no update, no decay and no optimizer state, and clipping sees the adapters'
+    gradients only; ``tx`` itself for params without adapters."""
+    frozen = optax.multi_transform({"adapter": tx, "frozen": optax.set_to_zero()}, lora.labels)
+
+    def init(params: Any) -> Any:
+        return (frozen if lora.has_adapters(params) else tx).init(params)
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        return (frozen if lora.has_adapters(updates) else tx).update(updates, state, params)
+
+    return optax.GradientTransformation(init, update)
