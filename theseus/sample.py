@@ -7,28 +7,30 @@ number of tokens: past the context, each is drawn from the last ``architecture.s
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import jax
 
 from theseus.config import ConfigError
+from theseus.config.arguments import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, Parser
 from theseus.model.generate import sample_text
+from theseus.training.checkpoint import require_checkpoint
 from theseus.training.trained import load_trained
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m theseus.sample", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m theseus.sample", description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path, help="a run directory or a Hugging Face folder")
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    parser.add_argument("--max-new-tokens", type=int, default=200)
-    parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--step", type=int, default=None, help="checkpoint step of a run (default: the newest)")
+    parser.add_argument("--max-new-tokens", type=POSITIVE_INT, default=200)
+    parser.add_argument("--temperature", type=NON_NEGATIVE, default=0.8, help="0: greedy")
+    parser.add_argument("--top-k", type=POSITIVE_INT, default=None)
+    parser.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
+    parser.add_argument("--step", type=NON_NEGATIVE_INT, default=None, help="checkpoint step of a run (default: the newest)")
     args = parser.parse_args(argv)
     try:
+        require_checkpoint(args.path)
         trained = load_trained(args.path, args.step)
         tokenizer = trained.tokenizer
         if not tokenizer.encode(args.prompt):
