@@ -53,15 +53,6 @@ class Checkpointer:
         """Whether ``directory`` holds any completed checkpoint."""
         return Path(directory).is_dir() and any(p.name.isdigit() for p in Path(directory).iterdir())
 
-
-def require_checkpoint(path: Path) -> None:
-    """ConfigError when ``path`` is a run directory (``.hydra/``) without a checkpoint: what
-    reads a trained model (sample, export, evaluate) refuses it before anything, and writes nothing."""
-    path = Path(path).expanduser()
-    if (path / ".hydra").is_dir() and not Checkpointer.exists(path / "checkpoints"):
-        raise ConfigError(f"{path} holds no checkpoint (checkpoints/ is empty or absent): train it first, or "
-                          f"give a run directory that trainer.checkpoint_every or the end of its run saved")
-
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
@@ -155,3 +146,11 @@ def _shapes(tree: Any) -> list[tuple[int, ...]]:
     """The sorted shapes of a tree's arrays: what must agree for a checkpoint to fit."""
     return sorted(tuple(leaf.shape) for leaf in jax.tree.leaves(tree) if hasattr(leaf, "shape"))
 
+
+def require_checkpoint(path: Path) -> None:
+    """ConfigError when ``path`` is a run directory (``.hydra/``) without a checkpoint: what
+    reads a trained model (sample, export, evaluate) refuses it before anything, and writes nothing."""
+    path = Path(path).expanduser()
+    if (path / ".hydra").is_dir() and not Checkpointer.exists(path / "checkpoints"):
+        raise ConfigError(f"{path} holds no checkpoint (checkpoints/ is empty or absent): train it first, or "
+                          f"give a run directory that trainer.checkpoint_every or the end of its run saved")
