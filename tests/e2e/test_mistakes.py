@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import run_python
+from support import HYDRA_REFUSED, run_python
 
 pytestmark = pytest.mark.slow  # end to end: a real run and a subprocess
 
@@ -153,22 +153,9 @@ CASES = [
          "thin_shards/meta.json"),
 ]
 
-DRIVER = r"""
-import contextlib, io, json, os, sys, traceback
+DRIVER = HYDRA_REFUSED + r"""
+import contextlib, io, json, sys, traceback
 from pathlib import Path
-import hydra
-
-class Started(Exception):
-    pass
-
-def refuse(*args, **kwargs):  # Hydra reached: it would create the run directory now
-    def decorate(task):
-        def start():
-            raise Started
-        return start
-    return decorate
-
-hydra.main = refuse
 
 def listing():
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(".").rglob("*"))}
