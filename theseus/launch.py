@@ -88,7 +88,8 @@ def launch(args: list[str], processes: int, devices: int | None = None) -> int:
                 signal.signal(sig, handler)
         if failed is None:
             return 0
-        if logs[failed] is not None:
+        refused = procs[0].returncode == procs[failed].returncode == 2  # a mistake: process 0 has said it, as all would
+        if logs[failed] is not None and not refused:
             logs[failed].seek(0)
             tail = logs[failed].read().decode(errors="replace").splitlines()[-TAIL:]
             print("\n".join(f"[process {failed}] {line}" for line in tail), file=sys.stderr)

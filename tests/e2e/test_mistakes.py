@@ -237,3 +237,12 @@ def test_a_mistake_is_one_line_and_changes_nothing(results, request, module, arg
 
 def test_the_corpus_is_large_enough():
     assert len(CASES) >= 60
+
+
+def test_a_mistake_given_to_launch_is_said_once(tmp_path):
+    """Every process refuses it alike: process 0's line alone reaches the console."""
+    (tmp_path / "corpus.txt").write_text(Path(json.__file__).read_text())
+    proc = run_python("-m", "theseus.launch", "--processes", "2", "--", *RUN, "trainer.bogus=1", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("theseus: error: unknown config key 'trainer.bogus'") and proc.stderr.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
