@@ -132,6 +132,13 @@ CASES = [
                                                      "evaluation.lm_eval_fewshot=-1"], "evaluation.lm_eval_fewshot"),
     case("lm_eval_limit_zero", "theseus.run", [*RUN, "evaluation.lm_eval=[mytask]", "evaluation.lm_eval_limit=0"],
          "evaluation.lm_eval_limit"),
+    case("lm_eval_unknown_task", "theseus.run", [*RUN, "evaluation.lm_eval=[no_such_task]"],
+         "unknown lm-eval task 'no_such_task'"),
+    case("lm_eval_hub_task_offline", "theseus.run", [*RUN, "evaluation.lm_eval=[hellaswag]"],
+         "evaluation.lm_eval task 'hellaswag': its data does not load", "Couldn't reach"),
+    case("lm_eval_task_data_missing", "theseus.run", [*RUN, "evaluation.lm_eval=[my_task]",
+                                                      "evaluation.lm_eval_include=my_tasks"],
+         "evaluation.lm_eval task 'my_task': its data does not load", "give a task YAML whose data files exist"),
     case("init_optimizer_without_init_from", "theseus.run", [*RUN, "trainer.init_optimizer=true"],
          "trainer.init_optimizer=true", "trainer.init_from", "set trainer.init_from=RUN_DIR"),
     case("init_data_without_init_from", "theseus.run", [*RUN, "trainer.init_data=true"], "trainer.init_data=true",
@@ -216,9 +223,14 @@ def results(tmp_path_factory) -> dict:
     (ws / "bad_shards" / "meta.json").write_text("{ not json")
     (ws / "thin_shards").mkdir()
     (ws / "thin_shards" / "meta.json").write_text("{}")
+    (ws / "my_tasks").mkdir()  # a task YAML over a data file that is not there
+    (ws / "my_tasks" / "my_task.yaml").write_text(
+        "task: my_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: gone.jsonl\ntest_split: test\n"
+        "output_type: multiple_choice\ndoc_to_text: '{{context}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: label\n")
     cases = {param.id: param.values[:2] for param in CASES}
     (ws.parent / f"{ws.name}-cases.json").write_text(json.dumps(cases))
-    proc = run_python("-c", DRIVER, str(ws.parent / f"{ws.name}-cases.json"), devices=2, cwd=ws, timeout=900)
+    proc = run_python("-c", DRIVER, str(ws.parent / f"{ws.name}-cases.json"), devices=2, cwd=ws, timeout=900,
+                      env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})  # the hub unreachable, at once
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.split("RESULTS", 1)[1])
 
