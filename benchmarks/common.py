@@ -21,9 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from theseus.base.devices import cpu_only_platforms
-
-cpu_only_platforms()  # as a run does: on a CPU host, no TPU or CUDA backend tried (and warning) in this process
+import theseus  # noqa: F401 (first: on a CPU host, no TPU or CUDA backend tried, and warning, in this process)
 
 ROOT = Path(__file__).resolve().parents[1]
 # where save() writes; BENCHMARK_RESULTS moves it (the tests run the scripts into a temporary folder)

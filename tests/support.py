@@ -16,6 +16,25 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
 
+# The head of a driver script that calls theseus.run.main(argv) for case after case: Hydra's start
+# is refused (raises Started), so an accepted command creates no run directory
+HYDRA_REFUSED = r"""
+import hydra
+
+class Started(Exception):
+    pass
+
+def refuse(*args, **kwargs):  # Hydra reached: it would create the run directory now
+    def decorate(task):
+        def start():
+            raise Started
+        return start
+    return decorate
+
+hydra.main = refuse
+"""
+
+
 def run_python(*args: str, devices: int | None = None, env: dict | None = None, timeout: int = 600,
                cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` in a fresh process (optionally with N simulated CPU devices)."""

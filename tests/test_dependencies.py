@@ -8,7 +8,8 @@ import tomllib
 
 from support import ROOT
 
-IMPORTS = {"hydra-core": "hydra", "orbax-checkpoint": "orbax", "jaxlib": "jax", "tensorboardx": "tensorboardX"}  # jaxlib: jax's backend
+IMPORTS = {"hydra-core": "hydra", "orbax-checkpoint": "orbax", "jaxlib": "jax", "tensorboardx": "tensorboardX",
+           "pyyaml": "yaml"}  # jaxlib: jax's backend
 PLUGINS = {"hydra-optuna-sweeper": "override /hydra/sweeper: optuna", "hydra-joblib-launcher": "hydra/launcher=joblib",
            "hydra-submitit-launcher": "hydra/launcher=submitit"}
 PINS = {"sqlalchemy", "alembic"}  # optuna 2.10's SQLite storage (tests/e2e/test_optuna_storage.py)

@@ -13,8 +13,12 @@ from __future__ import annotations
 import importlib
 
 from theseus.base.native_output import quiet_cuda_plugin
+from theseus.base.platforms import cpu_only_platforms
 
-quiet_cuda_plugin()  # before anything imports jax: the plan extra's CUDA plugin says nothing on a machine without GPUs
+# Every entry point imports this first: before anything imports jax, the plan extra's plugins say nothing
+# on a machine without their hardware (no CUDA driver lines; no CUDA or TPU backend started on a CPU host)
+quiet_cuda_plugin()
+cpu_only_platforms()
 
 __version__ = "0.1.0"
 

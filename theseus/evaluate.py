@@ -17,7 +17,6 @@ the task YAMLs under ``--include PATH``; ``--num_fewshot``, ``--limit`` as lm-ev
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,8 +24,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from theseus.config import ConfigError
+from theseus.config import ConfigError, registry
+from theseus.config.arguments import NON_NEGATIVE_INT, POSITIVE_INT, Parser
+from theseus.config.compose import undeclared, unknown_key
 from theseus.recipe import assemble
+from theseus.training.checkpoint import require_checkpoint
 from theseus.trained import is_run_dir, source_config, trained_params
 
 # What an override may set (key prefixes, and how the refusal says it): what is evaluated, not
@@ -48,6 +50,9 @@ def overrides(args: list[str], allowed: tuple[tuple[str, ...], str]) -> list[str
         if not sep or not key.startswith(prefixes):
             raise ConfigError(f"{arg!r}: give evaluation keys as KEY=VALUE, {hint}")
         items.append(f"{key}={value}")
+    keys = [item for item in items if item.partition("=")[0] not in registry.groups()]  # task=sft: a choice
+    for key, where in undeclared(keys):  # a misspelt key: refused, as theseus.run refuses it
+        raise unknown_key(key, where)
     return items
 
 
@@ -56,6 +61,7 @@ def run_evaluations(path: Path, step: int | None, args: list[str]) -> dict:
     (``step``: None for a folder; ``mesh``, ``metrics``, ``samples``), assembled as a run is:
     its mesh over every device, its parameter layout and compiled eval step, the batches its
     loop evaluates on."""
+    require_checkpoint(path)
     run = assemble(source_config(path, overrides(args, RUN_KEYS if is_run_dir(path) else FOLDER_KEYS)), steps="eval")
     params, at = trained_params(path, step, run.model, run.compiled.target)
     metrics = run.evaluate(params)
@@ -75,16 +81,16 @@ def lm_eval_overrides(tasks: str | None, include: str | None, fewshot: int | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m theseus.evaluate", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m theseus.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path, help="a run directory or a Hugging Face folder")
-    parser.add_argument("--step", type=int, default=None, help="checkpoint step of a run (default: the newest)")
+    parser.add_argument("--step", type=NON_NEGATIVE_INT, default=None, help="checkpoint step of a run (default: the newest)")
     parser.add_argument("--out", "--output_path", type=Path, default=None,
                         help="JSON file to write (default: PATH/eval-STEP.json, PATH/eval.json for a folder); "
                              "per-example scores go beside it")
     parser.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (needs theseus[eval])")
     parser.add_argument("--include", "--include_path", default=None, help="a folder of local lm-eval task YAMLs")
-    parser.add_argument("--num_fewshot", type=int, default=None, help="few-shot examples (default: each task's own)")
-    parser.add_argument("--limit", type=int, default=None, help="at most this many examples of each lm-eval task")
+    parser.add_argument("--num_fewshot", type=NON_NEGATIVE_INT, default=None, help="few-shot examples (default: each task's own)")
+    parser.add_argument("--limit", type=POSITIVE_INT, default=None, help="at most this many examples of each lm-eval task")
     parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N; for a folder data.*")
     args = parser.parse_intermixed_args(argv)
     try:

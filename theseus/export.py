@@ -18,7 +18,6 @@ the run started from (``trainer.init_from``): ``peft.PeftModel.from_pretrained(b
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -29,23 +28,35 @@ import numpy as np
 from flax import traverse_util
 
 from theseus.config import ConfigError
+from theseus.config.arguments import NON_NEGATIVE_INT, Parser
 from theseus.data.tokenizer import export_tokenizer
 from theseus.interop.expressible import check_expressible
 from theseus.interop.hf_config import CONFIG_FILE, arch_of, hf_config, read_config
-from theseus.interop.hf_weights import WEIGHTS_FILE, save, to_hf
-from theseus.interop.peft_adapter import WEIGHTS_FILE as ADAPTER_WEIGHTS
+from theseus.interop.hf_weights import save, to_hf
 from theseus.interop.peft_adapter import adapter_config, adapter_tensors, save_adapter
 from theseus.model.lora import LoRA, merged, settings_of, without_adapters
 from theseus.model.models.gpt import unstack_layers
-from theseus.trained import load_trained
+from theseus.trained import is_run_dir, load_trained
+
+
+def check_destination(run_dir: Path, out_dir: Path) -> None:
+    """ConfigError unless ``out_dir`` is a new or empty folder outside ``run_dir``: an export
+    overwrites no other model's files and writes nothing into a run (arguments given swapped)."""
+    if is_run_dir(out_dir):
+        raise ConfigError(f"{out_dir} is a run directory, not a folder to export into: the arguments are RUN_DIR "
+                          f"OUT_DIR (python -m theseus.export {out_dir} {out_dir}-hf)")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConfigError(f"{out_dir} exists and is not an empty folder: export into a new folder (or remove it)")
+    if out_dir.resolve().is_relative_to(run_dir.resolve()):
+        raise ConfigError(f"{out_dir} is inside the run directory {run_dir}: export into a folder outside it "
+                          f"(python -m theseus.export {run_dir} {run_dir}-hf)")
 
 
 def export(run_dir: Path, out_dir: Path, step: int | None = None, adapter: bool = False) -> None:
     """Write the Hugging Face folder ``out_dir`` of ``run_dir``'s checkpoint (the newest, or ``step``);
     ``adapter``: its LoRA adapters in peft's format instead."""
-    written = ADAPTER_WEIGHTS if adapter else WEIGHTS_FILE
-    if (out_dir / written).exists():
-        raise ConfigError(f"{out_dir} already holds {written}: choose a new folder or remove it")
+    run_dir, out_dir = run_dir.expanduser(), out_dir.expanduser()
+    check_destination(run_dir, out_dir)
     run = load_trained(run_dir, step)
     model, params, tokenizer, lora = run.model, run.params, run.tokenizer, settings_of(run.model)
     imported = run.hf_source
@@ -87,10 +98,10 @@ def export_adapter(model: Any, params: Any, lora: LoRA, base: str | None, out_di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m theseus.export", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m theseus.export", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a run directory (with .hydra/ and checkpoints/)")
-    parser.add_argument("out_dir", type=Path, help="the Hugging Face folder to write")
-    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    parser.add_argument("out_dir", type=Path, help="the Hugging Face folder to write (new or empty)")
+    parser.add_argument("--step", type=NON_NEGATIVE_INT, default=None, help="checkpoint step (default: the newest)")
     parser.add_argument("--adapter", action="store_true",
                         help="a LoRA run's adapters in peft's format (adapter_config.json, adapter_model.safetensors) "
                              "instead of the merged model")

@@ -21,6 +21,8 @@ import tempfile
 import time
 from typing import IO
 
+from theseus.config.arguments import POSITIVE_INT, Parser
+
 GRACE = 10.0  # seconds the other processes get to end after one fails, before they are killed
 TAIL = 20  # lines of a failed process's output shown
 
@@ -86,7 +88,8 @@ def launch(args: list[str], processes: int, devices: int | None = None) -> int:
                 signal.signal(sig, handler)
         if failed is None:
             return 0
-        if logs[failed] is not None:
+        refused = procs[0].returncode == procs[failed].returncode == 2  # a mistake: process 0 has said it, as all would
+        if logs[failed] is not None and not refused:
             logs[failed].seek(0)
             tail = logs[failed].read().decode(errors="replace").splitlines()[-TAIL:]
             print("\n".join(f"[process {failed}] {line}" for line in tail), file=sys.stderr)
@@ -118,14 +121,12 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m theseus.launch", description=__doc__.splitlines()[0].strip("`"))
-    parser.add_argument("--processes", type=int, required=True, help="processes to start (simulated hosts)")
-    parser.add_argument("--devices-per-process", type=int, default=None,
+    parser = Parser(prog="python -m theseus.launch", description=__doc__.splitlines()[0].strip("`"))
+    parser.add_argument("--processes", type=POSITIVE_INT, required=True, help="processes to start (simulated hosts)")
+    parser.add_argument("--devices-per-process", type=POSITIVE_INT, default=None,
                         help="simulated CPU devices per process (sets XLA_FLAGS and JAX_PLATFORMS=cpu)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then the arguments of python -m theseus.run")
     options = parser.parse_args(argv)
-    if options.processes < 1 or (options.devices_per_process is not None and options.devices_per_process < 1):
-        parser.error("--processes and --devices-per-process must be at least 1")
     args = options.args[1:] if options.args[:1] == ["--"] else options.args
     sys.exit(launch(pin_output_dirs(args, datetime.datetime.now()), options.processes, options.devices_per_process))
 

@@ -20,6 +20,7 @@ import jax
 from omegaconf import DictConfig, OmegaConf
 
 from theseus.base.axis import BATCH_MESH_AXES
+from theseus.base.compile_oom import oom_verdict
 from theseus.base.mesh import auto_cpu_devices, make_mesh, use_cpu_devices
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import with_values
@@ -83,7 +84,9 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     mesh = make_mesh(settings.mesh, devices)
     if steps == "train":
         _say_compiling(model, devices, settings)
-    compiled = compile_steps(model, task, plan, mesh, settings, steps)
+    with oom_verdict(f"mesh.target={target.name}: the train step" if target else "the train step",
+                     target.hbm if target else None):  # a compile out of device memory: one line
+        compiled = compile_steps(model, task, plan, mesh, settings, steps)
     share = (0, 1) if target else batch_share(mesh, settings.trainer.batch_size // settings.trainer.grad_accum)
     run = Run(composed=composed, derived=derived, cfg=cfg, record=scrub(OmegaConf.to_container(cfg, resolve=True),
               secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,

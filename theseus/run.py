@@ -25,7 +25,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from theseus.base.devices import check_enough, claim_devices, cpu_only_platforms, parallel_jobs, visible_gpus
+from theseus.base.devices import check_enough, claim_devices, parallel_jobs, visible_gpus
 from theseus.base.distributed import initialize
 from theseus.base.line_prefix import prefixed_output
 from theseus.config import ConfigError, configuration, configure
@@ -363,7 +363,6 @@ def main(argv: list[str] | None = None) -> None:
             registry.store()
             checked = None, []
         else:
-            cpu_only_platforms()
             use_compilation_cache()
             from theseus.interop.init_from import command_line_choice
 

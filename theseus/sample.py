@@ -10,7 +10,6 @@ up to the template's end-of-turn token.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import jax
 import numpy as np
 
 from theseus.config import ConfigError, configuration, configure
+from theseus.config.arguments import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, Parser
 from theseus.data.chat import ChatTemplate, chat_prompt
 from theseus.data.config import DataConfig
 from theseus.model.generate import generate, sample_text
@@ -25,16 +25,16 @@ from theseus.trained import load_trained
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m theseus.sample", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m theseus.sample", description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path, help="a run directory or a Hugging Face folder")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     group.add_argument("--chat", default=None, metavar="MESSAGE", help="a user's message to reply to, by the chat template")
-    parser.add_argument("--max-new-tokens", type=int, default=200)
-    parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--step", type=int, default=None, help="checkpoint step of a run (default: the newest)")
+    parser.add_argument("--max-new-tokens", type=POSITIVE_INT, default=200)
+    parser.add_argument("--temperature", type=NON_NEGATIVE, default=0.8, help="0: greedy")
+    parser.add_argument("--top-k", type=POSITIVE_INT, default=None)
+    parser.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
+    parser.add_argument("--step", type=NON_NEGATIVE_INT, default=None, help="checkpoint step of a run (default: the newest)")
     args = parser.parse_args(argv)
     try:
         trained = load_trained(args.path, args.step)

@@ -32,7 +32,7 @@ from theseus.interop.init_from import hf_folder, init_from_values, model_choice
 from theseus.interop.loading import load_params
 from theseus.recipe import assemble
 from theseus.tasks.task import task_class
-from theseus.training.checkpoint import Checkpointer
+from theseus.training.checkpoint import Checkpointer, require_checkpoint
 from theseus.training.settings import configure_settings
 from theseus.training.state import TrainState
 
@@ -105,6 +105,7 @@ def load_trained(path: Path, step: int | None = None) -> Trained:
     one, or ``step``) or of a Hugging Face folder, sharded over the config's mesh; ConfigError
     when there is none, or the folder lacks its tokenizer.json."""
     path = path.expanduser()
+    require_checkpoint(path)
     cfg = source_config(path)
     if is_run_dir(path):  # the run's own tokenizer (its data's: a char or bpe one is fitted to it)
         with_init = with_values(cfg, init_from_values(cfg))

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import run_python
+from support import HYDRA_REFUSED, run_python
 
 pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
@@ -165,23 +165,11 @@ CASES = [
     _case("no_validation_split", ["data.val_fraction=0"], "data.val_fraction"),
 ]
 
-DRIVER = r"""
+DRIVER = HYDRA_REFUSED + r"""
 import contextlib, io, json, sys, traceback
 from pathlib import Path
-import hydra
 import theseus.run
 
-class Started(Exception):
-    pass
-
-def refuse(*args, **kwargs):  # Hydra reached: it would create the run directory now
-    def decorate(task):
-        def start():
-            raise Started
-        return start
-    return decorate
-
-hydra.main = refuse
 cases = json.loads(Path(sys.argv[1]).read_text())
 results = {}
 for name, argv in cases.items():

@@ -28,7 +28,7 @@ README = ROOT / "README.md"
 
 # The set-up of the two first commands: .ci/run runs these words itself in the checkout (the
 # README's test line), so here the checkout's environment stands in as ./.venv.
-SETUP = 'python3 -m venv .venv && .venv/bin/pip install -e ".[test]" && '
+SETUP = re.compile(r'^python3 -m venv \.venv && \.venv/bin/pip install -c constraints\.txt -e (\.|"\.\[test\]") && ')
 
 # command text -> why it does not run here
 SKIP = {
@@ -88,7 +88,7 @@ def rewrite(command: str, used: set[str]) -> str:
         if text in command:
             used.add(text)
             return f": skipped: {shlex.quote(command)}: {shlex.quote(reason)}"
-    first, newline, rest = command.removeprefix(SETUP).partition("\n")  # rest: a here-document's body
+    first, newline, rest = SETUP.sub("", command, count=1).partition("\n")  # rest: a here-document's body
     first = first.split("  #")[0].rstrip()
     for words, overrides in SHORTEN.items():
         if re.search(rf"(?<!\S){re.escape(words)}(?!\S)", first):

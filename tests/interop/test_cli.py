@@ -137,5 +137,5 @@ def test_a_native_run_exports_as_gpt2_without_its_vocabulary_padding(tmp_path):
 
     proc = run_python("-m", "theseus.export", str(run), str(out), cwd=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"theseus: error: {out} already holds model.safetensors: "
-                                   "choose a new folder or remove it")
+    assert proc.stderr.strip() == (f"theseus: error: {out} exists and is not an empty folder: "
+                                   "export into a new folder (or remove it)")

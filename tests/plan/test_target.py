@@ -160,10 +160,10 @@ def test_the_collectives_of_scanned_layers_count_once_per_layer(tmp_path):
 @pytest.mark.slow
 def test_a_grad_accum_is_advised_only_once_compiled_for_the_target(tmp_path):
     # on a TPU, XLA's temporaries of this step stay level as grad_accum doubles: the estimate
-    # (activations halved: 1.94 + 3.47 / 2 MiB) would fit 4.77 MiB, the compiled step does not
+    # (activations halved: 1.94 + 6.15 / 2 MiB, libtpu 0.0.42) would fit 5.05 MiB, the compiled step does not
     [table] = dry_run(tmp_path, "mesh.target=tpu:v5e-8", "mesh.data=8", "architecture.remat=full",
-                      "trainer.memory_limit=5000000")
+                      "trainer.memory_limit=5300000")
     assert row(table, "fits").startswith("NO")
     warning = table.splitlines()[-1]
     compiled = re.search(r"trainer.grad_accum=2 compiled to (\S+) MiB: over\)", warning)
-    assert compiled and float(compiled.group(1)) * 2**20 > 5000000 and "set trainer.grad_accum" not in warning
+    assert compiled and float(compiled.group(1)) * 2**20 > 5300000 and "set trainer.grad_accum" not in warning

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from theseus.base.platforms import visible_gpus
 from theseus.config import ConfigError
 
-NVIDIA = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees
 LOCKS = ".devices"  # under the sweep folder: slot-K.lock, held by the worker that has slot K
 SLOT = "THESEUS_DEVICE_SLOT"  # the environment variable of a process that holds a slot: K
 
@@ -34,14 +33,6 @@ def parallel_jobs(launcher: Mapping[str, Any], cpus: int | None = None) -> int:
         return 1
     n = launcher.get("n_jobs") or 1
     return n if n > 0 else max((cpus or os.cpu_count() or 1) + 1 + n, 1)
-
-
-def visible_gpus(environ: Mapping[str, str] = os.environ, driver: Path = NVIDIA) -> list[str]:
-    """The GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` when set (ids or UUIDs), else
-    every GPU the NVIDIA driver lists (indices); ``[]`` on a host without one."""
-    if "CUDA_VISIBLE_DEVICES" in environ:
-        return [d for d in environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
-    return [str(i) for i in range(len(list(driver.iterdir())))] if driver.is_dir() else []
 
 
 def check_enough(n_jobs: int, gpus: list[str]) -> None:
@@ -106,17 +97,3 @@ def core_share(slot: int, n_jobs: int, cores: list[int]) -> list[int]:
     per = max(len(cores) // n_jobs, 1)
     start = slot * per % len(cores)
     return cores[start:start + per]
-
-
-def cpu_only_platforms(environ: MutableMapping[str, str] = os.environ, driver: Path = NVIDIA,
-                       dev: Path = Path("/dev")) -> None:
-    """On a host with neither an NVIDIA GPU nor a TPU, ``JAX_PLATFORMS=cpu`` (unless set): JAX
-    then starts no TPU or CUDA backend that an installed libtpu or CUDA plugin would try, and
-    warn about, on every run. ``mesh.target`` still compiles for them (their topologies need
-    no backend)."""
-    tpu = any(dev.glob("accel[0-9]*")) or any((dev / "vfio").glob("[0-9]*"))
-    if "JAX_PLATFORMS" in environ or visible_gpus(environ, driver) or tpu:
-        return
-    environ["JAX_PLATFORMS"] = "cpu"
-    if "jax" in sys.modules:  # imported already: its config read the environment then
-        sys.modules["jax"].config.update("jax_platforms", "cpu")

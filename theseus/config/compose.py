@@ -251,6 +251,12 @@ def unknown_key(key: str, where: str = "") -> ConfigError:
         owners = [name for name, cls in registry.options(group).items() if key in schema_of(cls)]
         return ConfigError(f"{where}{key} does not apply to the {group} chosen; it is a key of "
                            f"{', '.join(f'{group}={name}' for name in owners)}: choose one of those or drop the key")
+    models = [name for name, cls in registry.options("model").items()
+              if any(k == key or k.startswith(f"{key}.") for k in schema_of(cls))]
+    if models:  # a key (or a node: architecture.moe) of another model than the one chosen
+        return ConfigError(f"{where}{key} is a key of {', '.join(f'model={name}' for name in models)}, not of the "
+                           f"model chosen: choose {'one of those' if len(models) > 1 else f'model={models[0]}'} "
+                           f"or drop the key")
     close = suggest(key, known)
     if not close:
         return ConfigError(f"{where}unknown config key {key!r}; `python -m theseus.config` lists every key (a key "

@@ -29,6 +29,7 @@ from theseus.config.context import configuration, configure
 from theseus.config.discovery import HOW_TO_DECLARE, Project, find_project, load_modules
 from theseus.config.errors import ConfigError
 from theseus.config.schema import Schema, schema_of, structured
+from theseus.config.yaml_file import load_yaml
 
 FOLDERS = {"experiment": "experiments", "sweep": "sweeps"}  # +experiment=NAME: experiments/NAME.yaml
 RECORD = "choices"  # the top-level node of a composed config naming the option chosen in each group
@@ -251,8 +252,8 @@ LEGACY = {"model": "model", "task": "task", "optimizer": "optimizer.name"}  # wh
 def read_saved(path: Path) -> DictConfig:
     """A run's saved config (``.hydra/config.yaml``), its ``choices`` record made from the keys
     that older runs recorded choices in (``model``, ``task``, ``optimizer.name``) where it has
-    none, those keys removed."""
-    cfg = OmegaConf.load(path)
+    none, those keys removed; ConfigError when the file is not a YAML mapping."""
+    cfg = load_yaml(path)
     if RECORD in cfg:
         return cfg
     record = {}

@@ -35,7 +35,7 @@ from theseus.interop.hf_config import architecture, format_of, read_config
 from theseus.interop.hf_weights import Checkpoint
 from theseus.model.models.gpt import GPT
 from theseus.model.models.moe_gpt import MoEGPT
-from theseus.training.checkpoint import run_of, theseus_checkpoint
+from theseus.training.checkpoint import require_checkpoint, run_of, theseus_checkpoint
 
 KEY = "trainer.init_from"
 
@@ -89,6 +89,7 @@ def init_from_values(cfg: DictConfig) -> dict[str, Any]:
     if given is None:
         return {}
     folder = Path(given).expanduser().resolve()
+    require_checkpoint(folder)  # a run directory that saved none: said as such, not as a broken folder
     run = theseus_checkpoint(folder)
     if run is not None:
         return _from_run(cfg, flat, run)

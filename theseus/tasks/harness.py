@@ -39,7 +39,7 @@ from theseus.tasks.multiple_choice import encode_text, log_likelihoods
 try:
     from lm_eval import simple_evaluate
     from lm_eval.api.model import TemplateLM
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager, get_task_dict
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 except ImportError as exc:
     raise ConfigError("lm-evaluation-harness is not installed: pip install 'theseus[eval]' (or lm-eval)") from exc
@@ -198,12 +198,20 @@ class HarnessLM(TemplateLM):
 
 def task_manager(tasks: list[str], include: str | None = None) -> TaskManager:
     """lm-eval's index of its own tasks and of the task YAMLs under ``include``; ConfigError
-    naming the first of ``tasks`` that it does not hold."""
+    naming the first of ``tasks`` that it does not hold, or whose data does not load (a hub
+    dataset offline, a task YAML's missing file): before any training, not at its first evaluation."""
     manager = TaskManager(include_path=include)
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
         where = f" or of a task YAML under {include}" if include else " (local task YAMLs: give an include path)"
         raise ConfigError(f"unknown lm-eval task {unknown[0]!r}: give the name of one of lm-eval's tasks{where}")
+    for task in tasks:
+        try:
+            get_task_dict([task], manager)  # loads its data (datasets caches it for the evaluations)
+        except OSError as exc:  # ConnectionError (the hub), FileNotFoundError (a data file)
+            raise ConfigError(f"evaluation.lm_eval task {task!r}: its data does not load ({' '.join(str(exc).split())}): "
+                              f"run once where its dataset is reachable (cached after), or give a task YAML whose "
+                              f"data files exist (evaluation.lm_eval_include)") from None
     return manager
 
 

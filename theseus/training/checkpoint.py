@@ -30,7 +30,7 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             preservation_policy=policies.AnyPreservationPolicy([policies.LatestN(n=max(keep, 1)), best]),
             enable_async_checkpointing=True,
-            create=True,
+            create=False,  # made by the first save: reading a run without checkpoints creates nothing in it
         )
         self.directory = Path(directory).absolute()
         self.requested_step = requested_step  # restore this step rather than the newest
@@ -61,6 +61,7 @@ class Checkpointer:
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(loader_state),
                                   config=ocp.args.JsonSave(config))
         metrics = {"val_loss": val_loss} if val_loss is not None else None
+        self.directory.mkdir(parents=True, exist_ok=True)
         self.manager.save(step, args=args, metrics=metrics, force=True)
 
     def restore(self, abstract_state: Any, step: int | None = None,
@@ -167,3 +168,12 @@ def run_of(checkpoint: Path) -> Path | None:
         if (folder / ".hydra" / "config.yaml").is_file():
             return folder
     return None
+
+
+def require_checkpoint(path: Path) -> None:
+    """ConfigError when ``path`` is a run directory (``.hydra/``) without a checkpoint: what
+    reads a trained model (sample, export, evaluate) refuses it before anything, and writes nothing."""
+    path = Path(path).expanduser()
+    if (path / ".hydra").is_dir() and not Checkpointer.exists(path / "checkpoints"):
+        raise ConfigError(f"{path} holds no checkpoint (checkpoints/ is empty or absent): train it first, or "
+                          f"give a run directory that trainer.checkpoint_every or the end of its run saved")

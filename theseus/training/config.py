@@ -74,3 +74,7 @@ class TrainerConfig(Configurable):
             raise ConfigError(f"trainer.plan_file={self.plan_file}: its folder does not exist")
         if not self.resume:
             raise ConfigError("trainer.resume is empty: set it to auto, last, never or a checkpoint path")
+        for key, asked in (("init_optimizer", self.init_optimizer), ("init_data", self.init_data)):
+            if asked and not self.init_from:
+                raise ConfigError(f"trainer.{key}=true takes it from trainer.init_from's checkpoint, which is unset: "
+                                  f"set trainer.init_from=RUN_DIR or drop trainer.{key}")

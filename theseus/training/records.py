@@ -22,9 +22,10 @@ from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import CompactHydraException, HydraException
-from omegaconf import OmegaConf
+from omegaconf import ListConfig, OmegaConf
 
 from theseus.config.schema import flatten
+from theseus.config.yaml_file import load_yaml
 
 METRICS = "metrics.jsonl"
 RESULT = "result.json"
@@ -46,8 +47,8 @@ class Run:
     @classmethod
     def load(cls, path: Path) -> Run:
         hydra = path / ".hydra"
-        overrides = OmegaConf.load(hydra / "overrides.yaml") if (hydra / "overrides.yaml").is_file() else []
-        config = OmegaConf.to_container(OmegaConf.load(hydra / "config.yaml"))
+        overrides = load_yaml(hydra / "overrides.yaml", ListConfig) if (hydra / "overrides.yaml").is_file() else []
+        config = OmegaConf.to_container(load_yaml(hydra / "config.yaml"))
         return cls(path, tuple(overrides), config, tuple(read_metrics(path / METRICS)))
 
     @property

@@ -33,6 +33,10 @@ class MoEGPT(GPT):
 
     def __post_init__(self):
         super().__post_init__()  # each field within its declared range
+        if self.every > self.n_layers:
+            raise ConfigError(f"architecture.moe.every={self.every} puts an expert layer every {self.every} layers, "
+                              f"but architecture.n_layers={self.n_layers}: no layer would be one; set "
+                              f"architecture.moe.every to at most {self.n_layers}")
         if self.every > 1 and self.scan_layers:
             raise ConfigError(f"architecture.scan_layers=true repeats one block, but architecture.moe.every="
                               f"{self.every} mixes dense and MoE layers: set architecture.moe.every=1 or "
