@@ -50,6 +50,7 @@ def overrides(args: list[str], allowed: tuple[tuple[str, ...], str]) -> list[str
         if not sep or not key.startswith(prefixes):
             raise ConfigError(f"{arg!r}: give evaluation keys as KEY=VALUE, {hint}")
         items.append(f"{key}={value}")
+    registry.load()
     keys = [item for item in items if item.partition("=")[0] not in registry.groups()]  # task=sft: a choice
     for key, where in undeclared(keys):  # a misspelt key: refused, as theseus.run refuses it
         raise unknown_key(key, where)
