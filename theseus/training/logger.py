@@ -24,6 +24,7 @@ and ends ``interrupted``, never ``failed``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -181,6 +182,7 @@ class RunLogger:
             call(self._run)
         except service_gone() as exc:
             self._run = None
+            _abandon_wandb()
             self._progress.print(f"theseus: W&B's service has stopped ({error_line(exc)}), signalled with the job: "
                                  f"the run goes on without W&B; {self._run_dir / 'wandb'} keeps what it had written")
 
@@ -263,6 +265,15 @@ def service_gone() -> tuple[type[BaseException], ...]:
     from wandb.sdk.mailbox.mailbox_handle import HandleAbandonedError
 
     return OSError, MailboxClosedError, HandleAbandonedError
+
+
+def _abandon_wandb() -> None:
+    """Drop the connection to W&B's dead service, and with it W&B's exit hook (which would
+    print the same error again as the process exits)."""
+    import wandb
+
+    with contextlib.suppress(*service_gone()):
+        wandb.teardown()
 
 
 def _finish_wandb(run, exit_code: int) -> None:

@@ -43,7 +43,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 TIME_LIMIT = signal.SIGUSR2  # SLURM's warning before the time limit (submitit's --signal=USR2@delay)
 SIGNALS = (signal.SIGTERM, signal.SIGINT, TIME_LIMIT)
-LAG = 2  # with several processes: the flags read each step are those of LAG steps before
+LAG = 1  # with several processes: the flags read each step are those of LAG steps before
 
 
 class SignalWatch:
