@@ -19,9 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 from support import ROOT
 
-pytestmark = pytest.mark.slow
+from theseus.config import ConfigError
+from theseus.slurm import check_time_limit
 
 
 def cluster_problem() -> str | None:
@@ -90,11 +92,23 @@ def summary(sweep_dir: Path) -> dict[str, str]:
     return row
 
 
-def worker_log(sweep_dir: Path, job: str) -> str:
-    """What the job's process wrote to stderr, every segment of it."""
-    return (sweep_dir / ".submitit" / job / f"{job}_0_log.err").read_text()
+@pytest.mark.parametrize(("launcher", "refused"), [
+    ({"timeout_min": 2, "signal_delay_s": 30}, False),  # 120 s = 30 + 30 + 60: the tests' limit
+    ({"timeout_min": 2, "signal_delay_s": 31}, True),
+    ({"timeout_min": 2, "signal_delay_s": 60}, True),  # theseus's delay needs 3 minutes
+    ({"timeout_min": 3, "signal_delay_s": 60}, False),
+])
+def test_the_shortest_time_limit_leaves_the_warning_a_compile_and_a_save(launcher, refused):
+    config = OmegaConf.create({"_target_": "hydra_plugins.theseus_slurm.launcher.SlurmLauncher", **launcher})
+    if refused:
+        with pytest.raises(ConfigError, match=r"leaves no time to train"):
+            check_time_limit(config)
+    else:
+        check_time_limit(config)
+    check_time_limit(OmegaConf.create({"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}))
 
 
+@pytest.mark.slow
 def test_a_time_limit_too_short_for_its_warning_is_refused_before_submitting(tmp_path, corpus):
     proc = subprocess.run([sys.executable, "-m", "theseus.run", "-m", "+experiment=gpt_tiny", "hydra/launcher=slurm",
                            "hydra.launcher.timeout_min=2", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
@@ -107,6 +121,7 @@ def test_a_time_limit_too_short_for_its_warning_is_refused_before_submitting(tmp
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.slow
 def test_a_time_limit_saves_at_the_warning_requeues_and_finishes(slurm, tmp_path, corpus):
     sweep_dir = tmp_path / "sweep"
     proc = sweep(corpus, sweep_dir, "trainer.max_steps=1500", "trainer.log_every=10", "hydra.launcher.timeout_min=2",
@@ -115,7 +130,7 @@ def test_a_time_limit_saves_at_the_warning_requeues_and_finishes(slurm, tmp_path
     released = follow(proc, job, timeout=480)
     output = Path(f"{sweep_dir}.log").read_text()
     assert proc.returncode == 0, output[-3000:]
-    log = worker_log(sweep_dir, job)
+    log = (sweep_dir / "0" / "run.log").read_text()  # every segment's
     stops = [int(s) for s in re.findall(r"theseus: SIGUSR2 received: stopping after step (\d+): saving", log)]
     resumes = [int(s) for s in re.findall(r"resuming from \S+/checkpoints/(\d+) at step \d+", log)]
     assert stops and resumes == stops and len(released) == len(stops), log[-3000:]  # each segment: the last one's
@@ -127,6 +142,7 @@ def test_a_time_limit_saves_at_the_warning_requeues_and_finishes(slurm, tmp_path
     assert (row["status"], row["resumable"]) == ("ok", "False") and float(row["val_loss"]) > 0
 
 
+@pytest.mark.slow
 def test_scancel_saves_the_step_acknowledged_and_the_printed_resume_finishes(slurm, tmp_path, corpus):
     sweep_dir = tmp_path / "sweep"
     proc = sweep(corpus, sweep_dir, "trainer.max_steps=600", "trainer.log_every=20")  # W&B offline: signalled too
@@ -157,3 +173,29 @@ def test_scancel_saves_the_step_acknowledged_and_the_printed_resume_finishes(slu
     log = run_log.read_text()
     assert f"resuming from {sweep_dir}/0/checkpoints/{step} at step {step}" in log and "complete: step 600/600" in log
     assert summary(sweep_dir)["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_scancel_of_two_tasks_stops_both_at_one_step_whatever_log_every(slurm, tmp_path, corpus):
+    """The processes agree on the stop step every step (not at log steps): both save it well
+    inside SLURM's 30 s KillWait, with a log step never reached."""
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(corpus, sweep_dir, "trainer.max_steps=600", "trainer.log_every=1000", "trainer.checkpoint_every=20",
+                 "logger.mode=disabled", "hydra.launcher.tasks_per_node=2")
+    job = job_id(sweep_dir)
+    deadline = time.time() + 240
+    while not (sweep_dir / "0" / "checkpoints" / "20").is_dir():
+        assert time.time() < deadline and proc.poll() is None, Path(f"{sweep_dir}.log").read_text()[-3000:]
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], check=True)
+    follow(proc, job, timeout=120)
+    output = Path(f"{sweep_dir}.log").read_text()
+    assert proc.returncode == 1 and f"job 0 preempted: SLURM job {job} ended CANCELLED" in output, output[-3000:]
+    log = (sweep_dir / "0" / "run.log").read_text()
+    (stop,) = map(int, re.findall(r"interrupted by SIGTERM after step (\d+)/600; checkpoint \d+ saved", log))
+    acknowledged = [int(step) for task in (0, 1) for step in re.findall(
+        r"theseus: SIGTERM received: stopping after step (\d+)", (sweep_dir / ".submitit" / job / f"{job}_{task}_log.err")
+        .read_text())]
+    assert len(acknowledged) == 2 and stop - 2 <= min(acknowledged) and stop <= max(acknowledged), (stop, acknowledged)
+    assert (sweep_dir / "0" / "checkpoints" / str(stop)).is_dir() and stop < 1000
+    assert summary(sweep_dir)["status"] == "preempted"
