@@ -149,7 +149,7 @@ def test_scancel_of_two_tasks_saves_the_step_they_agree_on_and_the_printed_resum
     save it well inside SLURM's 30 s KillWait; the job is a ``preempted``, resumable row whose
     printed resume command finishes it, on SLURM, from that checkpoint."""
     sweep_dir = tmp_path / "sweep"
-    proc = sweep(corpus, sweep_dir, "trainer.max_steps=600", "trainer.log_every=1000", "trainer.checkpoint_every=20",
+    proc = sweep(corpus, sweep_dir, "trainer.max_steps=120", "trainer.log_every=1000", "trainer.checkpoint_every=20",
                  "hydra.launcher.tasks_per_node=2")
     job = job_id(sweep_dir)
     deadline = time.time() + 240
@@ -164,7 +164,7 @@ def test_scancel_of_two_tasks_saves_the_step_they_agree_on_and_the_printed_resum
                      output), output[-3000:]
     run_log = sweep_dir / "0" / "run.log"
     log = run_log.read_text()
-    (stop,) = map(int, re.findall(r"interrupted by SIGTERM after step (\d+)/600; checkpoint \d+ saved", log))
+    (stop,) = map(int, re.findall(r"interrupted by SIGTERM after step (\d+)/120; checkpoint \d+ saved", log))
     (acknowledged,) = map(int, re.findall(r"theseus: SIGTERM received: stopping after step (\d+)", log))  # process 0's
     assert acknowledged - 2 <= stop <= acknowledged, log[-3000:]  # the other's signal may have come a step earlier
     assert (sweep_dir / "0" / "checkpoints" / str(stop)).is_dir() and "Traceback" not in log
@@ -177,5 +177,5 @@ def test_scancel_of_two_tasks_saves_the_step_they_agree_on_and_the_printed_resum
                            env=env(), cwd=tmp_path, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     log = run_log.read_text()
-    assert f"resuming from {sweep_dir}/0/checkpoints/{stop} at step {stop}" in log and "complete: step 600/600" in log
+    assert f"resuming from {sweep_dir}/0/checkpoints/{stop} at step {stop}" in log and "complete: step 120/120" in log
     assert summary(sweep_dir)["status"] == "ok"
