@@ -169,7 +169,11 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     gpus = visible_gpus()
     if is_multirun(argv) and gpus:  # parallel jobs on this host: one GPU share each, or refused now
         check_enough(parallel_jobs(base.hydra.launcher), gpus)
-    remote = any(arg.startswith("hydra/launcher=submitit") for arg in argv)  # other machines, other devices
+    remote = any(arg.startswith(("hydra/launcher=submitit", "hydra/launcher=slurm")) for arg in argv)  # other machines
+    if is_multirun(argv):
+        from theseus.slurm import check_time_limit
+
+        check_time_limit(base.hydra.launcher)  # before anything is submitted
     runs, planned = [], []
     for overrides in job_overrides(argv, sweep_params(base) if is_multirun(argv) else ()):
         cfg, run_dir = _job(compose(overrides, hydra=True) if is_multirun(argv) else base)

@@ -51,13 +51,15 @@ def write(sweep_dir: Path, jobs: Sequence[Job]) -> None:
 def table(jobs: Sequence[Job]) -> Table:
     """The summary as a rich table (errors are printed beneath it, whole)."""
     failed = sum(job.status == "failed" for job in jobs)
-    out = Table(title=f"sweep: {len(jobs)} jobs, {failed} failed", title_justify="left")
+    preempted = sum(job.status == "preempted" for job in jobs)
+    out = Table(title=f"sweep: {len(jobs)} jobs, {failed} failed" + (f", {preempted} preempted" if preempted else ""),
+                title_justify="left")
     body = rows(jobs)
     columns = [key for key in body[0] if key != "error"]
     for column in columns:
         out.add_column(column, justify="right" if column in SUMMARY_METRICS else "left")
     for row in body:
-        style = {"failed": "red", "unfinished": "yellow"}.get(row["status"])
+        style = {"failed": "red", "unfinished": "yellow", "preempted": "yellow"}.get(row["status"])
         out.add_row(*(fmt(column, row[column]) for column in columns), style=style)
     return out
 
@@ -112,7 +114,7 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
         console.print(seeds, markup=False, highlight=False)
     for job in jobs:
         if job.error:
-            console.print(f"job {job.name} failed: {job.error}", style="red", markup=False, highlight=False)
+            console.print(f"job {job.name} {job.status}: {job.error}", style="red", markup=False, highlight=False)
     console.print(f"summary: {sweep_dir / 'summary.csv'}, {sweep_dir / 'summary.json'}", markup=False, highlight=False)
     return jobs
 

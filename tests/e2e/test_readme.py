@@ -34,7 +34,7 @@ SETUP = re.compile(r'^python3 -m venv \.venv && \.venv/bin/pip install -c constr
 SKIP = {
     ".venv/bin/python -m pytest": "the README's test command: .ci/run runs this very line",
     "distributed.coordinator=10.0.0.1": "the other host, 10.0.0.1, is another machine",
-    "hydra/launcher=submitit_slurm": "needs a SLURM cluster",
+    "hydra/launcher=slurm": "needs a SLURM cluster (tests/e2e/test_slurm.py runs one)",
     "gcloud compute tpus": "needs a Cloud TPU pod",
 }
 

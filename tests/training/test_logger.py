@@ -151,3 +151,27 @@ def test_sweep_jobs_share_a_wandb_group_and_job_type(tmp_path):
     records = [_run_record(log) for log in sorted(sweep.glob("*/wandb/offline-run-*/run-*.wandb"))]
     assert len(records) == 2 and records[0].run_id != records[1].run_id
     assert {(r.run_group, r.job_type) for r in records} == {(str(sweep), "sweep")}
+
+
+def test_a_run_outlives_wandbs_service_signalled_with_its_job(tmp_path, capsys):
+    """scancel and time limits signal every process of a job, W&B's service too: the run goes on
+    without W&B, saying so once, and closes without an error (the trainer's ``interrupted``)."""
+    import os
+    import signal
+
+    with RunLogger(LoggerConfig(), tmp_path, resolved_config={}, total_steps=3) as logger:
+        logger.log(1, {"loss": 3.0})
+        services = subprocess.run(["pgrep", "-P", str(os.getpid()), "wandb-core"], capture_output=True,
+                                  text=True).stdout.split()
+        assert services
+        for pid in services:
+            os.kill(int(pid), signal.SIGTERM)
+            os.waitpid(int(pid), 0)
+        logger.log(2, {"loss": 2.0})
+        logger.summary(status="interrupted")
+    said = capsys.readouterr()
+    lines = [line for line in (said.out + said.err).splitlines() if "W&B's service has stopped" in line]
+    assert lines == [f"theseus: W&B's service has stopped (ConnectionResetError: Connection lost), signalled with "
+                     f"the job: the run goes on without W&B; {tmp_path / 'wandb'} keeps what it had written"]
+    assert [row["step"] for row in _read(tmp_path / "metrics.jsonl")] == [1, 2]
+    assert not (tmp_path / "result.json").exists()  # not failed

@@ -15,10 +15,16 @@ job type ``sweep`` (a single run: ``train``); the git commit of the working dire
 recorded when it is in a repository. In W&B the metrics are grouped into sections
 (``train/loss``, ``val/loss``, ``optim/lr``, ``throughput/mfu``; ``SECTIONS``), while
 ``metrics.jsonl`` keeps the flat names (``loss``, ``val_loss``, ``lr``, ``mfu``).
+
+W&B's service is a process of its own, and a scheduler signals every process of a job
+(``scancel``, a time limit): when it has gone, the run says so once and goes on without W&B
+(its segment keeps what the service had written), so a signalled run still saves its checkpoint
+and ends ``interrupted``, never ``failed``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -33,7 +39,7 @@ import numpy as np
 
 from theseus.config import ConfigError, Configurable, field
 from theseus.training.console import Progress
-from theseus.training.records import RESULT, record_failure
+from theseus.training.records import RESULT, error_line, record_failure
 from theseus.training.tensorboard import TensorBoard, job_hparams
 
 
@@ -137,8 +143,7 @@ class RunLogger:
         record = {"step": int(step), **{k: v if math.isfinite(v) else None for k, v in values.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._run is not None:
-            self._run.log({section(key): value for key, value in values.items()}, step=int(step))
+        self._wandb(lambda run: run.log({section(key): value for key, value in values.items()}, step=int(step)))
         if self._tensorboard is not None:
             self._tensorboard.log(int(step), {section(key): value for key, value in values.items()})
         if progress:
@@ -149,8 +154,7 @@ class RunLogger:
         if not self._open:
             return
         values = scrub(values, self._hidden)
-        if self._run is not None:
-            self._run.summary.update(values)
+        self._wandb(lambda run: run.summary.update(values))
 
     def message(self, text: str) -> None:
         """Print a line to the console without breaking the progress bar."""
@@ -164,11 +168,23 @@ class RunLogger:
             return
         self._open = False
         self._progress.close()
-        if self._run is not None:
-            _finish_wandb(self._run, exit_code=1 if failed else 0)
+        self._wandb(lambda run: _finish_wandb(run, exit_code=1 if failed else 0))
         if self._tensorboard is not None:
             self._tensorboard.close(failed=failed)
         self._file.close()
+
+    def _wandb(self, call: Callable[[Any], None]) -> None:
+        """``call(run)`` on the W&B run, if any; if W&B's service has gone (signalled with the
+        job), say so once and go on without W&B."""
+        if self._run is None:
+            return
+        try:
+            call(self._run)
+        except service_gone() as exc:
+            self._run = None
+            _abandon_wandb()
+            self._progress.print(f"theseus: W&B's service has stopped ({error_line(exc)}), signalled with the job: "
+                                 f"the run goes on without W&B; {self._run_dir / 'wandb'} keeps what it had written")
 
     def __enter__(self) -> RunLogger:
         return self
@@ -241,6 +257,23 @@ def _start_wandb(mode: str, run_dir: Path, naming: Mapping[str, Any], resolved_c
     return wandb.init(
         mode=mode, dir=str(run_dir), **naming, config=dict(resolved_config), settings=settings,
     )
+
+
+def service_gone() -> tuple[type[BaseException], ...]:
+    """The errors W&B raises once its service process has ended (W&B imported: it is on)."""
+    from wandb.sdk.mailbox.mailbox import MailboxClosedError
+    from wandb.sdk.mailbox.mailbox_handle import HandleAbandonedError
+
+    return OSError, MailboxClosedError, HandleAbandonedError
+
+
+def _abandon_wandb() -> None:
+    """Drop the connection to W&B's dead service, and with it W&B's exit hook (which would
+    print the same error again as the process exits)."""
+    import wandb
+
+    with contextlib.suppress(*service_gone()):
+        wandb.teardown()
 
 
 def _finish_wandb(run, exit_code: int) -> None:

@@ -187,6 +187,12 @@ def record_failure(run_dir: Path, exc: BaseException) -> None:
     (run_dir / RESULT).write_text(json.dumps({"status": "failed", "error": error_line(exc)}) + "\n")
 
 
+def resumable(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a checkpoint to resume from (``checkpoints/STEP``)."""
+    checkpoints = run_dir / "checkpoints"
+    return checkpoints.is_dir() and any(path.name.isdigit() for path in checkpoints.iterdir())
+
+
 def is_run(path: Path) -> bool:
     return (path / ".hydra" / "config.yaml").is_file()
 
@@ -203,18 +209,20 @@ class Job:
 
     name: str  # its folder in the sweep folder
     params: dict[str, Any]  # its command-line overrides
-    status: str  # ok, failed, or unfinished (no result: still running, or killed)
+    status: str  # ok, failed, preempted (stopped by a signal or its scheduler), or unfinished (no result yet)
     error: str
     val_loss: float | None
     tokens_per_s: float | None
     mfu: float | None
+    resumable: bool = False  # not ok, and a checkpoint to resume from
 
     @classmethod
     def load(cls, path: Path) -> Job:
         run = Run.load(path)
         result = json.loads((path / RESULT).read_text()) if (path / RESULT).is_file() else {}
-        return cls(path.name, run.params, result.get("status", "unfinished"), result.get("error", ""),
-                   *(run.last(key) for key in SUMMARY_METRICS))
+        status = result.get("status", "unfinished")
+        return cls(path.name, run.params, status, result.get("error", ""),
+                   *(run.last(key) for key in SUMMARY_METRICS), resumable=status != "ok" and resumable(path))
 
 
 def collect(sweep_dir: Path) -> list[Job]:
@@ -234,7 +242,8 @@ def rows(jobs: Sequence[Job]) -> list[dict[str, Any]]:
     """One flat row per job: job, the swept values, the metrics, status, error."""
     keys = swept(jobs)
     return [{"job": job.name, **{key: job.params.get(key) for key in keys},
-             **{key: getattr(job, key) for key in SUMMARY_METRICS}, "status": job.status, "error": job.error}
+             **{key: getattr(job, key) for key in SUMMARY_METRICS}, "status": job.status,
+             "resumable": job.resumable, "error": job.error}
             for job in jobs]
 
 

@@ -76,7 +76,7 @@ def report_end(run: Run, loop: LoopState, console: RunConsole) -> None:
     rows.append(("wall time", format_duration(time.perf_counter() - loop.began)))
     rows.append(("checkpoints", ", ".join(map(str, kept)) or "none"))
     console.show_table("theseus run summary", rows)
-    lines = [f"  resume:   {resume_command()}"] if loop.stop else []
+    lines = [f"  resume:   {resume_command(run_dir)}"] if loop.stop else []
     if kept:
         extendable = run.settings.optimizer.schedule in ("constant", "wsd")  # wsd: before its decay
         more = (command_line(("trainer.max_steps=", "hydra.run.dir="), [f"hydra.run.dir={run_dir}"])

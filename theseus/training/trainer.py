@@ -51,7 +51,7 @@ class Trainer:
         """
         main = jax.process_index() == 0
         with self.console.transcript(run_dir / "run.log") if main else contextlib.nullcontext(), \
-                Preemption(self._stop_step, say=self.say) as preemption:
+                Preemption(say=self.say) as preemption:
             self.say(f"theseus: run directory {run_dir}")
             loop = self.start(run_dir)
             loop.preemption, preemption.step = preemption, loop.step
@@ -76,14 +76,6 @@ class Trainer:
         if loop.stop:
             raise SystemExit(128 + loop.stop)  # the shell's code for a process ended by that signal
         return loop.val_loss
-
-    def _stop_step(self, step: int) -> int:
-        """The step a run stops after when signalled while step ``step + 1`` is under way: that
-        one, or with several processes the next log step (where the signals are compared)."""
-        if jax.process_count() == 1:
-            return step + 1
-        every = self.settings.log_every
-        return min(self.settings.max_steps, (step // every + 1) * every)
 
     def start(self, run_dir: Path) -> LoopState:
         """Restore the state (this directory's checkpoint, or the run's start) and the loader,
@@ -146,8 +138,9 @@ class Trainer:
         self._check_finite(loop.state, loop.checkpointer)
 
     def preempt(self, loop: LoopState) -> None:
-        """Agree on a stop signal (compared across processes at log steps only)."""
-        loop.stop = loop.preemption.agreed(loop.step, now=loop.due(self.settings.log_every))
+        """Agree on a stop signal, every step (across processes: a flag all-reduced each step,
+        read one step later)."""
+        loop.stop = loop.preemption.agreed(loop.step)
 
     def evaluate(self, loop: LoopState) -> None:
         """Every ``trainer.eval_every`` steps: the validation loss, logged with the task's metrics."""
