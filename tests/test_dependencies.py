@@ -9,9 +9,8 @@ import tomllib
 from support import ROOT
 
 IMPORTS = {"hydra-core": "hydra", "orbax-checkpoint": "orbax", "jaxlib": "jax", "tensorboardx": "tensorboardX",
-           "pyyaml": "yaml"}  # jaxlib: jax's backend
-PLUGINS = {"hydra-optuna-sweeper": "override /hydra/sweeper: optuna", "hydra-joblib-launcher": "hydra/launcher=joblib",
-           "hydra-submitit-launcher": "hydra/launcher=submitit"}
+           "pyyaml": "yaml", "hydra-submitit-launcher": "hydra_plugins.hydra_submitit_launcher"}  # jaxlib: jax's backend
+PLUGINS = {"hydra-optuna-sweeper": "override /hydra/sweeper: optuna", "hydra-joblib-launcher": "hydra/launcher=joblib"}
 PINS = {"sqlalchemy", "alembic"}  # optuna 2.10's SQLite storage (tests/e2e/test_optuna_storage.py)
 
 
@@ -21,7 +20,7 @@ def declared() -> list[str]:
 
 
 def test_no_declared_dependency_goes_unused():
-    code = "\n".join(p.read_text() for p in (ROOT / "theseus").rglob("*.py"))
+    code = "\n".join(p.read_text() for folder in ("theseus", "hydra_plugins") for p in (ROOT / folder).rglob("*.py"))
     shipped = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "sweeps").glob("*.yaml")])
     unused = []
     for name in declared():

@@ -90,10 +90,8 @@ CASES = [
     case("evaluate_corrupt_config", "theseus.evaluate", ["corrupt"], "corrupt/.hydra/config.yaml is not valid YAML"),
     case("evaluate_model_key", "theseus.evaluate", ["run", "architecture.n_layers=3"], "architecture.n_layers=3",
          "trainer.eval_batches=N"),
-    pytest.param("theseus.evaluate", ["run", "evaluation.multiple_chioce.x=a.jsonl"], ["evaluation.multiple_chioce",
-                 "did you mean evaluation.multiple_choice"], id="evaluate_misspelt_key", marks=pytest.mark.xfail(
-                     strict=True, reason="accepted: theseus/evaluate.py overrides() is to refuse "
-                                         "compose.undeclared(items) with compose.unknown_key")),
+    case("evaluate_misspelt_key", "theseus.evaluate", ["run", "evaluation.multiple_chioce.x=a.jsonl"],
+         "evaluation.multiple_chioce", "did you mean evaluation.multiple_choice"),
     # theseus.runs.load (a Python API: its error, one line)
     case("runs_load_missing", "theseus.runs", ["nowhere"], "nowhere is neither a run directory"),
     case("runs_load_corrupt_config", "theseus.runs", ["corrupt"], "corrupt/.hydra/config.yaml is not valid YAML"),
@@ -145,10 +143,8 @@ CASES = [
          "trainer.init_from"),
     case("init_from_missing", "theseus.run", [*RUN, "trainer.init_from=nowhere"], "trainer.init_from=",
          "nowhere is not a folder"),
-    pytest.param("theseus.run", [*RUN, "trainer.init_from=untrained"], ["untrained holds no checkpoint"],
-                 id="init_from_run_without_checkpoints", marks=pytest.mark.xfail(
-                     strict=True, reason="says 'has no config.json' (a Hugging Face folder's): interop/init_from.py "
-                                         "is to call theseus.training.checkpoint.require_checkpoint on a run directory")),
+    case("init_from_run_without_checkpoints", "theseus.run", [*RUN, "trainer.init_from=untrained"],
+         "untrained holds no checkpoint"),
     case("init_from_corrupt_run", "theseus.run", [*RUN, "trainer.init_from=corrupt"],
          "corrupt/.hydra/config.yaml is not valid YAML"),
     case("tokenizer_unknown_name", "theseus.run", [*RUN, "data.tokenizer=wordpiece"], "wordpiece does not exist",
