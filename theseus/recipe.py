@@ -45,13 +45,14 @@ from theseus.training.state import TrainState
 
 
 def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "train",
-             tokenizer: Tokenizer | None = None) -> Run:
+             tokenizer: Tokenizer | None = None, announce: bool = True) -> Run:
     """The run ``cfg`` describes, checked and built.
 
     ``run_dir``: the directory it trains in (its resume and ``trainer.init_from`` checked before
     compiling, its memory after). ``steps``: ``"train"``, ``"eval"`` (the eval step alone) or
     None (the state's layout only). ``tokenizer``: the model's, when no data is read (sample,
     export); a planned run (``mesh.target``) reads none either: its tokenizer sizes the vocabulary.
+    ``announce``: say that the train step compiles (a dry run's candidate settings compile quietly).
     """
     composed, derived = cfg, init_from_values(cfg)  # trainer.init_from's architecture and tokenizer
     cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
@@ -82,7 +83,7 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
         init_from.check(settings, model)
 
     mesh = make_mesh(settings.mesh, devices)
-    if steps == "train":
+    if steps == "train" and announce:
         _say_compiling(model, devices, settings)
     with oom_verdict(f"mesh.target={target.name}: the train step" if target else "the train step",
                      target.hbm if target else None):  # a compile out of device memory: one line

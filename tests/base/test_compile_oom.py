@@ -72,9 +72,9 @@ def test_a_real_tpu_compile_too_big_for_the_chip_is_a_verdict():
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
 
-    from theseus.base.target import resolve
+    from theseus.plan.target import target_named
 
-    device = resolve("tpu:v5e-8").devices[0]
+    device = target_named("tpu:v5e-8").devices[0]
     x = jax.ShapeDtypeStruct((20 * G // 4,), jnp.float32, sharding=SingleDeviceSharding(device))
     with pytest.raises(ConfigError, match=r"^tpu:v5e-8 does not fit: needs 40 GiB of HBM per device, has 15.75 GiB: "):
         with oom_verdict("tpu:v5e-8"):

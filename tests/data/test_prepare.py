@@ -190,4 +190,4 @@ def test_command_line(corpus, tmp_path):
     bad = run_python("-m", "theseus.data.prepare", "data.source=text", f"data.path={tmp_path}/nowhere", timeout=120)
     assert (bad.returncode, bad.stdout) == (2, "")
     assert bad.stderr == (f"theseus: error: data.path={tmp_path}/nowhere does not exist: "
-                          "set data.path to a text file, a folder or a glob\n")
+                          "set data.path to a file, a folder or a glob\n")

@@ -137,11 +137,11 @@ CASES = [
           "trainer.grad_accum=3", "use a multiple of 6"),
     # data and files
     _case("missing_data_path", ["data.path={ws}/nope.txt"], "data.path={ws}/nope.txt does not exist",
-          "set data.path to a text file"),
+          "set data.path to a file, a folder or a glob"),
     _case("text_without_path", ["data.path=null"], "data.source=text needs data.path"),
     _case("empty_corpus_file", ["data.path={ws}/empty.txt"], "data.path={ws}/empty.txt is empty",
           "give data.path some text"),
-    _case("folder_without_files", ["data.path={ws}/emptydir"], "data.path={ws}/emptydir matches no files"),
+    _case("folder_without_files", ["data.path={ws}/emptydir"], "data.path={ws}/emptydir matches no text files"),
     _case("corpus_not_utf8", ["data.path={ws}/binary.dat"], "{ws}/binary.dat is not UTF-8 text",
           "convert it to UTF-8"),
     _case("multiple_choice_file_missing",  # a fresh cache: refused before the corpus is prepared

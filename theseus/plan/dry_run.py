@@ -24,7 +24,7 @@ from theseus.training.summary import describe
 ADVICE_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each setting it would advise
 
 
-def dry_run(cfg: DictConfig, assemble: Callable[[DictConfig], Run]) -> dict[str, Any]:
+def dry_run(cfg: DictConfig, assemble: Callable[..., Run]) -> dict[str, Any]:
     """Assemble ``cfg`` (``assemble``: ``theseus.recipe.assemble``), print its plan; returns the
     plan's summary (a sweep's row): target, fits, memory, limit, step_s, chip_hours."""
     run = assemble(cfg)
@@ -34,7 +34,7 @@ def dry_run(cfg: DictConfig, assemble: Callable[[DictConfig], Run]) -> dict[str,
     def compile_memory(key: str, value: int | str) -> dict[str, int]:
         changed = cfg.copy()
         OmegaConf.update(changed, key, value, force_add=True)
-        return assemble(changed).compiled.memory
+        return assemble(changed, announce=False).compiled.memory
 
     rows = describe(run, n_params(compiled.target.params))
     rows.append(("step time at 100% MFU", duration(run.flops_per_step / (peak * len(devices)))))
