@@ -10,6 +10,7 @@ printed resume command finishes the job. gpt_tiny on the CPU, a 2-minute limit: 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import shlex
@@ -121,15 +122,27 @@ def test_a_time_limit_too_short_for_its_warning_is_refused_before_submitting(tmp
     assert not (tmp_path / "sweep").exists()
 
 
-STEPS = 5000  # gpt_tiny steps: at least two segments of a 2-minute limit
+def steps_for(seconds: float, corpus: Path, tmp_path: Path) -> int:
+    """gpt_tiny's steps in ``seconds`` on this machine now, from a short local run of the same
+    job (its last logged tokens/s): this machine runs it anywhere between ~12 and ~80 steps/s."""
+    run_dir = tmp_path / "calibration"
+    subprocess.run([sys.executable, "-m", "theseus.run", "+experiment=gpt_tiny", "data.source=text",
+                    f"data.path={corpus}", f"data.cache_dir={corpus.parent / 'cache'}", "trainer.max_steps=400",
+                    "trainer.log_every=100", "trainer.eval_every=0", "trainer.eval_batches=1", "logger.mode=disabled",
+                    f"hydra.run.dir={run_dir}"], check=True, capture_output=True, env=env())
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    per_step = cfg.trainer.batch_size * cfg.architecture.seq_len  # tokens
+    return int(seconds * [row["tokens_per_s"] for row in rows if "tokens_per_s" in row][-1] / per_step)
 
 
 @pytest.mark.slow
 def test_a_time_limit_saves_at_the_warning_requeues_and_finishes(slurm, tmp_path, corpus):
-    """More steps than one 2-minute segment takes at gpt_tiny's fastest here (~50 steps/s, the
-    warning ~75 s in), so at least one warning arrives whatever the machine's load."""
+    """More steps than one 2-minute segment takes (the warning ~90 s in), measured on this
+    machine as it is loaded now, so at least one warning arrives."""
+    steps = steps_for(150, corpus, tmp_path)  # more than one segment (~90 s of steps), about two
     sweep_dir = tmp_path / "sweep"
-    proc = sweep(corpus, sweep_dir, f"trainer.max_steps={STEPS}", "trainer.log_every=10", "hydra.launcher.timeout_min=2",
+    proc = sweep(corpus, sweep_dir, f"trainer.max_steps={steps}", "trainer.log_every=10", "hydra.launcher.timeout_min=2",
                  "hydra.launcher.signal_delay_s=30")
     job = job_id(sweep_dir)
     released = follow(proc, job, timeout=1200)
@@ -140,9 +153,9 @@ def test_a_time_limit_saves_at_the_warning_requeues_and_finishes(slurm, tmp_path
     resumes = [int(s) for s in re.findall(r"resuming from \S+/checkpoints/(\d+) at step \d+", log)]
     assert stops and resumes == stops and len(released) == len(stops), log[-3000:]  # each segment: the last one's
     for step in stops:
-        assert f"interrupted by SIGUSR2 after step {step}/{STEPS}; checkpoint {step} saved" in log
+        assert f"interrupted by SIGUSR2 after step {step}/{steps}; checkpoint {step} saved" in log
     assert log.count(f"theseus: requeued SLURM job {job}") == len(stops)
-    assert f"complete: step {STEPS}/{STEPS}" in log and "Traceback" not in output
+    assert f"complete: step {steps}/{steps}" in log and "Traceback" not in output
     row = summary(sweep_dir)
     assert (row["status"], row["resumable"]) == ("ok", "False") and float(row["val_loss"]) > 0
 
