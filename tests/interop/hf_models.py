@@ -109,3 +109,28 @@ def hf_logits(folder: Path, tokens: np.ndarray) -> np.ndarray:
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():
         return hf(torch.from_numpy(tokens)).logits.numpy()
+
+
+def hf_val_loss(folder: Path, overrides: list[str], seq_len: int, batch_size: int, batches: int) -> float:
+    """transformers' mean next-token loss of ``folder`` over the first ``batches`` validation
+    batches a theseus run (or evaluation) with these ``data.*`` overrides reads."""
+    from theseus.config.compose import with_values
+    from theseus.data.config import DataConfig
+    from theseus.data.dataset import open_dataset
+    from theseus.interop.init_from import init_from_values
+    from theseus.trained import source_config
+
+    cfg = source_config(folder, overrides)
+    cfg = with_values(cfg, init_from_values(cfg))
+    with configuration(cfg):
+        data = configure(DataConfig)
+    loader = open_dataset(data).loader("val", seq_len, batch_size, seed=data.seed, prefetch=0)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    losses = []
+    for _ in range(batches):
+        batch = torch.from_numpy(np.asarray(next(loader), np.int64))
+        with torch.no_grad():
+            logits = hf(batch[:, :-1]).logits
+        losses.append(float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())))
+    loader.close()
+    return float(np.mean(losses))

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
-from interop.hf_models import CORPUS, hf_logits, torch, transformers
+from interop.hf_models import CORPUS, hf_logits, hf_val_loss, torch, transformers
 
 from support import run_python
 
@@ -59,6 +59,19 @@ def test_a_mixtral_folder_trains_as_model_moe_unless_another_model_is_given(mixt
     assert proc.stderr.strip() == (f"theseus: error: trainer.init_from={mixtral_folder} is a Hugging Face mixtral "
                                    f"checkpoint, which loads into model=moe, but model=gpt: set model=moe")
     assert not (tmp_path / "b" / "run").exists()
+
+
+def test_a_run_from_weights_evaluates_them_at_step_0(llama_folder, tmp_path):
+    """The baseline of a fine-tune: the curve's first val_loss is the folder's own, before any
+    step (transformers' loss on the same validation batches), then one at the end."""
+    proc = run_python(*train_args(llama_folder, tmp_path, "optimizer.lr=1e-2"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [(m["step"], m["val_loss"]) for m in logged if "val_loss" in m]
+    assert [step for step, _ in evaluations] == [0, 2]
+    data = [a for a in train_args(llama_folder, tmp_path) if a.startswith("data.")]
+    assert evaluations[0][1] == pytest.approx(hf_val_loss(llama_folder, data, 32, 2, 1), rel=1e-4)
+    assert evaluations[1][1] != pytest.approx(evaluations[0][1], rel=1e-4)  # trained: another model
 
 
 def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):

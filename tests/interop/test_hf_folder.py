@@ -6,18 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-from interop.hf_models import CORPUS, torch, transformers
+from interop.hf_models import CORPUS, hf_val_loss, torch, transformers
 
 from support import run_python
-from theseus.config import configuration, configure
-from theseus.config.compose import with_values
-from theseus.data.config import DataConfig
-from theseus.data.dataset import open_dataset
 from theseus.data.tokenizer import HFTokenizer
-from theseus.interop.init_from import init_from_values
-from theseus.trained import source_config
 
 PROMPT = "def __init__"
 
@@ -71,20 +64,7 @@ def test_evaluating_a_folder_gives_transformers_loss_on_the_same_batches(kind, r
     assert "val_loss" in proc.stdout
 
     # the batches the evaluation reads (the trainer's validation loader), scored by transformers
-    cfg = source_config(folder, overrides)
-    cfg = with_values(cfg, init_from_values(cfg))
-    with configuration(cfg):
-        data = configure(DataConfig)
-    loader = open_dataset(data).loader("val", 64, 2, seed=data.seed, prefetch=0)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-    losses = []
-    for _ in range(2):
-        batch = torch.from_numpy(np.asarray(next(loader), np.int64))
-        with torch.no_grad():
-            logits = hf(batch[:, :-1]).logits
-        losses.append(float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())))
-    loader.close()
-    assert record["metrics"]["val_loss"] == pytest.approx(np.mean(losses), rel=1e-4)
+    assert record["metrics"]["val_loss"] == pytest.approx(hf_val_loss(folder, overrides, 64, 2, 2), rel=1e-4)
 
 
 def test_a_folder_without_its_tokenizer_cannot_be_sampled(llama_sharded_folder, tmp_path):

@@ -1,7 +1,8 @@
 """The trainer: the loop over an assembled ``Run`` (``theseus.recipe.assemble``).
 
 ``Trainer(run).run(run_dir)`` restores the state (the run directory's checkpoint, else the
-run's start: fresh, or ``trainer.init_from``'s), then takes steps; after each, the hooks
+run's start: fresh, or ``trainer.init_from``'s, whose weights are evaluated first: the curve's
+step 0), then takes steps; after each, the hooks
 ``log``, ``preempt``, ``evaluate`` and ``checkpoint`` run, each on its own cadence. A new piece
 of cadence is one more hook (a subclass overrides ``hooks``).
 """
@@ -60,6 +61,8 @@ class Trainer:
                 if loop.step >= loop.last_step:
                     loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
                     self._evaluate_now(loop, log=False)
+                elif loop.step == 0 and self.settings.init_from:
+                    self._evaluate_now(loop, log=True)  # the baseline: the curve starts from the model given
                 while loop.step < loop.last_step and not loop.stop:
                     self.take_step(loop)
                     with loop.window.pause():  # the hooks' time is not step time
