@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from theseus.config import configuration, configure
 from theseus.data.chat import ChatTemplate, chat_prompt
@@ -17,6 +18,7 @@ from theseus.model.models.gpt import GPT
 from theseus.sample import reply
 
 
+@pytest.mark.slow
 def test_chat_reply_stops_at_the_end_of_turn_token():
     """A model rigged to map each token to a next one (blocks zeroed, the head a lookup): after the
     generation prompt's newline it says ``o``, ``k``, then <|endoftext|>, then <|endoftext|> for ever."""

@@ -74,6 +74,7 @@ def test_a_folder_without_its_tokenizer_cannot_be_sampled(llama_sharded_folder, 
                                    "tokenizer beside it (tokenizer.save_pretrained(folder) writes it)")
 
 
+@pytest.mark.slow
 def test_a_folder_that_is_neither_is_one_line(tmp_path):
     for command in ("theseus.sample", "theseus.evaluate"):
         proc = run_python("-m", command, str(tmp_path), cwd=tmp_path)

@@ -65,6 +65,7 @@ def lora_model(folder: Path, targets: list[str]):
     return model, traverse_util.unflatten_dict(flat, sep="/")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen2"])
 def test_peft_loads_the_adapters_onto_the_base_and_computes_the_merged_model(kind, request, tmp_path):
     """Each model_type's projections: peft's adapted model = theseus's adapted model = the

@@ -112,6 +112,7 @@ def windowed_reference(model, params, prompt, n):
     return tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "llama"])  # learned positions and rotary ones
 @pytest.mark.parametrize("prompt_len", [5, 16, 20])  # shorter than, as long as, and longer than the context
 def test_past_the_context_the_window_keeps_the_last_seq_len_tokens(name, prompt_len):

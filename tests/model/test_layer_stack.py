@@ -115,6 +115,7 @@ def test_scanned_layers_equal_the_unrolled_model_given_the_same_parameters():
     assert max_diff(grads, unstack_layers(grads_s)) <= 1e-5
 
 
+@pytest.mark.slow
 def test_stacking_round_trips_and_matches_a_scanned_init():
     params = init(build())
     back = unstack_layers(stack_layers(params))

@@ -135,6 +135,7 @@ def reference_attention(p, x, n_heads, n_kv_heads):
     return jnp.einsum("bnsh,nhd->bsd", jax.nn.softmax(scores, axis=-1) @ v, p["wo"]) + p.get("bo", 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_kv_heads, bias", [(4, True), (2, True), (4, False)])
 def test_attention_gradients_match_a_reference(n_kv_heads, bias):
     """Gradients through jax.nn.dot_product_attention's causal path, GQA's shared heads and

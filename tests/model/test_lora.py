@@ -54,6 +54,7 @@ def logits(model: GPT, *params: dict) -> list[np.ndarray]:
     return [np.asarray(apply({"params": tree}, TOKENS)) for tree in params]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", [GPT2_STYLE, LLAMA_STYLE], ids=["gpt2", "llama"])
 def test_adapters_start_as_the_base_and_compute_their_merged_weights(style):
     """Step 0 (B = 0) is the base bit for bit; with B drawn, the adapted model computes
@@ -97,6 +98,7 @@ def test_adapters_shard_with_their_weights():
     assert specs["h_0/attn/wq"] == PartitionSpec("fsdp", "tensor", None)
 
 
+@pytest.mark.slow
 def test_only_the_adapters_train():
     """AdamW with weight decay and clipping: state for the adapters alone, the base bit for bit
     the same after a step, the adapters moved; without adapters every weight trains."""
@@ -120,6 +122,7 @@ def test_only_the_adapters_train():
     assert moments(jax.eval_shape(tx.init, plain_params)) == 2 * everything
 
 
+@pytest.mark.slow
 def test_muon_and_adafactor_train_the_adapters_alone():
     model = build(LLAMA_STYLE, rank=4, targets=["q", "o", "up", "down"])
     boxed = model.init(jax.random.key(0), TOKENS[:, :4])["params"]
@@ -147,6 +150,7 @@ def test_a_target_the_model_lacks_is_refused(style, cls, targets, message):
     assert str(error.value) == message
 
 
+@pytest.mark.slow
 def test_attention_adapters_on_a_mixture_of_experts():
     model = build({**LLAMA_STYLE, "moe": {"n_experts": 4}}, MoEGPT, rank=4, targets=["q", "o"])
     params = params_of(model, randomise=True)

@@ -73,6 +73,7 @@ def reference(params: dict, x: np.ndarray, top_k: int, capacity: int | None, swi
     return y, dropped / (x.shape[0] * x.shape[1] * top_k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("activation, top_k, norm", [("swiglu", 2, True), ("gelu", 1, True), ("swiglu", 3, False)])
 def test_dropless_layer_equals_the_per_token_reference(activation, top_k, norm):
     layer, params, x = build(top_k=top_k, capacity_factor=None, norm_topk_prob=norm)
@@ -164,6 +165,7 @@ def tiny(**extra) -> dict:
                              "moe": {"n_experts": E, **extra.pop("moe", {})}, **extra}}
 
 
+@pytest.mark.slow
 def test_every_nth_layer_is_moe_and_flops_follow():
     with configuration(tiny(moe={"every": 2})):
         model = configure(MoEGPT)
@@ -176,6 +178,7 @@ def test_every_nth_layer_is_moe_and_flops_follow():
     assert model.flops(16) == dense.flops(16) + 2 * (moe.flops(16) - per_layer_dense)
 
 
+@pytest.mark.slow
 def test_scanned_layers_equal_unrolled_with_their_metrics():
     with configuration(tiny()):
         unrolled = configure(MoEGPT)
@@ -293,6 +296,7 @@ def test_route_bias_chooses_the_experts_and_the_gates_stay_unbiased():
     assert np.allclose(y, expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_route_bias_gradient_is_the_load_imbalance_and_the_loss_unchanged():
     with configuration(tiny(moe={"bias_update_rate": 0.01})):
         model = configure(MoEGPT)

@@ -87,6 +87,7 @@ def test_the_limit_of_a_cpu_device_is_the_host_ram():
     assert source == "host RAM" and limit > 2**28
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit, expected", [(None, "│ yes: the step needs"),
                                              (100_000, "of the device (trainer.memory_limit): parameters, "
                                                        "optimizer state and batch alone take")])

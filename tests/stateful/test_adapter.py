@@ -34,6 +34,7 @@ def adapted(module, shape=(3, 4)):
     return adapter, nn.meta.unbox(module.init(KEY, jnp.zeros((1, *shape))))
 
 
+@pytest.mark.slow
 def test_outputs_are_the_flax_modules_own():
     mlp = MLP(d_model=4, d_ff=8)
     adapter, variables = adapted(mlp)
@@ -63,6 +64,7 @@ def test_training_passes_deterministic_and_the_dropout_rng():
     np.testing.assert_array_equal(adapter(X)[0], mlp.apply(variables, X))
 
 
+@pytest.mark.slow
 def test_state_is_the_other_collections():
     normed = Normed(width=2)
     adapter, variables = adapted(normed, (4,))
@@ -77,6 +79,7 @@ def test_state_is_the_other_collections():
     np.testing.assert_allclose(adapter(x)[0], normed.apply({**variables, **updates}, x), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_gradients_match_flax():
     mlp = MLP(d_model=4, d_ff=8)
     adapter, variables = adapted(mlp)
@@ -87,6 +90,7 @@ def test_gradients_match_flax():
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_configured_module_survives_save_and_load(tmp_path):
     with configuration({"architecture.d_model": 6, "architecture.d_ff": 12, "architecture.activation": "swiglu"}):
         mlp = configure(MLP)
@@ -121,6 +125,7 @@ def test_set_precision_rebuilds_the_module_dtypes():
     assert adapter(X)[0].dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_errors():
     with pytest.raises(TypeError, match="FlaxAdapter wraps a theseus Module, got Dense"):
         FlaxAdapter(nn.Dense(3))

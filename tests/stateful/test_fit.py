@@ -18,6 +18,7 @@ from theseus.stateful import AffineEigenvaluePMM, Linear, Model
 RNG = np.random.default_rng(0)
 
 
+@pytest.mark.slow
 def test_fit_learns_least_squares():
     x = RNG.normal(size=(256, 3)).astype(np.float32)
     y = (x @ np.array([[1.0, -2.0], [0.5, 0.0], [3.0, 1.0]]) + [0.3, -1.0]).astype(np.float32)
@@ -30,6 +31,7 @@ def test_fit_learns_least_squares():
     np.testing.assert_allclose(np.r_[w, b[None]], expected, atol=2e-2)
 
 
+@pytest.mark.slow
 def test_a_short_fit_reduces_the_pmm_loss():
     x = RNG.normal(size=(128, 2)).astype(np.float32)
     y = np.sin(x[:, :1]) + x[:, 1:] ** 2
@@ -68,6 +70,7 @@ def test_settings_come_from_the_active_config():
     assert len(history.loss) == 3
 
 
+@pytest.mark.slow
 def test_custom_loss_and_optimizer():
     """An L1 loss under a constant SGD step falls to a floor the step sets (2-7% of the first
     epoch's over seeds 0-5); its own data, so the order tests run in cannot move it."""

@@ -33,6 +33,7 @@ def test_every_hermitian_matrix_has_an_encoding():
     np.testing.assert_allclose(hermitian(jnp.asarray(a, jnp.float32)), target, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("n", "k"), [(5, 1), (5, 3), (4, 4)])
 def test_eigenvalues_match_numpy(n, k):
     pmm = AffineEigenvaluePMM(n=n, k=k)
@@ -54,6 +55,7 @@ def test_diagonal_matrices_give_sorted_affine_eigenvalues():
     np.testing.assert_allclose(pmm(x)[0], [[1.0, 2.0], [1.75, 2.0], [0.0, 2.0]], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_input_gradient_is_hellmann_feynman():
     """d lambda_0 / d x_i = v0^H M_i v0, v0 the lowest eigenvector (from numpy)."""
     pmm = AffineEigenvaluePMM(n=4, k=1)

@@ -98,6 +98,7 @@ def test_a_mixture_run_logs_each_source_and_task_and_resumes_bit_for_bit(files, 
     assert evaluation["val_loss/stdlib"] != evaluation["val_loss/text"]
 
 
+@pytest.mark.slow
 def test_each_source_s_loss_equals_that_source_evaluated_alone(files, straight):
     run = load_trained(straight)
     with configuration(run.cfg):
@@ -181,6 +182,7 @@ def test_a_negative_weight_is_one_line_and_nothing_is_written(files, tmp_path):
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_other_keys_and_missing_steps(straight):
     proc = run_python("-m", "theseus.evaluate", str(straight), "architecture.n_layers=3")
     assert proc.returncode == 2 and proc.stderr.strip().startswith("theseus: error: 'architecture.n_layers=3': give "

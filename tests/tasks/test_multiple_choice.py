@@ -62,6 +62,7 @@ def reference(model, params, record) -> list[float]:
     return out
 
 
+@pytest.mark.slow
 def test_batched_scores_equal_one_forward_per_choice(model_and_params, tmp_path):
     model, params = model_and_params
     examples = load_examples(write(tmp_path / "mc.jsonl", EXAMPLES), ByteTokenizer(), SEQ)
@@ -106,6 +107,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_scores_sharded_over_four_devices_equal_one_device(tmp_path):
     path = write(tmp_path / "mc.jsonl", EXAMPLES)
     proc = run_python("-c", SHARDED, json.dumps(TINY), str(SEQ), str(path), devices=4)

@@ -40,6 +40,7 @@ def test_segment_positions_restart_per_segment():
     assert segment_positions(segments).tolist() == [[0, 1, 2, 0, 1, 0, 0, 1], list(range(8))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positions, scan_layers", [("learned", False), ("rope", True)])
 def test_packed_losses_equal_unpacked(positions, scan_layers):
     template, tokenizer = ChatTemplate.find("byte"), ByteTokenizer()
@@ -67,6 +68,7 @@ def test_packed_losses_equal_unpacked(positions, scan_layers):
     assert not np.allclose(apply(row), apply(unsegmented), atol=1e-3)
 
 
+@pytest.mark.slow
 def test_masked_loss_equals_transformers(tmp_path):
     """The sft loss of a batch equals transformers' loss with labels -100 outside
     apply_chat_template's assistant_masks (padded and packed alike); a mask one token off does not."""
@@ -150,6 +152,7 @@ def test_bad_rows_are_refused():
         Conversations.encode([{"chat": "hello"}], template, tokenizer, chat_field="chat")
 
 
+@pytest.mark.slow
 def test_val_loss_is_the_masked_mean_over_the_validation_conversations():
     """evaluate's val_loss of task=sft: every validation conversation once, packed, equals the
     mean over all their masked targets, each conversation scored alone."""

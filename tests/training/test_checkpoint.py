@@ -105,6 +105,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(corpus, straight, 
     assert losses(tmp_path)[STEPS] == losses(straight)[STEPS]
 
 
+@pytest.mark.slow
 def test_resume_never_refuses_a_used_directory(corpus, straight):
     before = sorted(p.name for p in (straight / "checkpoints").iterdir())
     proc = run_python("-m", "theseus.run", *command(corpus, straight, "trainer.resume=never")[3:])

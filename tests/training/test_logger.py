@@ -71,6 +71,7 @@ def test_scrub_hides_environment_secrets():
     }
 
 
+@pytest.mark.slow
 def test_offline_wandb_run_holds_the_config_and_no_secret(tmp_path, monkeypatch):
     api_key, token = "0123456789abcdef" * 2 + "01234567", "tok-secret-value-42"
     monkeypatch.setenv("WANDB_API_KEY", api_key)

@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import optax
+import pytest
 
 from theseus.base.mesh import MeshConfig, make_mesh
 from theseus.config import configuration, configure
@@ -14,6 +15,7 @@ from theseus.model.models.gpt import GPT
 from theseus.training.state import init_state, sharded_init
 
 
+@pytest.mark.slow
 def test_the_init_compiled_at_o1_equals_the_default_compilation():
     cfg = {"architecture.vocab_size": 64, "architecture.seq_len": 16, "architecture.n_layers": 2,
            "architecture.d_model": 32, "architecture.n_heads": 4, "architecture.positions": "rope"}

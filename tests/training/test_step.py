@@ -99,6 +99,7 @@ def moe_steps(rate: float, steps: int) -> tuple[list[float], list[dict], dict]:
     return largest, biases, first
 
 
+@pytest.mark.slow
 def test_bias_balanced_routing_moves_each_bias_by_the_rate_against_its_load():
     """DeepSeek-V3's update outside the gradient: after one step each layer's bias is
     ``-rate x sign(load - 1/4)`` of the first step's loads (AdamW, weight decay on, leaves it
