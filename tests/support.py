@@ -16,9 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
 
-# The head of a driver script that calls theseus.run.main(argv) for case after case: Hydra's start
-# is refused (raises Started), so an accepted command creates no run directory
-HYDRA_REFUSED = r"""
+# A driver script that runs ``module.main(argv)`` for each case of the JSON file given (``{name:
+# [module, argv]}``) in one process, and prints ``RESULTS{name: {code, stderr, changed}}``: the
+# exit code, what went to stderr, and the files each case created or changed. Hydra's start is
+# refused (raises Started), so an accepted command creates no run directory.
+DRIVER = r"""
 import hydra
 
 class Started(Exception):
@@ -32,6 +34,42 @@ def refuse(*args, **kwargs):  # Hydra reached: it would create the run directory
     return decorate
 
 hydra.main = refuse
+
+import contextlib, io, json, sys, traceback
+from pathlib import Path
+
+def listing():
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(".").rglob("*"))}
+
+cases = json.loads(Path(sys.argv[1]).read_text())
+results = {}
+for name, (module, argv) in cases.items():
+    err, before = io.StringIO(), listing()
+    sys.argv = [module, *argv]
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            if module == "theseus.runs":
+                import theseus.runs
+                try:
+                    theseus.runs.load(*argv)
+                    code = 0
+                except ValueError as exc:  # the API's error, as a user's notebook shows its line
+                    print(f"theseus: error: {exc}", file=sys.stderr)
+                    code = 2
+            else:
+                __import__(module)
+                code = sys.modules[module].main(argv) or 0
+    except SystemExit as exc:
+        code = exc.code
+    except Started:
+        code = "accepted: Hydra would start the run"
+    except BaseException as exc:
+        code = "raised"
+        err.write("".join(traceback.format_exception(exc)))
+    after = listing()
+    results[name] = {"code": code, "stderr": err.getvalue(),
+                     "changed": sorted(p for p in after.keys() | before.keys() if after.get(p) != before.get(p))}
+print("RESULTS" + json.dumps(results))
 """
 
 

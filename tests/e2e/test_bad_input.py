@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import HYDRA_REFUSED, run_python
+from support import DRIVER, run_python
 
 pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
@@ -165,32 +165,6 @@ CASES = [
     _case("no_validation_split", ["data.val_fraction=0"], "data.val_fraction"),
 ]
 
-DRIVER = HYDRA_REFUSED + r"""
-import contextlib, io, json, sys, traceback
-from pathlib import Path
-import theseus.run
-
-cases = json.loads(Path(sys.argv[1]).read_text())
-results = {}
-for name, argv in cases.items():
-    err = io.StringIO()
-    sys.argv = ["theseus.run", *argv]
-    try:
-        with contextlib.redirect_stderr(err):
-            theseus.run.main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    except Started:
-        code = "accepted: preflight passed and Hydra would start the run"
-    except BaseException as exc:
-        code = "raised"
-        err.write("".join(traceback.format_exception(exc)))
-    results[name] = {"code": code, "stderr": err.getvalue()}
-print("RESULTS" + json.dumps(results))
-"""
-
-
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Path:
     """A workspace: a small corpus (prepared once), bad files, experiment files in ./experiments."""
@@ -231,7 +205,7 @@ def results(ws) -> dict:
     cases = {}
     for param in CASES:
         name, overrides, _, argv_head, run_dir = param.values
-        cases[name] = argv_of(ws, name, overrides, argv_head, run_dir)
+        cases[name] = ["theseus.run", argv_of(ws, name, overrides, argv_head, run_dir)]
     (ws / "cases.json").write_text(json.dumps(cases))
     before = snapshot(ws / "used")
     proc = run_python("-c", DRIVER, str(ws / "cases.json"), devices=2, cwd=ws, timeout=600)

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import HYDRA_REFUSED, run_python
+from support import DRIVER, run_python
 
 pytestmark = pytest.mark.slow  # end to end: a real run and a subprocess
 
@@ -155,45 +155,6 @@ CASES = [
     case("shards_meta_without_fields", "theseus.run", [*RUN, "data.source=shards", "data.path=thin_shards"],
          "thin_shards/meta.json"),
 ]
-
-DRIVER = HYDRA_REFUSED + r"""
-import contextlib, io, json, sys, traceback
-from pathlib import Path
-
-def listing():
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(".").rglob("*"))}
-
-cases = json.loads(Path(sys.argv[1]).read_text())
-results = {}
-for name, (module, argv) in cases.items():
-    err, before = io.StringIO(), listing()
-    sys.argv = [module, *argv]
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            if module == "theseus.runs":
-                import theseus.runs
-                try:
-                    theseus.runs.load(*argv)
-                    code = 0
-                except ValueError as exc:  # the API's error, as a user's notebook shows its line
-                    print(f"theseus: error: {exc}", file=sys.stderr)
-                    code = 2
-            else:
-                __import__(module)
-                code = sys.modules[module].main(argv) or 0
-    except SystemExit as exc:
-        code = exc.code
-    except Started:
-        code = "accepted: Hydra would start the run"
-    except BaseException as exc:
-        code = "raised"
-        err.write("".join(traceback.format_exception(exc)))
-    after = listing()
-    results[name] = {"code": code, "stderr": err.getvalue(),
-                     "changed": sorted(p for p in after.keys() | before.keys() if after.get(p) != before.get(p))}
-print("RESULTS" + json.dumps(results))
-"""
-
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
