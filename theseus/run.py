@@ -97,6 +97,21 @@ def check_words(argv: Sequence[str]) -> None:
         raise ConfigError(f"unexpected argument {word!r}: {hint}")
 
 
+# Hydra's modes, one per command: each with its spellings
+MODES = {"--run": {"--run", "-r"}, "--multirun": {"--multirun", "-m"}, "--cfg": {"--cfg", "-c"},
+         "--info": {"--info", "-i"}, "--shell-completion": {"--shell-completion", "-sc"}}
+
+
+def check_modes(argv: Sequence[str]) -> None:
+    """Hydra does one of run, multirun, --cfg, --info and completion per command: two given is a
+    ConfigError naming them (Hydra's own is a traceback after composing)."""
+    given = [next(flag for flag in argv if flag in spellings) for spellings in MODES.values() if spellings & set(argv)]
+    if len(given) > 1:
+        hint = " (drop -m to print one job's config)" if "--cfg" in given or "-c" in given else ""
+        raise ConfigError(f"{' and '.join(given)} cannot be given together: Hydra does one of them per "
+                          f"command{hint}")
+
+
 def is_multirun(argv: Sequence[str]) -> bool:
     return bool({"-m", "--multirun"} & set(argv))
 
@@ -155,6 +170,7 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     assembled again where it runs; none for a task of its own or a remote launcher's job), or
     None when there is nothing left for Hydra to do (a dry run has been done).
     """
+    check_modes(argv)
     check_words(argv)
     base = compose(job_overrides(argv)[0], hydra=True)  # the first job of the command line: its sweep file
     if INFO_FLAGS & set(argv):

@@ -137,6 +137,8 @@ CASES = [
     case("lm_eval_task_data_missing", "theseus.run", [*RUN, "evaluation.lm_eval=[my_task]",
                                                       "evaluation.lm_eval_include=my_tasks"],
          "evaluation.lm_eval task 'my_task': its data does not load", "give a task YAML whose data files exist"),
+    case("multirun_with_cfg", "theseus.run", ["-m", *RUN, "optimizer.lr=1e-3,2e-3", "--cfg", "hydra"],
+         "-m and --cfg cannot be given together", "drop -m"),
     case("init_optimizer_without_init_from", "theseus.run", [*RUN, "trainer.init_optimizer=true"],
          "trainer.init_optimizer=true", "trainer.init_from", "set trainer.init_from=RUN_DIR"),
     case("init_data_without_init_from", "theseus.run", [*RUN, "trainer.init_data=true"], "trainer.init_data=true",
