@@ -37,6 +37,7 @@ from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
 from theseus.tasks.task import LossTask, task_class
 from theseus.training import init_from
 from theseus.training.batches import batch_share
+from theseus.training.checkpoint import require_base
 from theseus.training.compiled import Compiled, Steps, compile_steps
 from theseus.training.frozen_base import FrozenBase
 from theseus.training.logger import LoggerConfig, scrub, secrets
@@ -56,6 +57,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     export); a planned run (``mesh.target``) reads none either: its tokenizer sizes the vocabulary.
     ``announce``: say that the train step compiles (a dry run's candidate settings compile quietly).
     """
+    if run_dir is not None:  # a LoRA run resumed: its base folder is there
+        require_base(run_dir / "checkpoints")
     composed, derived = cfg, init_from_values(cfg)  # trainer.init_from's architecture and tokenizer
     cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
     settings = configure_settings(cfg)  # trainer, optimizer, data, mesh: each checked

@@ -32,7 +32,7 @@ from theseus.interop.init_from import hf_folder, init_from_values, model_choice
 from theseus.interop.loading import load_params
 from theseus.recipe import assemble
 from theseus.tasks.task import task_class
-from theseus.training.checkpoint import Checkpointer, require_checkpoint
+from theseus.training.checkpoint import Checkpointer, require_base, require_checkpoint
 from theseus.training.frozen_base import FrozenBase
 from theseus.training.settings import configure_settings
 from theseus.training.state import TrainState
@@ -65,6 +65,7 @@ def source_config(path: Path, overrides: Sequence[str] = ()) -> DictConfig:
     ConfigError when ``path`` is neither. Registers the modules the config may name."""
     path = path.expanduser()
     if is_run_dir(path):
+        require_base(path / "checkpoints")  # a LoRA run's base folder, before its config reads it
         registry.load()
         return OmegaConf.merge(registry.read_saved(path / SAVED_CONFIG), OmegaConf.from_dotlist(list(overrides)))
     if (path / CONFIG_FILE).is_file():

@@ -69,3 +69,19 @@ def test_lora_checkpoints_hold_the_adapters_and_resume_on_their_base(llama_folde
         f"in {base} are not that base's: put back the weights the run started from (or start a new run from these, "
         f"in a new hydra.run.dir)")
     assert not (tmp_path / "out").exists()
+
+    base.rename(tmp_path / "moved")
+    for command in (["theseus.export", str(tmp_path / "straight"), str(tmp_path / "out")],
+                    ["theseus.run", *lora(base, tmp_path, "straight")[2:]]):
+        proc = run_python("-m", *command, cwd=tmp_path)
+        assert proc.returncode == 2
+        assert proc.stderr.strip() == (
+            f"theseus: error: {straight} holds LoRA adapters without their base, {base}, which is not there: put the "
+            f"base folder back at {base}")
+    assert not (tmp_path / "out").exists()
+
+    proc = run_python(*train_args(tmp_path / "straight", tmp_path), cwd=tmp_path)  # a run from its adapters alone
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"theseus: error: trainer.init_from={tmp_path / 'straight'} holds LoRA adapters "
+                                   f"without their base: export it merged (python -m theseus.export "
+                                   f"{tmp_path / 'straight'} OUT) and start from OUT")

@@ -208,6 +208,28 @@ def run_of(checkpoint: Path) -> Path | None:
     return None
 
 
+def saved_base(path: Path) -> dict | None:
+    """The base record of the checkpoint ``path`` points at (``Checkpointer.at``: its step, else
+    the newest); None when it holds every parameter, or there is none."""
+    if theseus_checkpoint(Path(path)) is None:
+        return None
+    checkpoints = Checkpointer.at(path)
+    steps = checkpoints.steps()
+    step = checkpoints.requested_step if checkpoints.requested_step is not None else max(steps, default=None)
+    record = checkpoints.base_record(step) if step in steps else None
+    checkpoints.close()
+    return record
+
+
+def require_base(directory: Path) -> None:
+    """ConfigError when the newest checkpoint in ``directory`` holds LoRA adapters whose base
+    folder is not there: said as such before anything reads the folder (``trainer.init_from``)."""
+    record = saved_base(directory)
+    if record is not None and not Path(record["folder"]).is_dir():
+        raise ConfigError(f"{directory} holds LoRA adapters without their base, {record['folder']}, which is not "
+                          f"there: put the base folder back at {record['folder']}")
+
+
 def require_checkpoint(path: Path) -> None:
     """ConfigError when ``path`` is a run directory (``.hydra/``) without a checkpoint: what
     reads a trained model (sample, export, evaluate) refuses it before anything, and writes nothing."""
