@@ -124,7 +124,7 @@ class Checkpointer:
     def base_record(self, step: int) -> dict | None:
         """The record of the frozen base checkpoint ``step`` was saved without (None: it holds
         every parameter)."""
-        if "base" not in self.manager.item_metadata(step).keys():
+        if "base" not in self.manager.item_metadata(step):
             return None
         return dict(self.manager.restore(step, args=ocp.args.Composite(base=ocp.args.JsonRestore())).base)
 
