@@ -17,7 +17,7 @@ from common import RESULTS, ROOT, show
 from theseus.training.metrics import format_bytes
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ("overhead", "flops", "startup", "scaling", "data", "prepare", "scale", "large_dry_run", "torch_cpu", "moe")
+SCRIPTS = ("overhead", "flops", "startup", "scaling", "data", "prepare", "scale", "large_dry_run", "torch_cpu", "moe", "lora")
 
 
 def checks() -> list[tuple[str, str, str, bool]]:

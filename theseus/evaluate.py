@@ -64,7 +64,7 @@ def run_evaluations(path: Path, step: int | None, args: list[str]) -> dict:
     loop evaluates on."""
     require_checkpoint(path)
     run = assemble(source_config(path, overrides(args, RUN_KEYS if is_run_dir(path) else FOLDER_KEYS)), steps="eval")
-    params, at = trained_params(path, step, run.model, run.compiled.target)
+    params, at = trained_params(path, step, run.model, run.compiled.target, run.base)
     metrics = run.evaluate(params)
     samples = [{"task": task, "index": i, **record}
                for task, records in run.evaluations.samples.items() for i, record in enumerate(records)]

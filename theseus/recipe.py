@@ -30,13 +30,16 @@ from theseus.data.tokenizer import Tokenizer
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import hf_folder, init_from_values
 from theseus.interop.loading import load_params
+from theseus.model.lora import settings_of
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
 from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
 from theseus.tasks.task import LossTask, task_class
 from theseus.training import init_from
 from theseus.training.batches import batch_share
+from theseus.training.checkpoint import require_base
 from theseus.training.compiled import Compiled, Steps, compile_steps
+from theseus.training.frozen_base import FrozenBase
 from theseus.training.logger import LoggerConfig, scrub, secrets
 from theseus.training.parts import Run, prefetch
 from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
@@ -54,6 +57,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     export); a planned run (``mesh.target``) reads none either: its tokenizer sizes the vocabulary.
     ``announce``: say that the train step compiles (a dry run's candidate settings compile quietly).
     """
+    if run_dir is not None:  # a LoRA run resumed: its base folder is there
+        require_base(run_dir / "checkpoints")
     composed, derived = cfg, init_from_values(cfg)  # trainer.init_from's architecture and tokenizer
     cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
     settings = configure_settings(cfg)  # trainer, optimizer, data, mesh: each checked
@@ -92,7 +97,7 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     run = Run(composed=composed, derived=derived, cfg=cfg, record=scrub(OmegaConf.to_container(cfg, resolve=True),
               secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,
               devices=devices, compiled=compiled, dataset=dataset, evaluations=evaluations, batch_share=share,
-              start=_start(settings, model), target=target)
+              start=_start(settings, model), target=target, base=_frozen_base(settings, model))
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
     return run
@@ -151,6 +156,16 @@ def _start(settings: Settings, model):
     if init_from.source(given) is not None:
         return functools.partial(init_from.start, settings=settings)
     return functools.partial(_from_folder, folder=Path(given).expanduser(), arch=arch_of(model))
+
+
+def _frozen_base(settings: Settings, model) -> FrozenBase | None:
+    """A LoRA run's base when ``trainer.init_from`` is a Hugging Face folder: its checkpoints then
+    hold the adapters alone (a random base, or a theseus run's weights, is saved whole)."""
+    folder = hf_folder(settings.trainer.init_from)
+    if folder is None or not settings_of(model).rank:
+        return None
+    folder = folder.resolve()
+    return FrozenBase(folder, functools.partial(load_params, folder, arch_of(model)))
 
 
 def _from_folder(compiled: Compiled, say, folder: Path, arch) -> tuple[TrainState, dict | None]:

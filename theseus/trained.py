@@ -32,7 +32,8 @@ from theseus.interop.init_from import hf_folder, init_from_values, model_choice
 from theseus.interop.loading import load_params
 from theseus.recipe import assemble
 from theseus.tasks.task import task_class
-from theseus.training.checkpoint import Checkpointer, require_checkpoint
+from theseus.training.checkpoint import Checkpointer, require_base, require_checkpoint
+from theseus.training.frozen_base import FrozenBase
 from theseus.training.settings import configure_settings
 from theseus.training.state import TrainState
 
@@ -64,6 +65,7 @@ def source_config(path: Path, overrides: Sequence[str] = ()) -> DictConfig:
     ConfigError when ``path`` is neither. Registers the modules the config may name."""
     path = path.expanduser()
     if is_run_dir(path):
+        require_base(path / "checkpoints")  # a LoRA run's base folder, before its config reads it
         registry.load()
         return OmegaConf.merge(registry.read_saved(path / SAVED_CONFIG), OmegaConf.from_dotlist(list(overrides)))
     if (path / CONFIG_FILE).is_file():
@@ -74,10 +76,12 @@ def source_config(path: Path, overrides: Sequence[str] = ()) -> DictConfig:
                       f"({CONFIG_FILE}): give the folder a run wrote or one save_pretrained wrote")
 
 
-def checkpoint(run_dir: Path, step: int | None, target: TrainState) -> tuple[TrainState, int]:
+def checkpoint(run_dir: Path, step: int | None, target: TrainState,
+               base: FrozenBase | None = None) -> tuple[TrainState, int]:
     """``(state, step)``: a run directory's checkpoint (the newest readable one, or ``step``)
-    restored onto ``target`` (the state's layout); ConfigError when there is none."""
-    checkpoints = Checkpointer(run_dir / "checkpoints", requested_step=step)
+    restored onto ``target`` (the state's layout; ``base``: a LoRA run's, which its checkpoints
+    name); ConfigError when there is none."""
+    checkpoints = Checkpointer(run_dir / "checkpoints", requested_step=step, base=base)
     if step is not None and step not in checkpoints.steps():
         raise ConfigError(f"{run_dir / 'checkpoints'} has no checkpoint of step {step}: saved steps are "
                           f"{', '.join(map(str, checkpoints.steps())) or 'none'}")
@@ -87,12 +91,13 @@ def checkpoint(run_dir: Path, step: int | None, target: TrainState) -> tuple[Tra
     return restored[0], restored[3]
 
 
-def trained_params(path: Path, step: int | None, model: nn.Module, target: TrainState) -> tuple[Any, int | None]:
+def trained_params(path: Path, step: int | None, model: nn.Module, target: TrainState,
+                   base: FrozenBase | None = None) -> tuple[Any, int | None]:
     """``(params, step)`` laid out as ``target.params``: a run directory's checkpoint (the newest
-    readable one, or ``step``), or a Hugging Face folder's weights (step None)."""
+    readable one, or ``step``; ``base``: its LoRA base), or a Hugging Face folder's weights (step None)."""
     path = path.expanduser()
     if is_run_dir(path):
-        state, at = checkpoint(path, step, target)
+        state, at = checkpoint(path, step, target, base)
         return state.params, at
     if step is not None:
         raise ConfigError(f"--step {step}: {path} is a Hugging Face folder, which holds one set of weights "
@@ -115,7 +120,7 @@ def load_trained(path: Path, step: int | None = None) -> Trained:
     else:
         tokenizer = _folder_tokenizer(path)
     run = assemble(cfg, steps=None, tokenizer=tokenizer)
-    params, at = trained_params(path, step, run.model, run.compiled.target)
+    params, at = trained_params(path, step, run.model, run.compiled.target, run.base)
     return Trained(path, run.cfg, run.model, params, tokenizer, run.compiled.mesh, run.plan, at,
                    hf_folder(run.settings.trainer.init_from))
 

@@ -157,3 +157,44 @@ def test_attention_adapters_on_a_mixture_of_experts():
     plain = without_adapters(model)
     np.testing.assert_allclose(*logits(model, params), *logits(plain, merged(params, settings_of(model).scale)),
                                atol=1e-5, rtol=0)
+
+
+def test_a_lora_step_differentiates_the_adapters_alone():
+    """The train step as the trainer compiles it: ``grad_norm`` is the norm of the adapters'
+    gradients (``jax.grad`` of the loss with respect to them alone, the base held fixed), the
+    adapters move by the optimizer's update of those gradients, and the base leaves bit for bit."""
+    import functools
+
+    from theseus.tasks.lm import LanguageModeling
+    from theseus.training.optimizer import trainable
+    from theseus.training.state import TrainState
+    from theseus.training.step import train_step
+
+    model = build(LLAMA_STYLE, rank=4, targets=["q", "v", "down"])
+    params = params_of(model, randomise=True)  # B drawn: A's gradient is not zero
+    tx, schedule = make_optimizer(AdamW(lr=1e-2, weight_decay=0.5, clip_norm=None, warmup_steps=0), 10)
+    zero = jnp.zeros((), jnp.int32)
+    state = TrainState(step=zero, params=params, opt_state=tx.init(params), nonfinite=zero, first_nonfinite=zero)
+    task, key = LanguageModeling(), jax.random.key(0)
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, 64, (1, 2, 17)), jnp.int32)
+    step = jax.jit(functools.partial(train_step, model=model, task=task, tx=tx, schedule=schedule,
+                                     trainable=trainable))
+    after, metrics = step(state, tokens, key)
+
+    base = {path: leaf for path, leaf in flat(params).items() if "/lora_" not in path}
+    adapters = {path: leaf for path, leaf in flat(params).items() if "/lora_" in path}
+
+    def loss(adapters):  # the step's loss of its one micro-batch, the base a constant
+        tree = traverse_util.unflatten_dict({**base, **adapters}, sep="/")
+        return task.loss_and_metrics(model, tree, tokens[0], jax.random.fold_in(jax.random.fold_in(key, 0), 0))[0]
+
+    grads = jax.grad(loss)(adapters)
+    assert set(grads) == set(adapters) and all(np.abs(np.asarray(g)).max() > 0 for g in grads.values())
+    np.testing.assert_allclose(float(metrics["grad_norm"]), float(optax.global_norm(grads)), rtol=1e-5)
+    moved = flat(after.params)
+    for path, leaf in base.items():
+        assert np.asarray(moved[path]).tobytes() == np.asarray(leaf).tobytes(), path
+    full = traverse_util.unflatten_dict({**jax.tree.map(jnp.zeros_like, base), **grads}, sep="/")
+    updates = flat(tx.update(full, tx.init(params), params)[0])
+    for path, leaf in adapters.items():
+        np.testing.assert_allclose(np.asarray(moved[path]), np.asarray(leaf + updates[path]), rtol=1e-5, atol=1e-7)

@@ -35,7 +35,7 @@ from theseus.interop.hf_config import architecture, format_of, read_config
 from theseus.interop.hf_weights import Checkpoint
 from theseus.model.models.gpt import GPT
 from theseus.model.models.moe_gpt import MoEGPT
-from theseus.training.checkpoint import require_checkpoint, run_of, theseus_checkpoint
+from theseus.training.checkpoint import require_checkpoint, run_of, saved_base, theseus_checkpoint
 
 KEY = "trainer.init_from"
 
@@ -133,6 +133,9 @@ def _from_run(cfg: DictConfig, flat: dict[str, Any], checkpoint: Path) -> dict[s
     if run is None:
         raise ConfigError(f"{KEY}={checkpoint} has no .hydra/config.yaml beside its checkpoints: give the run "
                           f"directory a theseus run wrote")
+    if saved_base(checkpoint) is not None:
+        raise ConfigError(f"{KEY}={checkpoint} holds LoRA adapters without their base: export it merged "
+                          f"(python -m theseus.export {checkpoint} OUT) and start from OUT")
     saved = flatten(OmegaConf.to_container(read_saved(run / ".hydra" / "config.yaml"), resolve=True))
     defaults = chosen_schema(cfg)
     return {key: saved[key] for key in defaults

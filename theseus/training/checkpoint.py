@@ -4,6 +4,11 @@ A checkpoint holds the train state (params, optimizer state, step; saved and res
 sharded, onto any mesh), the data loader's position and the run's config. Orbax writes each
 step to a temporary folder and renames it when complete, so a crash mid-write never leaves a
 checkpoint that looks whole; one that is damaged anyway is reported and the one before used.
+
+A LoRA run started from weights (``trainer.init_from``: a ``FrozenBase``) saves its trainable
+params alone (the adapters) with their optimizer state, and a record of its base (``base``:
+the folder and a fingerprint of its weights); restoring loads the base from that folder,
+checked against the fingerprint, and lays the adapters over it.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from theseus.config import ConfigError
+from theseus.training.frozen_base import FrozenBase, trainable_part, with_part
 
 
 class Checkpointer:
     """Saves and restores a run's checkpoints under ``directory`` (one folder per step)."""
 
-    def __init__(self, directory: Path, keep: int = 1, requested_step: int | None = None):
+    def __init__(self, directory: Path, keep: int = 1, requested_step: int | None = None,
+                 base: FrozenBase | None = None):
         best = policies.BestN(get_metric_fn=lambda m: -m["val_loss"], n=1, keep_checkpoints_without_metrics=False)
         options = ocp.CheckpointManagerOptions(
             preservation_policy=policies.AnyPreservationPolicy([policies.LatestN(n=max(keep, 1)), best]),
@@ -34,19 +41,20 @@ class Checkpointer:
         )
         self.directory = Path(directory).absolute()
         self.requested_step = requested_step  # restore this step rather than the newest
+        self.base = base  # a LoRA run's frozen base: saved as a record, not as arrays
         handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
-                    "config": ocp.JsonCheckpointHandler()}
+                    "config": ocp.JsonCheckpointHandler(), "base": ocp.JsonCheckpointHandler()}
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     @classmethod
-    def at(cls, path: Path) -> Checkpointer:
+    def at(cls, path: Path, base: FrozenBase | None = None) -> Checkpointer:
         """The checkpoints a user points at: a run directory, its checkpoints/ or one step."""
         path = Path(path)
         if (path / "checkpoints").is_dir():
-            return cls(path / "checkpoints")
+            return cls(path / "checkpoints", base=base)
         if path.name.isdigit() and path.parent.is_dir():
-            return cls(path.parent, requested_step=int(path.name))
-        return cls(path)
+            return cls(path.parent, requested_step=int(path.name), base=base)
+        return cls(path, base=base)
 
     @staticmethod
     def exists(directory: Path) -> bool:
@@ -57,9 +65,13 @@ class Checkpointer:
         return sorted(self.manager.all_steps())
 
     def save(self, step: int, state: Any, loader_state: dict, config: dict, val_loss: float | None = None) -> None:
-        """Start writing checkpoint ``step`` in the background (training goes on)."""
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(loader_state),
-                                  config=ocp.args.JsonSave(config))
+        """Start writing checkpoint ``step`` in the background (training goes on); with a frozen
+        base, its trainable params alone and the base's record."""
+        items = {"data": ocp.args.JsonSave(loader_state), "config": ocp.args.JsonSave(config)}
+        if self.base is not None:
+            state = state.replace(params=trainable_part(state.params))
+            items["base"] = ocp.args.JsonSave(self.base.record)
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), **items)
         metrics = {"val_loss": val_loss} if val_loss is not None else None
         self.directory.mkdir(parents=True, exist_ok=True)
         self.manager.save(step, args=args, metrics=metrics, force=True)
@@ -71,23 +83,30 @@ class Checkpointer:
         ``abstract_state`` gives the shapes, dtypes and shardings to restore onto. A damaged
         checkpoint is reported in one line, set aside and the previous one tried; None when
         none is left. A whole checkpoint whose arrays do not fit ``abstract_state`` (another
-        model) raises ConfigError: that is a mistake in the config, not damage.
+        model) raises ConfigError: that is a mistake in the config, not damage. One holding a
+        LoRA run's adapters without their base gets the base loaded (ConfigError when its
+        weights are not the ones the adapters trained on).
         """
         candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
         for candidate in candidates:
             try:
                 shapes, problem = _shapes(self.manager.item_metadata(candidate)["state"]), None
+                record = self.base_record(candidate)
             except Exception as exc:  # noqa: BLE001 - unreadable metadata: damaged
                 shapes, problem = None, exc
             if not _everywhere(problem is None):
                 self._damaged(candidate, problem, report)
                 continue
-            if shapes != _shapes(abstract_state):
+            target = abstract_state
+            if record is not None:
+                self._check_base(record, candidate)
+                target = abstract_state.replace(params=trainable_part(abstract_state.params))
+            if shapes != _shapes(target):
                 raise ConfigError(
                     f"checkpoint {self.directory / str(candidate)} holds arrays of other shapes than this "
                     f"model's: resume with the config it was trained with, or use a new hydra.run.dir"
                 )
-            args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
+            args = ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(),
                                       config=ocp.args.JsonRestore())
             try:
                 restored, problem = self.manager.restore(candidate, args=args), None
@@ -96,8 +115,27 @@ class Checkpointer:
             if not _everywhere(problem is None):
                 self._damaged(candidate, problem, report)
                 continue
-            return restored.state, dict(restored.data), dict(restored.config), candidate
+            state = restored.state
+            if record is not None:  # the adapters over their base
+                state = state.replace(params=with_part(self.base.load(abstract_state.params), state.params))
+            return state, dict(restored.data), dict(restored.config), candidate
         return None
+
+    def base_record(self, step: int) -> dict | None:
+        """The record of the frozen base checkpoint ``step`` was saved without (None: it holds
+        every parameter)."""
+        if "base" not in self.manager.item_metadata(step):
+            return None
+        return dict(self.manager.restore(step, args=ocp.args.Composite(base=ocp.args.JsonRestore())).base)
+
+    def _check_base(self, record: dict, step: int) -> None:
+        """ConfigError unless this run knows the base of checkpoint ``step`` and it is unchanged."""
+        where = self.directory / str(step)
+        if self.base is None:
+            raise ConfigError(f"checkpoint {where} holds LoRA adapters without their base ({record['folder']}): "
+                              f"read it through its own run (python -m theseus.sample, evaluate or export "
+                              f"{run_of(where) or where}), or export it merged and start from that folder")
+        self.base.check(record, where)
 
     def saved_layout(self, step: int | None = None) -> Any:
         """The metadata tree (shape, dtype per array) of the train state saved at ``step``
@@ -168,6 +206,28 @@ def run_of(checkpoint: Path) -> Path | None:
         if (folder / ".hydra" / "config.yaml").is_file():
             return folder
     return None
+
+
+def saved_base(path: Path) -> dict | None:
+    """The base record of the checkpoint ``path`` points at (``Checkpointer.at``: its step, else
+    the newest); None when it holds every parameter, or there is none."""
+    if theseus_checkpoint(Path(path)) is None:
+        return None
+    checkpoints = Checkpointer.at(path)
+    steps = checkpoints.steps()
+    step = checkpoints.requested_step if checkpoints.requested_step is not None else max(steps, default=None)
+    record = checkpoints.base_record(step) if step in steps else None
+    checkpoints.close()
+    return record
+
+
+def require_base(directory: Path) -> None:
+    """ConfigError when the newest checkpoint in ``directory`` holds LoRA adapters whose base
+    folder is not there: said as such before anything reads the folder (``trainer.init_from``)."""
+    record = saved_base(directory)
+    if record is not None and not Path(record["folder"]).is_dir():
+        raise ConfigError(f"{directory} holds LoRA adapters without their base, {record['folder']}, which is not "
+                          f"there: put the base folder back at {record['folder']}")
 
 
 def require_checkpoint(path: Path) -> None:

@@ -17,7 +17,7 @@ from theseus.base.mesh import compiler_options
 from theseus.tasks.task import LossTask
 from theseus.training.batches import batch_sharding
 from theseus.training.metrics import memory_report, xla_flops
-from theseus.training.optimizer import make_optimizer
+from theseus.training.optimizer import make_optimizer, trainable
 from theseus.training.settings import Settings
 from theseus.training.state import TrainState, sharded_init
 from theseus.training.step import eval_step, train_step
@@ -58,7 +58,7 @@ def compile_steps(model: nn.Module, task: LossTask, plan: ShardingPlan, mesh: Me
     eval_tokens = jax.ShapeDtypeStruct((micro, *example.shape), example.dtype, sharding=batch_sharding(mesh))
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     step = jax.jit(functools.partial(train_step, model=model, task=task, tx=tx, schedule=schedule,
-                                     skip_nonfinite=s.skip_nonfinite),
+                                     skip_nonfinite=s.skip_nonfinite, trainable=trainable),
                    out_shardings=(shardings, replicated), donate_argnums=0)
     loss = jax.jit(functools.partial(eval_step, model=model, task=task), out_shardings=replicated)
     began = time.perf_counter()

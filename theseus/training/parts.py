@@ -20,6 +20,7 @@ from theseus.tasks.evaluation import EvaluationConfig, Evaluations, evaluate
 from theseus.tasks.task import LossTask
 from theseus.training.batches import batch_sharding
 from theseus.training.compiled import Compiled
+from theseus.training.frozen_base import FrozenBase
 from theseus.training.logger import LoggerConfig
 from theseus.training.settings import Settings
 from theseus.training.state import TrainState
@@ -46,6 +47,7 @@ class Run:
     batch_share: tuple[int, int]  # (index, count): the share of every batch this process reads
     start: Callable[[Compiled], tuple[TrainState, dict | None]]  # a new run's state and loader state
     target: Any = None  # mesh.target's theseus.plan.target.Target, for a dry run
+    base: FrozenBase | None = None  # a LoRA run's base from trainer.init_from: what its checkpoints name, not hold
 
     @property
     def mesh_shape(self) -> dict[str, int]:

@@ -7,12 +7,16 @@ Gradients of the micro-batches are summed in a ``lax.scan`` so memory holds one 
 activations at a time; each micro-batch's loss is scaled by 1 / grad_accum first, so the sum
 is the mean. Parameters the model updates ``outside_optimizer`` (a mixture of experts' routing
 biases) have their gradients taken out before clipping and the optimizer, and their rules
-applied after the update.
+applied after the update. Only the ``trainable`` params are differentiated (a static mask; LoRA:
+the adapters), the others closed over as constants: no weight gradient is computed for a frozen
+base, ``grad_norm`` and clipping cover the trainable params alone, and the frozen ones leave the
+step as they came, bit for bit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -26,44 +30,50 @@ from theseus.training.state import TrainState
 
 
 def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, model: nn.Module, task: LossTask,
-               tx: optax.GradientTransformation, schedule: optax.Schedule,
-               skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
+               tx: optax.GradientTransformation, schedule: optax.Schedule, skip_nonfinite: bool = False,
+               trainable: Callable[[Any], Any] | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step over ``grad_accum`` micro-batches; returns the new state and metrics.
 
-    An update whose loss or gradients are not finite is never applied. The first such step is
-    recorded; unless ``skip_nonfinite``, every later update is refused too, so the parameters
-    stay the last good ones until the trainer stops the run (the optimizer state, never saved
-    after that step, is then left as it comes: guarding it too costs a pass over the moments).
+    ``trainable``: params -> a mask of Python bools, the leaves to differentiate and update
+    (None: every leaf). An update whose loss or gradients are not finite is never applied. The
+    first such step is recorded; unless ``skip_nonfinite``, every later update is refused too,
+    so the parameters stay the last good ones until the trainer stops the run (the optimizer
+    state, never saved after that step, is then left as it comes: guarding it too costs a pass
+    over the moments).
     """
     step_key = jax.random.fold_in(dropout_key, state.step)
     n_micro = tokens.shape[0]
+    mask = trainable(state.params) if trainable else jax.tree.map(lambda _: True, state.params)
+    train, frozen = partition(state.params, mask)
 
     def micro_loss(params, micro: jax.Array, key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-        loss, metrics = task.loss_and_metrics(model, params, micro, key)
+        loss, metrics = task.loss_and_metrics(model, combine(params, frozen), micro, key)
         return loss / n_micro, jax.tree.map(lambda m: m / n_micro, metrics)  # summed over micro-batches: the mean
 
     def accumulate(carry, inputs):
         loss_sum, grad_sum, metric_sum = carry
         index, micro = inputs
         (loss, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(
-            state.params, micro, jax.random.fold_in(step_key, index))
+            train, micro, jax.random.fold_in(step_key, index))
         return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads), jax.tree.map(jnp.add, metric_sum, metrics)), None
 
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    zeros = jax.tree.map(jnp.zeros_like, train)
     no_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype),
-                              jax.eval_shape(micro_loss, state.params, tokens[0], step_key)[1])
+                              jax.eval_shape(micro_loss, train, tokens[0], step_key)[1])
     (loss, grads, task_metrics), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros, no_metrics),
                                                   (jnp.arange(n_micro), tokens))
     rules = model.outside_optimizer()
     grads, signals = _split(grads, rules)
     grad_norm = optax.global_norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = _apply_rules(optax.apply_updates(state.params, updates), signals, rules)
+    # the optimizer sees the whole tree (its state is laid out so); a frozen leaf's zero gradient is dropped
+    updates, opt_state = tx.update(combine(grads, jax.tree.map(jnp.zeros_like, frozen)), state.opt_state,
+                                   state.params)
+    new = _apply_rules(optax.apply_updates(train, partition(updates, mask)[0]), signals, rules)
 
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     first = jnp.where((state.first_nonfinite == 0) & ~finite, state.step + 1, state.first_nonfinite)
     apply = finite if skip_nonfinite else finite & (first == 0)
-    params = jax.tree.map(lambda new, old: jnp.where(apply, new, old), params, state.params)
+    params = combine(jax.tree.map(lambda new, old: jnp.where(apply, new, old), new, train), frozen)
     if skip_nonfinite:  # training goes on: the moments must not take the NaN in
         opt_state = jax.tree.map(lambda new, old: jnp.where(apply, new, old), opt_state, state.opt_state)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
@@ -71,6 +81,17 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
     metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
                "nonfinite_skipped": new_state.nonfinite, **task_metrics}
     return new_state, metrics
+
+
+def partition(tree: Any, mask: Any) -> tuple[Any, Any]:
+    """``(kept, rest)``: ``tree`` with None where ``mask`` is False, and with None where it is True."""
+    return (jax.tree.map(lambda m, x: x if m else None, mask, tree),
+            jax.tree.map(lambda m, x: None if m else x, mask, tree))
+
+
+def combine(kept: Any, rest: Any) -> Any:
+    """The tree ``partition`` split: each leaf from ``kept`` where it has one, else from ``rest``."""
+    return jax.tree.map(lambda k, r: r if k is None else k, kept, rest, is_leaf=lambda x: x is None)
 
 
 def _split(grads, rules: Mapping[str, Rule]):

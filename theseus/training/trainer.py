@@ -84,7 +84,7 @@ class Trainer:
         """Restore the state (this directory's checkpoint, or the run's start) and the loader,
         open the logger with the run's summary: the loop before its first step."""
         run, s = self.parts, self.settings
-        checkpointer = Checkpointer(run_dir / "checkpoints", s.keep_checkpoints)
+        checkpointer = Checkpointer(run_dir / "checkpoints", s.keep_checkpoints, base=run.base)
         state, step, loader_state = self._restore(checkpointer)
         index, count = run.batch_share
         loader = run.dataset.loader("train", run.model.seq_len, s.batch_size // count, seed=run.settings.data.seed,
@@ -104,7 +104,7 @@ class Trainer:
     def _restore(self, checkpointer: Checkpointer) -> tuple[TrainState, int, dict | None]:
         """``(state, step, loader state)``: a checkpoint (per ``trainer.resume``), else the run's start."""
         resume = self.settings.resume
-        source = checkpointer if resume in ("auto", "last", "never") else Checkpointer.at(Path(resume))
+        source = checkpointer if resume in ("auto", "last", "never") else Checkpointer.at(Path(resume), self.parts.base)
         restored = source.restore(self.parts.compiled.target, step=source.requested_step, report=self.say)
         if restored is None:
             state, loader_state = self.parts.start(self.parts.compiled, self.say)
