@@ -47,7 +47,8 @@ DATA = ("task=sft", "data.source=jsonl", "data.path=chats.jsonl", "data.val_frac
 
 def test_fine_tune_evaluate_and_chat(project):
     run = project / "run"
-    proc = run_python("-m", "theseus.run", f"trainer.init_from={project / 'qwen'}", *DATA, "trainer.max_steps=4",
+    proc = run_python("-m", "theseus.run", f"trainer.init_from={project / 'qwen'}", *DATA, f"data.cache_dir={project}/cache",
+                      "trainer.max_steps=4",
                       "trainer.batch_size=4", "trainer.eval_every=4", "trainer.checkpoint_every=4",
                       "logger.mode=disabled", f"hydra.run.dir={run}", cwd=project)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -59,8 +60,8 @@ def test_fine_tune_evaluate_and_chat(project):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "<|im_end|>" not in proc.stdout and "<|im_start|>" not in proc.stdout
 
-    proc = run_python("-m", "theseus.evaluate", str(project / "qwen"), *DATA, "--out", str(project / "eval.json"),
-                      cwd=project)
+    proc = run_python("-m", "theseus.evaluate", str(project / "qwen"), *DATA, f"data.cache_dir={project}/cache",
+                      "--out", str(project / "eval.json"), cwd=project)
     assert proc.returncode == 0, proc.stderr[-3000:]
     val_loss = json.loads((project / "eval.json").read_text())["metrics"]["val_loss"]
     held = held_out(chats(), project / "qwen")
@@ -96,8 +97,8 @@ def test_lora_fine_tune_of_a_llama_folder_evaluates_samples_and_exports_both_way
     base = chatml_folder(save_hf(transformers.LlamaForCausalLM(config), tmp_path / "llama", tokenizer=False))
     (tmp_path / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in sums()))
     run, merged, adapter = tmp_path / "run", tmp_path / "merged", tmp_path / "adapter"
-    proc = run_python("-m", "theseus.run", f"trainer.init_from={base}", *DATA, *LORA, "logger.mode=disabled",
-                      f"hydra.run.dir={run}", cwd=tmp_path)
+    proc = run_python("-m", "theseus.run", f"trainer.init_from={base}", *DATA, *LORA, f"data.cache_dir={tmp_path}/cache",
+                      "logger.mode=disabled", f"hydra.run.dir={run}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in logged if "loss" in r]
