@@ -141,6 +141,40 @@ def test_lora_fine_tune_of_a_llama_folder_evaluates_samples_and_exports_both_way
     assert proc.stdout == chat.decode(greedy[:greedy.index(end)]) + "\n"  # ... where theseus stops
 
 
+def test_a_char_run_samples_and_exports_with_the_default_template(tmp_path):
+    """sft_tiny with data.tokenizer=char (GPT-2's layout, so that it exports): the vocabulary is
+    fitted to the rendered conversations and kept in the cache, where --chat finds it again; the
+    export carries the default template, so transformers renders the same prompt and its greedy
+    generation, up to <|endoftext|>, is the reply --chat prints."""
+    from interop.hf_models import torch, transformers
+
+    run, out, message = tmp_path / "run", tmp_path / "hf", "What does json.dumps do?"
+    proc = run_python("-m", "theseus.run", "+experiment=sft_tiny", "data.tokenizer=char", "data.max_files=40",
+                      "architecture.positions=learned", "trainer.max_steps=3", "trainer.eval_every=3",
+                      "trainer.checkpoint_every=3", f"data.cache_dir={tmp_path}/cache", "logger.mode=disabled",
+                      f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [p.name.split("-")[:3] for p in (tmp_path / "cache").iterdir()] == [["chats", "stdlib", "char"]]
+    proc = run_python("-m", "theseus.export", str(run), str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_python("-m", "theseus.sample", str(run), "--chat", message, "--temperature", "0",
+                      "--max-new-tokens", "12", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    chat = transformers.AutoTokenizer.from_pretrained(out)
+    prompt = chat.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+                                      return_dict=True)["input_ids"]
+    assert chat.decode(prompt) == f"<|user|>\n{message}<|endoftext|>\n<|assistant|>\n"
+    assert chat.convert_tokens_to_ids("<|endoftext|>") == len(chat) - 1  # one token, after the characters
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        greedy = transformers.AutoModelForCausalLM.from_pretrained(out).generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
+            eos_token_id=chat.eos_token_id, pad_token_id=chat.eos_token_id)[0, len(prompt):].tolist()
+    reply = greedy[:greedy.index(chat.eos_token_id)] if chat.eos_token_id in greedy else greedy
+    assert proc.stdout == chat.decode(reply) + "\n"
+
+
 def held_out(rows: list[dict], folder: Path, val_fraction: float = 0.1) -> list[int]:
     """The rows a run of ``folder``'s tokenizer holds out for validation (seed 0): theseus's split."""
     from theseus.data.chat import ChatTemplate
