@@ -103,6 +103,7 @@ def test_lora_fine_tune_of_a_llama_folder_evaluates_samples_and_exports_both_way
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in logged if "loss" in r]
     assert losses[-1] < losses[0] - 1.0, losses
+    assert f"python -m theseus.sample {run} --chat" in proc.stderr  # the end report's next command: a chat
     for args in ((str(run), str(merged)), (str(run), str(adapter), "--adapter")):
         proc = run_python("-m", "theseus.export", *args, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
