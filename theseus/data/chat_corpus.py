@@ -53,7 +53,7 @@ def prepare_chats(data: DataConfig) -> Conversations:
         tokenizer, encoded = read_chats(folder, given)
         return Conversations.split(encoded, tokenizer, val_fraction=data.val_fraction, seed=data.seed,
                                    packing=data.packing, where=where)
-    rendered = list(render_rows(chat_rows(data), template, data.chat_field, where))
+    rendered = list(render_rows(chat_rows(data, files), template, data.chat_field, where))
     tokenizer = given or chat_tokenizer(data, [text for text, _ in rendered], template)
     encoded = [encode_rendered(text, spans, tokenizer, data.train_on) for text, spans in rendered]
     conversations = Conversations.split(encoded, tokenizer, val_fraction=data.val_fraction, seed=data.seed,
@@ -84,12 +84,12 @@ def chat_files(data: DataConfig) -> list[Path]:
     return corpus_files(data)
 
 
-def chat_rows(data: DataConfig) -> Iterator[dict]:
-    """The rows of ``data``'s source: the standard library's docstring chats, or the records of
-    its jsonl, parquet or arrow files."""
+def chat_rows(data: DataConfig, files: list[Path]) -> Iterator[dict]:
+    """The rows of ``data``'s source: the standard library's docstring chats (of its first
+    ``data.max_files`` files), or the records of ``files`` (jsonl, parquet or arrow)."""
     if data.source == "stdlib":
         return stdlib_chats(data.max_files)
-    return iter_records(chat_files(data), data.source, data.split)
+    return iter_records(files, data.source, data.split)
 
 
 def chat_tokenizer(data: DataConfig, texts: list[str], template: ChatTemplate) -> Tokenizer:
