@@ -1,8 +1,9 @@
 """``python -m theseus.export RUN_DIR OUT_DIR [--step N]``: a run's checkpoint as a Hugging Face folder.
 
 Writes ``config.json``, ``model.safetensors``, ``tokenizer.json`` and ``tokenizer_config.json``
-(byte and char tokenizers too); ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)``
-and ``AutoTokenizer.from_pretrained(OUT_DIR)`` load it. GPT-2-style runs export as ``gpt2``,
+(byte and char tokenizers too; an SFT run's chat template in it);
+``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` and
+``AutoTokenizer.from_pretrained(OUT_DIR)`` load it. GPT-2-style runs export as ``gpt2``,
 Llama-style ones as ``llama``. Only what the format expresses exactly is written
 (``theseus.interop.expressible``): a config key without an equivalent, a parameter without a
 place or a model class computing something else is refused in one line, and nothing is
@@ -36,6 +37,7 @@ from theseus.interop.hf_weights import save, to_hf
 from theseus.interop.peft_adapter import adapter_config, adapter_tensors, save_adapter
 from theseus.model.lora import LoRA, merged, settings_of, without_adapters
 from theseus.model.models.gpt import unstack_layers
+from theseus.tasks.sft import chat_template_of
 from theseus.trained import is_run_dir, load_trained
 
 
@@ -78,7 +80,8 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None, adapter: bool 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save(tensors, out_dir)
-    export_tokenizer(tokenizer, out_dir)
+    template = chat_template_of(run.cfg)  # an sft run's: AutoTokenizer's apply_chat_template renders as it trained
+    export_tokenizer(tokenizer, out_dir, template.settings() if template else None)
 
 
 def export_adapter(model: Any, params: Any, lora: LoRA, base: str | None, out_dir: Path) -> None:

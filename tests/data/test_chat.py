@@ -10,7 +10,9 @@ from data.chat_folders import CHATML, CONVERSATIONS, LLAMA3, chatml_folder, llam
 
 from theseus.config import ConfigError
 from theseus.data.chat import DEFAULT_TEMPLATE, ChatTemplate, check_messages, encode_chat
-from theseus.data.tokenizer import ByteTokenizer, HFTokenizer
+from theseus.data.chat_corpus import chat_tokenizer
+from theseus.data.config import DataConfig
+from theseus.data.tokenizer import EOT, ByteTokenizer, HFTokenizer, export_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -73,9 +75,8 @@ def test_template_sources_in_order(tmp_path):
     given = tmp_path / "mine.jinja"
     given.write_text(CHATML)
     assert ChatTemplate.find(str(folder / "tokenizer.json"), str(given)).source == CHATML
-    assert ChatTemplate.find("byte").source == DEFAULT_TEMPLATE
-    with pytest.raises(ConfigError, match="data.tokenizer=char has none"):
-        ChatTemplate.find("char")
+    assert ChatTemplate.find("byte").source == ChatTemplate.find("char").source == ChatTemplate.find("bpe").source \
+        == DEFAULT_TEMPLATE
     (folder / "chat_template.jinja").unlink()
     with pytest.raises(ConfigError, match="has no chat template .* set data.chat_template to a Jinja file"):
         ChatTemplate.find(str(folder / "tokenizer.json"))
@@ -89,6 +90,31 @@ def test_default_template_ends_turns_with_endoftext():
     assert text == "<|user|>\nSay hi.<|endoftext|>\n<|assistant|>\n hi <|endoftext|>\n"
     assert tokenizer.decode(ids) == text
     assert bytes(ids[mask][:-1].astype(np.uint8)).decode() == " hi " and ids[mask][-1] == tokenizer.eot
+    assert template.end_of_turn(tokenizer) == tokenizer.eot
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_default_template_with_a_vocabulary_fitted_to_the_conversations(tmp_path, kind):
+    """char and bpe fitted to the rendered conversations hold <|endoftext|> as one token, which
+    ends each turn: the ids and the mask are transformers' apply_chat_template's (the tokenizer and
+    template exported), the mask each reply and its <|endoftext|>, as byte's."""
+    template = ChatTemplate.find(kind)
+    texts = [template.render(messages)[0] for messages in CONVERSATIONS]
+    tokenizer = chat_tokenizer(DataConfig(tokenizer=kind, bpe_vocab_size=300), texts, template)
+    if kind == "char":  # the characters rendered, <|endoftext|> apart, then it
+        assert tokenizer.symbols == "".join(sorted(set("".join(texts).replace(EOT, "")))) and \
+            tokenizer.eot == tokenizer.vocab_size - 1
+    export_tokenizer(tokenizer, tmp_path, template.settings())
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for messages, text in zip(CONVERSATIONS, texts):
+        ids, mask = encode_chat(template, tokenizer, messages)
+        out = reference.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
+        assert ids.tolist() == out["input_ids"] and mask.tolist() == [bool(m) for m in out["assistant_masks"]]
+        assert tokenizer.decode(ids.tolist()) == text and ids.tolist().count(tokenizer.eot) == len(messages)
+        masked = ids[mask]
+        replies = np.split(masked, np.flatnonzero(masked == tokenizer.eot)[:-1] + 1)
+        assert [tokenizer.decode(reply.tolist()) for reply in replies] == \
+            [m["content"] + EOT for m in messages if m["role"] == "assistant"]
     assert template.end_of_turn(tokenizer) == tokenizer.eot
 
 

@@ -18,10 +18,11 @@ def tokenizers(tmp_path: Path):
     bpe = HFTokenizer.train(CORPUS, vocab_size=300)
     bpe.save(tmp_path)
     return {"byte": ByteTokenizer(), "char": CharTokenizer.fit(CORPUS), "bpe": bpe,
-            "json": HFTokenizer.from_file(tmp_path / "tokenizer.json")}
+            "json": HFTokenizer.from_file(tmp_path / "tokenizer.json"),
+            "char_eot": CharTokenizer.fit(CORPUS, eot=True)}  # a chat corpus's: <|endoftext|> ends each turn
 
 
-@pytest.mark.parametrize("kind", ["byte", "char", "bpe", "json"])
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe", "json", "char_eot"])
 def test_round_trip(tmp_path, kind):
     tokenizer = tokenizers(tmp_path)[kind]
     ids = tokenizer.encode(TEXT)
@@ -30,13 +31,13 @@ def test_round_trip(tmp_path, kind):
     assert [a.tolist() for a in tokenizer.encode_batch(CORPUS)] == [tokenizer.encode(t) for t in CORPUS]
 
 
-@pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe", "char_eot"])
 def test_saved_tokenizer_encodes_alike(tmp_path, kind):
     tokenizer = tokenizers(tmp_path)[kind]
     folder = tmp_path / "saved"
     folder.mkdir()
     tokenizer.save(folder)
-    loaded = load_tokenizer(folder, kind)
+    loaded = load_tokenizer(folder, tokenizer.kind)
     assert (loaded.vocab_size, loaded.eot) == (tokenizer.vocab_size, tokenizer.eot)
     assert loaded.encode(TEXT) == tokenizer.encode(TEXT)
 
@@ -60,6 +61,13 @@ def test_char_vocabulary_is_the_corpus_characters():
     assert tokenizer.encode("cab") == [2, 0, 1]
     with pytest.raises(ValueError, match=r"^character 'z' is not in the char vocabulary \(built from the corpus\)$"):
         tokenizer.encode("abz")
+
+
+def test_char_end_of_text_follows_the_characters():
+    tokenizer = CharTokenizer.fit(["ba", "ac"], eot=True)
+    assert (tokenizer.symbols, tokenizer.vocab_size, tokenizer.eot) == ("abc", 4, 3)
+    assert tokenizer.decode([2, 3, 0, 3]) == "c<|endoftext|>a<|endoftext|>"
+    assert tokenizer.as_hf().encode("c<|endoftext|>a", add_special_tokens=False).ids == [2, 3, 0]
 
 
 def test_ids_outside_the_vocabulary_are_refused():
@@ -94,7 +102,7 @@ def test_char_on_tinyshakespeare(shakespeare, config):
     assert ds.tokenizer.decode(ds.tokenizer.encode(text)) == text
 
 
-@pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe", "char_eot"])
 def test_exported_tokenizer_json_is_theseus_in_transformers(tmp_path, kind):
     """transformers' AutoTokenizer reads the export and encodes and decodes every text as theseus does."""
     transformers = pytest.importorskip("transformers")
@@ -104,7 +112,7 @@ def test_exported_tokenizer_json_is_theseus_in_transformers(tmp_path, kind):
     export_tokenizer(tokenizer, folder)
     hf = transformers.AutoTokenizer.from_pretrained(folder)
     assert len(hf) == tokenizer.vocab_size and hf.eos_token_id == tokenizer.eot and hf.bos_token_id is None
-    for text in [TEXT, *CORPUS, "", " \n"] + (["😀 \r\n"] if kind != "char" else []):
+    for text in [TEXT, *CORPUS, "", " \n"] + (["😀 \r\n"] if not kind.startswith("char") else []):
         ids = tokenizer.encode(text)
         assert hf.encode(text) == ids  # transformers' default adds special tokens: these add none
         assert hf.decode(ids) == tokenizer.decode(ids) == text

@@ -188,8 +188,8 @@ def test_a_task_reads_conversations_from_jsonl_and_parquet_alike(tmp_path):
     (tmp_path / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows(12)))
     pq.write_table(pa.Table.from_pylist(rows(12)), tmp_path / "chats.parquet")
     task = SupervisedFineTuning()
-    found = [task.dataset(DataConfig(source=source, path=str(tmp_path / f"chats.{source}"), val_fraction=0.25))
-             for source in ("jsonl", "parquet")]
+    found = [task.dataset(DataConfig(source=source, path=str(tmp_path / f"chats.{source}"), val_fraction=0.25,
+                                     cache_dir=str(tmp_path / "cache"))) for source in ("jsonl", "parquet")]
     for split in ("train", "val"):
         assert found[0].rows[split] == found[1].rows[split] and len(found[0].rows[split]) == {"train": 9, "val": 3}[split]
         for (ids, mask), (other_ids, other_mask) in zip(found[0].splits[split], found[1].splits[split]):

@@ -47,7 +47,8 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token
 ROLES = ("system", "user", "assistant")
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
-# theseus's own tokenizers (byte, bpe) have one special token, <|endoftext|>: it ends every turn
+# theseus's own tokenizers (byte, char and bpe, the last two fitted to the rendered conversations)
+# have one special token, <|endoftext|>: it ends every turn
 DEFAULT_TEMPLATE = (
     "{%- for message in messages -%}"
     "{{- '<|' + message['role'] + '|>\\n' -}}"
@@ -74,8 +75,8 @@ class ChatTemplate:
     def find(cls, tokenizer: str, given: str | None = None) -> ChatTemplate:
         """The template a run uses: ``given`` (``data.chat_template``, a Jinja file) if set, else
         the tokenizer's (``chat_template.jinja`` beside its tokenizer.json, else its
-        tokenizer_config.json's ``chat_template``), else, for theseus's byte and bpe tokenizers,
-        ``DEFAULT_TEMPLATE``. ConfigError when there is none or a file does not read."""
+        tokenizer_config.json's ``chat_template``), else, for theseus's byte, char and bpe
+        tokenizers, ``DEFAULT_TEMPLATE``. ConfigError when there is none or a file does not read."""
         folder = None if tokenizer in NAMES else Path(tokenizer).expanduser().parent
         special = tokenizer_special_tokens(folder) if folder else {"eos_token": EOT}
         if given is not None:
@@ -84,9 +85,6 @@ class ChatTemplate:
                 raise ConfigError(f"data.chat_template={given} does not exist: give the path of a Jinja chat template")
             return cls(path.read_text(encoding="utf-8"), special, str(path))
         if folder is None:
-            if tokenizer == "char":
-                raise ConfigError("task=sft needs a tokenizer with an end-of-turn token: data.tokenizer=char has none; "
-                                  "use data.tokenizer=byte, bpe or the path of a tokenizer.json")
             return cls(DEFAULT_TEMPLATE, special, "theseus's default template")
         if (folder / TEMPLATE_FILE).is_file():
             return cls((folder / TEMPLATE_FILE).read_text(encoding="utf-8"), special, str(folder / TEMPLATE_FILE))
@@ -97,6 +95,11 @@ class ChatTemplate:
             raise ConfigError(f"the tokenizer {tokenizer} has no chat template ({TEMPLATE_FILE} or a chat_template in "
                               f"{TRANSFORMERS_CONFIG} beside it): set data.chat_template to a Jinja file")
         return cls(source, special, str(folder / TRANSFORMERS_CONFIG))
+
+    def settings(self) -> dict[str, str]:
+        """What transformers reads from a tokenizer_config.json to render as this template renders:
+        ``chat_template`` and the special tokens it sees."""
+        return {**self.special, "chat_template": self.source}
 
     @property
     def marks_generation(self) -> bool:
@@ -205,7 +208,12 @@ def encode_chat(template: ChatTemplate, tokenizer: Tokenizer, messages: Sequence
     """``(ids int32 [n], mask bool [n])`` of a conversation: the target at position t counts in
     the loss when ``mask[t]``. ``train_on=assistant``: the assistant's tokens; ``all``: every
     token but the first (which nothing predicts)."""
-    text, spans = template.assistant_spans(messages)
+    return encode_rendered(*template.assistant_spans(messages), tokenizer, train_on)
+
+
+def encode_rendered(text: str, spans: Sequence[tuple[int, int]], tokenizer: Tokenizer,
+                    train_on: str = "assistant") -> tuple[np.ndarray, np.ndarray]:
+    """``encode_chat`` of a conversation already rendered: its ``text`` and assistant ``spans``."""
     ids, offsets = tokenize(tokenizer, text)
     mask = np.ones(len(ids), bool) if train_on == "all" else token_mask(offsets, spans)
     mask[:1] = False  # nothing predicts the first token (packed, it would be the previous conversation)
@@ -213,7 +221,9 @@ def encode_chat(template: ChatTemplate, tokenizer: Tokenizer, messages: Sequence
 
 
 def chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, message: str) -> np.ndarray:
-    """int32 ``[n]``: a one-message conversation from the user, with the generation prompt."""
+    """int32 ``[n]``: a one-message conversation from the user, with the generation prompt;
+    ValueError for a character a char vocabulary lacks (its Hugging Face form would drop it)."""
+    tokenizer.encode(message)
     text, _ = template.render([{"role": "user", "content": message}], add_generation_prompt=True)
     return tokenize(tokenizer, text)[0]
 

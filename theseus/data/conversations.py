@@ -25,7 +25,7 @@ from functools import cached_property
 import numpy as np
 
 from theseus.config import ConfigError
-from theseus.data.chat import ChatTemplate, check_messages, encode_chat
+from theseus.data.chat import ChatTemplate, check_messages, encode_rendered
 from theseus.data.loader import Loader
 from theseus.data.shards import SPLITS
 from theseus.data.tokenizer import Tokenizer
@@ -49,16 +49,16 @@ class Conversations:
     def encode(cls, rows: Iterable[Mapping], template: ChatTemplate, tokenizer: Tokenizer, *, chat_field: str = "messages",
                train_on: str = "assistant", val_fraction: float = 0.01, seed: int = 0, packing: bool = True,
                where: str = "the corpus") -> Conversations:
-        """Render and tokenize every row's ``chat_field``; hold out ``val_fraction`` of the
-        conversations (at least one, drawn by ``seed``) for validation. ConfigError, naming the
-        row, for a row without a conversation; for fewer than two conversations."""
-        encoded = []
-        for number, row in enumerate(rows, start=1):
-            if chat_field not in row:
-                raise ConfigError(f"row {number} of {where} has no field {chat_field!r} (it has "
-                                  f"{', '.join(map(repr, row)) or 'none'}): set data.chat_field to the field of its messages")
-            messages = check_messages(row[chat_field], f"row {number} of {where}, field {chat_field!r},")
-            encoded.append(encode_chat(template, tokenizer, messages, train_on))
+        """Render and tokenize every row's ``chat_field`` (``render_rows``), then ``split`` them."""
+        encoded = [encode_rendered(text, spans, tokenizer, train_on)
+                   for text, spans in render_rows(rows, template, chat_field, where)]
+        return cls.split(encoded, tokenizer, val_fraction=val_fraction, seed=seed, packing=packing, where=where)
+
+    @classmethod
+    def split(cls, encoded: list[tuple[np.ndarray, np.ndarray]], tokenizer: Tokenizer, *, val_fraction: float = 0.01,
+              seed: int = 0, packing: bool = True, where: str = "the corpus") -> Conversations:
+        """The ``encoded`` conversations (in row order), ``val_fraction`` of them (at least one,
+        drawn by ``seed``) held out for validation; ConfigError for fewer than two."""
         if len(encoded) < 2:
             raise ConfigError(f"{where} holds {len(encoded)} conversation(s): task=sft needs at least two "
                               "(one is held out for validation)")
@@ -144,6 +144,17 @@ def pack(lengths: list[int], size: int) -> list[list[int]]:
         windows[-1].append(i)
         used += length
     return windows
+
+
+def render_rows(rows: Iterable[Mapping], template: ChatTemplate, chat_field: str = "messages",
+                where: str = "the corpus") -> Iterator[tuple[str, list[tuple[int, int]]]]:
+    """Each row's conversation (its ``chat_field``) rendered by ``template``: its text and the
+    character spans of the assistant's turns. ConfigError, naming the row, for a row without one."""
+    for number, row in enumerate(rows, start=1):
+        if chat_field not in row:
+            raise ConfigError(f"row {number} of {where} has no field {chat_field!r} (it has "
+                              f"{', '.join(map(repr, row)) or 'none'}): set data.chat_field to the field of its messages")
+        yield template.assistant_spans(check_messages(row[chat_field], f"row {number} of {where}, field {chat_field!r},"))
 
 
 class Windows:

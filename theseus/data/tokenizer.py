@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -93,36 +93,39 @@ class ByteTokenizer(Tokenizer):
 
 
 class CharTokenizer(Tokenizer):
-    """One id per character of the corpus, in code point order; no special tokens."""
+    """One id per character of the corpus, in code point order; no special tokens, or, with
+    ``eot`` (a chat corpus's, whose turns it ends), <|endoftext|> after them, as byte's 256."""
 
     kind = "char"
-    eot = None
 
-    def __init__(self, symbols: str):
+    def __init__(self, symbols: str, eot: bool = False):
         self.symbols = "".join(sorted(set(symbols)))
-        self.vocab_size = len(self.symbols)
+        self.eot = len(self.symbols) if eot else None
+        self.vocab_size = len(self.symbols) + eot
         self._points = _code_points(self.symbols)
 
     @classmethod
-    def fit(cls, texts: Iterable[str]) -> CharTokenizer:
-        """The vocabulary of every character in ``texts``."""
-        return cls("".join(set().union(*map(set, texts))))
+    def fit(cls, texts: Iterable[str], eot: bool = False) -> CharTokenizer:
+        """The vocabulary of every character in ``texts`` (and <|endoftext|>, with ``eot``)."""
+        return cls("".join(set().union(*map(set, texts))), eot)
 
     @classmethod
     def load(cls, path: Path) -> CharTokenizer:
+        """What ``save`` wrote: the vocabulary as one JSON string, or ``{"symbols": ..., "eot": "<|endoftext|>"}``."""
         try:
-            symbols = json.loads(path.read_text(encoding="utf-8"))
+            saved = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path} does not hold a char vocabulary ({exc}): prepare the corpus again") from exc
+        symbols, eot = (saved.get("symbols"), saved.get("eot") == EOT) if isinstance(saved, dict) else (saved, False)
         if not isinstance(symbols, str) or not symbols:
             raise ConfigError(f"{path} must hold the char vocabulary as one JSON string: prepare the corpus again")
-        return cls(symbols)
+        return cls(symbols, eot)
 
     def encode_batch(self, texts: Sequence[str], special: bool = False) -> list[np.ndarray]:
         out = []
         for text in texts:
             points = _code_points(text)
-            ids = np.minimum(np.searchsorted(self._points, points), self.vocab_size - 1)
+            ids = np.minimum(np.searchsorted(self._points, points), len(self.symbols) - 1)
             unknown = np.flatnonzero(self._points[ids] != points)
             if unknown.size:
                 raise ValueError(f"character {text[unknown[0]]!r} is not in the char vocabulary "
@@ -131,16 +134,23 @@ class CharTokenizer(Tokenizer):
         return out
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._points[_checked(ids, self.vocab_size)].astype("<u4").tobytes().decode("utf-32-le")
+        ids = _checked(ids, self.vocab_size)
+        pieces = np.split(ids, np.flatnonzero(ids == self.eot)) if self.eot is not None else [ids]
+        return EOT.join(self._points[piece[piece != self.eot]].astype("<u4").tobytes().decode("utf-32-le")
+                        for piece in pieces)  # every piece but the first opens with eot
 
     def save(self, folder: Path) -> None:
-        (folder / CHARS_FILE).write_text(json.dumps(self.symbols), encoding="utf-8")
+        saved = self.symbols if self.eot is None else {"symbols": self.symbols, "eot": EOT}
+        (folder / CHARS_FILE).write_text(json.dumps(saved), encoding="utf-8")
 
     def as_hf(self) -> tokenizers.Tokenizer:
         """One token per character, no merges, decoded by joining (a character outside the
-        vocabulary is dropped, where ``encode`` raises)."""
+        vocabulary is dropped, where ``encode`` raises); <|endoftext|> a special token, if any
+        (so that literal text encodes as ``eot``, as byte's does)."""
         tokenizer = tokenizers.Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(self.symbols)}, merges=[]))
         tokenizer.decoder = decoders.Fuse()
+        if self.eot is not None:
+            tokenizer.add_special_tokens([EOT])
         return tokenizer
 
 
@@ -199,10 +209,11 @@ class HFTokenizer(Tokenizer):
         return self._tokenizer
 
 
-def export_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
+def export_tokenizer(tokenizer: Tokenizer, folder: Path, chat: Mapping[str, str] | None = None) -> None:
     """Write ``tokenizer`` into the Hugging Face folder ``folder`` as transformers reads it:
     ``tokenizer.json`` and a ``tokenizer_config.json`` naming its end-of-text token (and the BOS
-    it adds, if any), so that ``AutoTokenizer.from_pretrained(folder)`` encodes as theseus does."""
+    it adds, if any), so that ``AutoTokenizer.from_pretrained(folder)`` encodes as theseus does;
+    ``chat``: a chat template's settings beside them (``chat_template`` and the special tokens it sees)."""
     hf = tokenizer.as_hf()
     hf.save(str(folder / JSON_FILE))
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
@@ -211,6 +222,7 @@ def export_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
     added = tokenizer.encode("", special=True)
     if added:
         settings["bos_token"] = hf.id_to_token(added[0])
+    settings.update(chat or {})
     (folder / TRANSFORMERS_CONFIG).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 
 
