@@ -329,10 +329,11 @@ def train(config: Sequence[str] | DictConfig, run_dir: str | Path) -> float:
     or a config from ``theseus.compose``. ``run_dir`` receives what a command-line run writes
     (``.hydra/config.yaml`` included, so ``theseus.sample`` reads it); a run there is resumed.
     """
+    from theseus.interop.init_from import command_line_choice
     from theseus.recipe import assemble
     from theseus.tasks.task import JobTask, task_class
 
-    cfg = compose(list(config)) if not isinstance(config, DictConfig) else config
+    cfg = config if isinstance(config, DictConfig) else compose([*config, *command_line_choice(config)])
     run_dir = Path(run_dir)
     run = None if issubclass(task_class(cfg), JobTask) else assemble(cfg, run_dir)
     (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
