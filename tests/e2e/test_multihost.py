@@ -180,9 +180,9 @@ def test_launcher_exits_with_a_failed_process_code(corpus, tmp_path):
 def test_launched_processes_share_one_output_folder():
     now = datetime.datetime(2025, 1, 2, 3, 4, 5)
     assert pin_output_dirs(["+experiment=gpt_tiny", "++hydra.run.dir=mine"], now) == [
-        "+experiment=gpt_tiny", "++hydra.run.dir=mine", "hydra.sweep.dir=multirun/2025-01-02/03-04-05"]
-    assert pin_output_dirs([], now) == ["hydra.run.dir=outputs/2025-01-02/03-04-05",
-                                        "hydra.sweep.dir=multirun/2025-01-02/03-04-05"]
+        "+experiment=gpt_tiny", "++hydra.run.dir=mine"]
+    assert pin_output_dirs([], now) == ["hydra.run.dir=outputs/2025-01-02/03-04-05"]
+    assert pin_output_dirs(["-m"], now) == ["-m", "hydra.sweep.dir=multirun/2025-01-02/03-04-05"]
 
 
 def test_a_slurm_job_joins_with_nothing_set():

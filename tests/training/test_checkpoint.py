@@ -219,33 +219,48 @@ def test_an_extension_refused_shows_rates_that_differ(tmp_path):
     assert len(was) <= 12, was  # no more digits than it takes
 
 
-def test_resume_last_finds_the_newest_run_this_command_continues(tmp_path):
+def test_resume_last_finds_the_newest_run_this_command_started(tmp_path, monkeypatch):
+    """Among the runs in Hydra's default folders that the same command started (its overrides,
+    up to their order, trainer.resume and trainer.max_steps; none given hydra.run.dir), the
+    newest whose saved config this one may continue."""
     import time
 
     from omegaconf import OmegaConf
 
     from theseus.config.compose import compose
-    from theseus.training.resume import last_run, runs_root
+    from theseus.training.resume import last_run, runs_root, started_runs
 
-    def made(name: str, config: dict, steps: tuple[int, ...] = (5,)) -> Path:
-        run_dir = tmp_path / "outputs" / name
+    monkeypatch.chdir(tmp_path)
+    command = ["+experiment=gpt_tiny", "optimizer.lr=3e-3"]
+
+    def made(name: str, config: dict, overrides=command, hydra=(), steps: tuple[int, ...] = (5,)) -> Path:
+        run_dir = Path("outputs") / name
         (run_dir / ".hydra").mkdir(parents=True)
         OmegaConf.save(OmegaConf.create(config), run_dir / ".hydra" / "config.yaml")
+        OmegaConf.save(OmegaConf.create(list(overrides)), run_dir / ".hydra" / "overrides.yaml")
+        OmegaConf.save(OmegaConf.create({"hydra": {"overrides": {"hydra": list(hydra), "task": list(overrides)}}}),
+                       run_dir / ".hydra" / "hydra.yaml")
         for step in steps:
             (run_dir / "checkpoints" / str(step)).mkdir(parents=True)
         time.sleep(0.01)  # distinct modification times: the newest wins
         return run_dir
 
     lr3 = {"optimizer": {"lr": 3e-3}, "trainer": {"max_steps": 60, "resume": "auto"}}
-    lr1 = {"optimizer": {"lr": 1e-3}, "trainer": {"max_steps": 60, "resume": "auto"}}
-    older, other = made("d1/t1", lr3), made("d1/t2", lr1)
+    older = made("d1/t1", lr3, overrides=[*reversed(command), "trainer.resume=last"])  # the same command
+    other = made("d1/t2", {**lr3, "optimizer": {"lr": 1e-3}}, overrides=["+experiment=gpt_tiny", "optimizer.lr=1e-3"])
     newer = made("d2/t1", {**lr3, "logger": {"mode": "disabled"}})  # logging may differ
     made("d2/t2", lr3, steps=())  # no checkpoint: nothing to continue
+    made("d2/t3", lr3, overrides=[*command, "evaluation.lm_eval=[x]"])  # another command
+    made("d3/t1", lr3, hydra=["hydra.run.dir=outputs/d3/t1"])  # its own hydra.run.dir: another command's
+    made("lm-eval", lr3, hydra=["hydra.run.dir=outputs/lm-eval"])
+    composed = compose([*command, "trainer.max_steps=90", "trainer.resume=last"], hydra=True)
+    runs = started_runs(composed)
+    assert sorted(runs) == [older, newer, Path("outputs/d2/t2")]
     again = {"optimizer": {"lr": 3e-3}, "trainer": {"max_steps": 90, "resume": "last"}}  # longer: judged later
-    assert last_run(tmp_path / "outputs", again) == newer != older
-    assert last_run(tmp_path / "outputs", {**again, "optimizer": {"lr": 1e-3}}) == other
-    assert last_run(tmp_path / "outputs", {**again, "optimizer": {"lr": 1e-2}}) is None
-    assert runs_root(compose(["+experiment=gpt_tiny"], hydra=True)) == Path("outputs")
+    assert last_run(runs, again) == newer
+    assert last_run(runs, {**again, "optimizer": {"lr": 1e-2}}) is None
+    assert started_runs(compose(["+experiment=gpt_tiny", "optimizer.lr=1e-3"], hydra=True)) == [other]
+    assert runs_root(composed) == Path("outputs")
     assert runs_root(compose(["+experiment=gpt_tiny", "hydra.run.dir=runs/a"], hydra=True)) is None
 
 

@@ -29,6 +29,7 @@ from theseus.config.context import check, mark_checked
 from theseus.config.discovery import HOW_TO_DECLARE
 from theseus.config.errors import ConfigError, suggest
 from theseus.config.fields import MISSING
+from theseus.config.overrides import remember
 from theseus.config.schema import schema_of, typed
 
 
@@ -52,6 +53,7 @@ def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig
     if not hydra:
         with open_dict(cfg):
             del cfg["hydra"]
+    remember(cfg, overrides)  # what theseus.train prints as the command that continues its run
     return cfg
 
 
