@@ -8,6 +8,7 @@ the composed config against the schema of the options it chose.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,6 @@ from theseus.config.context import check, mark_checked
 from theseus.config.discovery import HOW_TO_DECLARE
 from theseus.config.errors import ConfigError, suggest
 from theseus.config.fields import MISSING
-from theseus.config.overrides import remember
 from theseus.config.schema import schema_of, typed
 
 
@@ -55,6 +55,23 @@ def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig
             del cfg["hydra"]
     remember(cfg, overrides)  # what theseus.train prints as the command that continues its run
     return cfg
+
+
+_COMPOSED: dict[int, tuple[weakref.ref, tuple[str, ...], str]] = {}  # id -> (the config, its overrides, its YAML)
+
+
+def remember(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Record that ``cfg`` (as it is now) was composed from ``overrides``."""
+    key = id(cfg)
+    _COMPOSED[key] = (weakref.ref(cfg, lambda _: _COMPOSED.pop(key, None)), tuple(overrides), OmegaConf.to_yaml(cfg))
+
+
+def composed_from(cfg: DictConfig) -> list[str] | None:
+    """The overrides ``compose`` made ``cfg`` from, if it is unchanged since (None: unknown, or changed)."""
+    known = _COMPOSED.get(id(cfg))
+    if known is None or known[0]() is not cfg or known[2] != OmegaConf.to_yaml(cfg):
+        return None
+    return list(known[1])
 
 
 def with_values(cfg: DictConfig, values: Mapping[str, Any]) -> DictConfig:

@@ -9,8 +9,6 @@ options alone compose, each written so that Hydra's parser reads back the same v
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Sequence
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -18,25 +16,17 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from theseus.config import registry
+from theseus.config.compose import compose, composed_from
 from theseus.config.schema import flatten
 
-_COMPOSED: dict[int, tuple[weakref.ref, tuple[str, ...], str]] = {}  # id -> (the config, its overrides, its YAML)
 _PARSER = OverridesParser.create()
-
-
-def remember(cfg: DictConfig, overrides: Sequence[str]) -> None:
-    """Record that ``cfg`` (as it is now) was composed from ``overrides``."""
-    key = id(cfg)
-    _COMPOSED[key] = (weakref.ref(cfg, lambda _: _COMPOSED.pop(key, None)), tuple(overrides), _yaml(cfg))
 
 
 def overrides_for(cfg: DictConfig) -> list[str]:
     """Overrides that compose ``cfg`` again (its ``hydra`` node aside)."""
-    known = _COMPOSED.get(id(cfg))
-    if known is not None and known[0]() is cfg and known[2] == _yaml(cfg):
-        return list(known[1])
-    from theseus.config.compose import compose
-
+    known = composed_from(cfg)
+    if known is not None:
+        return known
     choices = registry.choices_of(cfg)
     primary = registry.choices_of(compose([]))
     options = [f"{group}={name}" for group, name in choices.items() if primary.get(group) != name]
@@ -75,7 +65,3 @@ def _job(cfg: DictConfig) -> dict[str, Any]:
         with open_dict(job):
             del job["hydra"]
     return OmegaConf.to_container(job, resolve=True)
-
-
-def _yaml(cfg: DictConfig) -> str:
-    return OmegaConf.to_yaml(cfg)
