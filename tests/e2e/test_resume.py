@@ -98,3 +98,21 @@ def test_resume_last_continues_only_what_this_command_started(corpus, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{run_dir} is complete at step {STEPS}: nothing to train" in again.stdout + again.stderr
     assert segments(tmp_path / run_dir) == before and len(before[0]) == 2
+
+
+def test_a_sweep_jobs_printed_resume_is_its_own_single_run(corpus, tmp_path):
+    """Ctrl-C in a sweep's first job: its resume command has the job's own value, not the
+    sweep's list, no -m, its folder as hydra.run.dir; run, it finishes that job there."""
+    cmd = [*command(corpus), "logger.mode=disabled"]
+    code, out = interrupt(tmp_path, ["-m", *cmd, "optimizer.lr=1e-3,3e-3", "hydra.sweep.dir=sweep"], when="step ")
+    assert code == 128 + signal.SIGINT, out[-3000:]
+    job = tmp_path / "sweep" / "0"
+    (resume,) = [line.split("resume:", 1)[1].strip() for line in (job / "run.log").read_text().splitlines()
+                 if "resume:" in line]
+    assert resume == shlex.join(["python", "-m", "theseus.run", *cmd, "optimizer.lr=0.001", f"hydra.run.dir={job}"])
+    stopped = max(int(p.name) for p in (job / "checkpoints").iterdir())
+    done = subprocess.run([sys.executable, *shlex.split(resume)[1:]], capture_output=True, text=True, env=env(),
+                          cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming from {job / 'checkpoints' / str(stopped)} at step {stopped}" in done.stderr
+    assert steps(job) == list(range(1, STEPS + 1)) and not (tmp_path / "sweep" / "1").exists()

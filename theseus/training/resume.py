@@ -171,7 +171,7 @@ def extension_problem(run_dir: Path, saved_steps: int, optimizer: Any, max_steps
     """Why ``run_dir`` (trained for ``saved_steps``) cannot go on to ``max_steps``: the steps it
     has taken would have had other learning rates (a cosine decays over all the steps); None
     when they keep theirs (a constant schedule, or wsd's stable phase)."""
-    taken = max((int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()), default=0)
+    taken = newest_step(run_dir)
     steps = np.arange(taken)
     before = np.asarray(make_schedule(optimizer, saved_steps)(steps))
     after = np.asarray(make_schedule(optimizer, max_steps)(steps))
