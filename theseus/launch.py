@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import datetime
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import time
 from typing import IO
 
 from theseus.config.arguments import POSITIVE_INT, Parser
+from theseus.training.commands import LAUNCHED
 
 GRACE = 10.0  # seconds the other processes get to end after one fails, before they are killed
 TAIL = 20  # lines of a failed process's output shown
@@ -35,12 +37,13 @@ def free_port() -> int:
 
 
 def pin_output_dirs(args: list[str], now: datetime.datetime) -> list[str]:
-    """``args`` with Hydra's run and sweep folders fixed at ``now`` where they are not given:
-    left to each process, their timestamps could differ by a second, and so their folders."""
+    """``args`` with Hydra's run folder (a sweep's folder, with ``-m``) fixed at ``now`` where it
+    is not given: left to each process, their timestamps could differ by a second, and so their
+    folders. The run's printed commands name it, so that they continue this run."""
     stamp = now.strftime("%Y-%m-%d/%H-%M-%S")
     given = {arg.split("=", 1)[0].lstrip("+") for arg in args}
-    return args + [f"{key}={root}/{stamp}" for key, root in (("hydra.run.dir", "outputs"), ("hydra.sweep.dir", "multirun"))
-                   if key not in given]
+    key, root = ("hydra.sweep.dir", "multirun") if {"-m", "--multirun"} & set(args) else ("hydra.run.dir", "outputs")
+    return args if key in given else [*args, f"{key}={root}/{stamp}"]
 
 
 def process_command(args: list[str], port: int, processes: int, index: int) -> list[str]:
@@ -51,9 +54,11 @@ def process_command(args: list[str], port: int, processes: int, index: int) -> l
             f"distributed.num_processes={processes}", f"distributed.process_id={index}"]
 
 
-def process_env(devices: int | None) -> dict[str, str]:
-    """The environment of each process: this one's, plus ``devices`` simulated CPU devices."""
-    env = dict(os.environ)
+def process_env(devices: int | None, options: list[str]) -> dict[str, str]:
+    """The environment of each process: this one's, plus ``devices`` simulated CPU devices, and
+    the launch's ``options`` (``--processes 2 ...``), from which a run prints the launch command
+    that continues it (``theseus.training.commands``)."""
+    env = {**os.environ, LAUNCHED: shlex.join(options)}
     if devices:
         flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
         env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
@@ -67,7 +72,8 @@ def launch(args: list[str], processes: int, devices: int | None = None) -> int:
     SIGINT and SIGTERM sent to the launcher are passed on, once, to every process; they run in
     sessions of their own, so that a terminal's Ctrl-C reaches them only this way.
     """
-    port, env = free_port(), process_env(devices)
+    options = ["--processes", str(processes), *(["--devices-per-process", str(devices)] if devices else [])]
+    port, env = free_port(), process_env(devices, options)
     with contextlib.ExitStack() as stack:
         logs: list[IO[bytes] | None] = [None, *(stack.enter_context(tempfile.TemporaryFile()) for _ in range(1, processes))]
         procs = [subprocess.Popen(process_command(args, port, processes, i), env=env, start_new_session=True,

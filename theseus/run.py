@@ -344,16 +344,21 @@ def train(config: Sequence[str] | DictConfig, run_dir: str | Path) -> float:
     ``config``: overrides as on the command line (``["+experiment=gpt_tiny", "optimizer.lr=1e-3"]``)
     or a config from ``theseus.compose``. ``run_dir`` receives what a command-line run writes
     (``.hydra/config.yaml`` included, so ``theseus.sample`` reads it); a run there is resumed.
+    The commands it prints at its end are ``python -m theseus.run`` commands of this config.
     """
+    from theseus.config.overrides import overrides_for
+    from theseus.interop.init_from import command_line_choice
     from theseus.recipe import assemble
     from theseus.tasks.task import JobTask, task_class
+    from theseus.training.commands import started_by
 
-    cfg = compose(list(config)) if not isinstance(config, DictConfig) else config
+    cfg = config if isinstance(config, DictConfig) else compose([*config, *command_line_choice(config)])
     run_dir = Path(run_dir)
     run = None if issubclass(task_class(cfg), JobTask) else assemble(cfg, run_dir)
     (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
-    return execute(cfg, run_dir, run)
+    with started_by([*overrides_for(cfg), f"hydra.run.dir={run_dir}"]):  # the command its printed lines give
+        return execute(cfg, run_dir, run)
 
 
 def use_compilation_cache() -> None:

@@ -78,6 +78,20 @@ def test_only_process_0_writes_the_record_and_every_process_its_shards(runs):
     assert f"step {STEPS}/{STEPS} loss" in runs["launched"].stderr + runs["launched"].stdout  # process 0's, streamed
 
 
+def test_the_launchs_printed_continue_is_a_launch_that_runs(runs, corpus):
+    """Not process 0's own command (a dead coordinator address, one process of two): the launch
+    command, as given, with the new run's place; run, it starts from the launched run's weights."""
+    two = runs["two"]
+    (more,) = re.findall(r"continue: (.+)", runs["launched"].stdout + runs["launched"].stderr)
+    given = [arg for arg in arguments(corpus, two, logger="offline") if not arg.startswith(("trainer.max_steps=",
+                                                                                             "hydra.run.dir="))]
+    assert more == " ".join(["python -m theseus.launch --processes 2 --devices-per-process 4 --", *given,
+                             f"trainer.init_from={two}", f"hydra.run.dir={two}-more", "trainer.max_steps=N"])
+    ran = ok(run_python(*more.replace("=N", "=1").split()[1:]))
+    assert f"starting from the weights of {two / 'checkpoints' / str(STEPS)}" in ran.stderr + ran.stdout
+    assert "complete: step 1/1" in ran.stderr + ran.stdout
+
+
 def spawn(script: str, jobs: list[tuple[list[str], dict[str, str]]], timeout: int = 120) -> list[str]:
     """Run ``python -c script ARGS`` for each (ARGS, environment) at once; each one's ``RESULT`` line."""
     procs = [subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -180,9 +194,9 @@ def test_launcher_exits_with_a_failed_process_code(corpus, tmp_path):
 def test_launched_processes_share_one_output_folder():
     now = datetime.datetime(2025, 1, 2, 3, 4, 5)
     assert pin_output_dirs(["+experiment=gpt_tiny", "++hydra.run.dir=mine"], now) == [
-        "+experiment=gpt_tiny", "++hydra.run.dir=mine", "hydra.sweep.dir=multirun/2025-01-02/03-04-05"]
-    assert pin_output_dirs([], now) == ["hydra.run.dir=outputs/2025-01-02/03-04-05",
-                                        "hydra.sweep.dir=multirun/2025-01-02/03-04-05"]
+        "+experiment=gpt_tiny", "++hydra.run.dir=mine"]
+    assert pin_output_dirs([], now) == ["hydra.run.dir=outputs/2025-01-02/03-04-05"]
+    assert pin_output_dirs(["-m"], now) == ["-m", "hydra.sweep.dir=multirun/2025-01-02/03-04-05"]
 
 
 def test_a_slurm_job_joins_with_nothing_set():

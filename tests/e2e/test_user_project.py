@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import textwrap
 from pathlib import Path
 
@@ -38,10 +39,13 @@ def project(tmp_path_factory) -> Path:
     return root
 
 
-def theseus(project: Path, *args: str, **kwargs):
-    data = ["data.source=text", "data.path=corpus.txt", "data.tokenizer=byte", "data.val_fraction=0.1",
+def data(project: Path) -> list[str]:
+    return ["data.source=text", "data.path=corpus.txt", "data.tokenizer=byte", "data.val_fraction=0.1",
             f"data.cache_dir={project / 'cache'}", "logger.mode=disabled"]
-    return run_python("-m", "theseus.run", *args, *data, cwd=project, **kwargs)
+
+
+def theseus(project: Path, *args: str, **kwargs):
+    return run_python("-m", "theseus.run", *args, *data(project), cwd=project, **kwargs)
 
 
 TINY = ["+experiment=gpt_tiny", "trainer.max_steps=4", "trainer.eval_every=4", "trainer.log_every=2"]
@@ -117,6 +121,23 @@ def test_joblib_sweep_over_the_users_key(project, tmp_path):
     assert losses[0] != losses[1]
     shown = proc.stdout + proc.stderr  # the parallel jobs' lines, told apart
     assert "[job 0] step 2/4 " in shown and "[job 1] step 2/4 " in shown and "\nstep " not in shown, shown[-3000:]
+    # a job's printed continue: its single run (its own values, no -m, no launcher), from its own folder
+    (more,) = re.findall(r"continue: (.+)", (sweep / "1" / "run.log").read_text())
+    expected = shlex.join(["python", "-m", "theseus.run", *TINY[:1], *TINY[2:], "model=scaled_gpt",
+                           "architecture.ff_scale=2", *data(project), f"trainer.init_from={sweep / '1'}",
+                           f"hydra.run.dir={sweep / '1'}-more"]) + " trainer.max_steps=N"
+    assert more == expected
+    ran = run_python(*shlex.split(more.replace("=N", "=1"))[1:], cwd=project)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert f"starting from the weights of {sweep / '1'}" in ran.stderr
+    assert "ff_scale: 2" in (Path(f"{sweep / '1'}-more") / ".hydra" / "config.yaml").read_text()
+
+
+def test_init_from_a_run_of_the_users_model_builds_that_model(project, trained):
+    """Without model=: the run's own model (ScaledGPT, its ff_scale), not a plain GPT."""
+    proc = theseus(project, *TINY, f"trainer.init_from={trained}", "trainer.dry_run=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"model\s+│ ScaledGPT: ", proc.stderr), proc.stderr[-3000:]
 
 
 def test_sampling_the_users_model(project, trained):
@@ -167,3 +188,9 @@ def test_python_api_composes_and_trains(project, tmp_path):
     assert float(proc.stdout.split("LOSS")[1]) < 5.6
     assert (tmp_path / "run" / ".hydra" / "config.yaml").is_file()
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
+    # its printed continue is the theseus.run command of its config (the user's model kept), and runs
+    (more,) = re.findall(r"continue: (.+)", proc.stdout + proc.stderr)
+    assert "model=scaled_gpt architecture.ff_scale=2" in more and more.endswith(" trainer.max_steps=N"), more
+    ran = run_python(*shlex.split(more.replace("=N", "=1"))[1:], cwd=project)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert re.search(r"model\s+│ ScaledGPT: ", ran.stderr) and f"the weights of {tmp_path / 'run'}" in ran.stderr

@@ -198,33 +198,70 @@ def test_a_constant_run_shorter_than_its_warmup_is_refused_saying_so(tmp_path):
                             "is over"), problem
 
 
-def test_resume_last_finds_the_newest_run_this_command_continues(tmp_path):
+def test_an_extension_refused_shows_rates_that_differ(tmp_path):
+    """A cosine over 1,000 steps stopped at step 5, extended to 2,000: step 2's rate changes in
+    its 6th digit, and the message shows as many as that takes (never "0.003, not 0.003")."""
+    import math
+    import re
+
+    from theseus.config.compose import compose
+    from theseus.training.settings import configure_settings
+    from theseus.training.resume import extension_problem
+
+    (tmp_path / "checkpoints" / "5").mkdir(parents=True)
+    cfg = compose(["+experiment=gpt_tiny", "optimizer.schedule=cosine", "optimizer.warmup_steps=0",
+                   "optimizer.lr=3e-3", "trainer.max_steps=2000"])
+    settings = configure_settings(cfg)
+    problem = extension_problem(tmp_path, 1000, settings.optimizer, settings.trainer.max_steps)
+    was, now = re.search(r"step 2 \(of the 5 taken\) would have been (\S+), not (\S+)\. Start", problem).groups()
+    floor = settings.optimizer.min_lr_ratio
+    cosine = [3e-3 * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * 1 / n))) for n in (2000, 1000)]
+    assert was != now and float(was) == pytest.approx(cosine[0], rel=5e-6) and float(now) == pytest.approx(cosine[1], rel=5e-6)
+    assert len(was) <= 12, was  # no more digits than it takes
+
+
+def test_resume_last_finds_the_newest_run_this_command_started(tmp_path, monkeypatch):
+    """Among the runs in Hydra's default folders that the same command started (its overrides,
+    up to their order, trainer.resume and trainer.max_steps; none given hydra.run.dir), the
+    newest whose saved config this one may continue."""
     import time
 
     from omegaconf import OmegaConf
 
     from theseus.config.compose import compose
-    from theseus.training.resume import last_run, runs_root
+    from theseus.training.resume import last_run, runs_root, started_runs
 
-    def made(name: str, config: dict, steps: tuple[int, ...] = (5,)) -> Path:
-        run_dir = tmp_path / "outputs" / name
+    monkeypatch.chdir(tmp_path)
+    command = ["+experiment=gpt_tiny", "optimizer.lr=3e-3"]
+
+    def made(name: str, config: dict, overrides=command, hydra=(), steps: tuple[int, ...] = (5,)) -> Path:
+        run_dir = Path("outputs") / name
         (run_dir / ".hydra").mkdir(parents=True)
         OmegaConf.save(OmegaConf.create(config), run_dir / ".hydra" / "config.yaml")
+        OmegaConf.save(OmegaConf.create(list(overrides)), run_dir / ".hydra" / "overrides.yaml")
+        OmegaConf.save(OmegaConf.create({"hydra": {"overrides": {"hydra": list(hydra), "task": list(overrides)}}}),
+                       run_dir / ".hydra" / "hydra.yaml")
         for step in steps:
             (run_dir / "checkpoints" / str(step)).mkdir(parents=True)
         time.sleep(0.01)  # distinct modification times: the newest wins
         return run_dir
 
     lr3 = {"optimizer": {"lr": 3e-3}, "trainer": {"max_steps": 60, "resume": "auto"}}
-    lr1 = {"optimizer": {"lr": 1e-3}, "trainer": {"max_steps": 60, "resume": "auto"}}
-    older, other = made("d1/t1", lr3), made("d1/t2", lr1)
+    older = made("d1/t1", lr3, overrides=[*reversed(command), "trainer.resume=last"])  # the same command
+    other = made("d1/t2", {**lr3, "optimizer": {"lr": 1e-3}}, overrides=["+experiment=gpt_tiny", "optimizer.lr=1e-3"])
     newer = made("d2/t1", {**lr3, "logger": {"mode": "disabled"}})  # logging may differ
     made("d2/t2", lr3, steps=())  # no checkpoint: nothing to continue
+    made("d2/t3", lr3, overrides=[*command, "evaluation.lm_eval=[x]"])  # another command
+    made("d3/t1", lr3, hydra=["hydra.run.dir=outputs/d3/t1"])  # its own hydra.run.dir: another command's
+    made("lm-eval", lr3, hydra=["hydra.run.dir=outputs/lm-eval"])
+    composed = compose([*command, "trainer.max_steps=90", "trainer.resume=last"], hydra=True)
+    runs = started_runs(composed)
+    assert sorted(runs) == [older, newer, Path("outputs/d2/t2")]
     again = {"optimizer": {"lr": 3e-3}, "trainer": {"max_steps": 90, "resume": "last"}}  # longer: judged later
-    assert last_run(tmp_path / "outputs", again) == newer != older
-    assert last_run(tmp_path / "outputs", {**again, "optimizer": {"lr": 1e-3}}) == other
-    assert last_run(tmp_path / "outputs", {**again, "optimizer": {"lr": 1e-2}}) is None
-    assert runs_root(compose(["+experiment=gpt_tiny"], hydra=True)) == Path("outputs")
+    assert last_run(runs, again) == newer
+    assert last_run(runs, {**again, "optimizer": {"lr": 1e-2}}) is None
+    assert started_runs(compose(["+experiment=gpt_tiny", "optimizer.lr=1e-3"], hydra=True)) == [other]
+    assert runs_root(composed) == Path("outputs")
     assert runs_root(compose(["+experiment=gpt_tiny", "hydra.run.dir=runs/a"], hydra=True)) is None
 
 

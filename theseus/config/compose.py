@@ -8,6 +8,7 @@ the composed config against the schema of the options it chose.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,25 @@ def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig
     if not hydra:
         with open_dict(cfg):
             del cfg["hydra"]
+    remember(cfg, overrides)  # what theseus.train prints as the command that continues its run
     return cfg
+
+
+_COMPOSED: dict[int, tuple[weakref.ref, tuple[str, ...], str]] = {}  # id -> (the config, its overrides, its YAML)
+
+
+def remember(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Record that ``cfg`` (as it is now) was composed from ``overrides``."""
+    key = id(cfg)
+    _COMPOSED[key] = (weakref.ref(cfg, lambda _: _COMPOSED.pop(key, None)), tuple(overrides), OmegaConf.to_yaml(cfg))
+
+
+def composed_from(cfg: DictConfig) -> list[str] | None:
+    """The overrides ``compose`` made ``cfg`` from, if it is unchanged since (None: unknown, or changed)."""
+    known = _COMPOSED.get(id(cfg))
+    if known is None or known[0]() is not cfg or known[2] != OmegaConf.to_yaml(cfg):
+        return None
+    return list(known[1])
 
 
 def with_values(cfg: DictConfig, values: Mapping[str, Any]) -> DictConfig:

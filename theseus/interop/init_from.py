@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from theseus.config import ConfigError
 from theseus.config.compose import chosen_files
-from theseus.config.registry import chosen, chosen_schema, model_class, read_saved
+from theseus.config.registry import chosen, chosen_schema, load, model_class, names, read_saved
 from theseus.config.schema import flatten
 from theseus.data.tokenizer import JSON_FILE, NAMES, ByteTokenizer, HFTokenizer
 from theseus.interop.hf_config import architecture, format_of, read_config
@@ -41,10 +41,16 @@ KEY = "trainer.init_from"
 
 
 def model_choice(folder: Path, overrides: Sequence[str]) -> list[str]:
-    """``["model=NAME"]``, the model the Hugging Face ``folder`` loads into (``moe`` for Mixtral
-    and Qwen2-MoE), when neither ``overrides`` nor an experiment file they choose picks a model;
-    else ``[]`` (a model given explicitly stays, for ``init_from_values`` to check)."""
-    if chooses_model(overrides) or not (Path(folder).expanduser() / "config.json").is_file():
+    """``["model=NAME"]``, the model ``folder`` loads into, when neither ``overrides`` nor an
+    experiment file they choose picks a model: a theseus run's own (its recorded choice: a
+    user's ``scaled_gpt``), a Hugging Face folder's (``moe`` for Mixtral and Qwen2-MoE); else
+    ``[]`` (a model given explicitly stays, for ``init_from_values`` and the shapes to check)."""
+    if chooses_model(overrides):
+        return []
+    checkpoint = theseus_checkpoint(Path(folder))
+    if checkpoint is not None:
+        return _run_model(checkpoint)
+    if not (Path(folder).expanduser() / "config.json").is_file():
         return []
     try:
         return [f"model={format_of(read_config(Path(folder).expanduser().resolve())).model}"]
@@ -52,8 +58,26 @@ def model_choice(folder: Path, overrides: Sequence[str]) -> list[str]:
         return []
 
 
+def _run_model(checkpoint: Path) -> list[str]:
+    """``["model=NAME"]``: the model the theseus run of ``checkpoint`` was trained with (``[]``
+    for the primary config's own, or a checkpoint without its run's config); ConfigError when
+    no module imported here registers it."""
+    run = run_of(checkpoint.expanduser())
+    if run is None:
+        return []
+    load()  # the user's modules: their models are options
+    name = chosen(read_saved(run / ".hydra" / "config.yaml"), "model")
+    if name == chosen({}, "model"):
+        return []
+    if name not in names("model"):
+        raise ConfigError(f"{KEY}={checkpoint} is a run of model={name}, which no module imported here registers: "
+                          f"run from the folder whose pyproject.toml declares it ([tool.theseus] imports), or "
+                          f"set model=NAME")
+    return [f"model={name}"]
+
+
 def command_line_choice(overrides: Sequence[str]) -> list[str]:
-    """``model_choice`` of the folder that ``trainer.init_from=PATH`` in ``overrides`` names."""
+    """``model_choice`` of the folder or run that ``trainer.init_from=PATH`` in ``overrides`` names."""
     given = [o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == KEY]
     return model_choice(Path(given[-1]), overrides) if given and given[-1] else []
 

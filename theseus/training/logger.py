@@ -123,11 +123,12 @@ class RunLogger:
         wandb_config = scrub(resolved_config, self._hidden)
         naming = scrub({"project": config.project, "name": config.name, "tags": list(config.tags)}, self._hidden)
         self._run = None
-        if config.mode != "disabled":
+        complete = start_step >= total_steps  # a complete run run again: nothing to log, no new W&B segment
+        if config.mode != "disabled" and not complete:
             self._run = _start_wandb(config.mode, run_dir, {**naming, **identity(run_dir, _sweep_dir())}, wandb_config)
         self._run_dir = run_dir
         (run_dir / RESULT).unlink(missing_ok=True)  # a new attempt: not failed (yet)
-        self._tensorboard = TensorBoard(run_dir, job_hparams()) if config.tensorboard else None
+        self._tensorboard = TensorBoard(run_dir, job_hparams()) if config.tensorboard and not complete else None
         path = run_dir / "metrics.jsonl"
         if path.exists():
             _truncate(path, start_step)

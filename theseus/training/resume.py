@@ -6,22 +6,23 @@ device layout (restoring onto another mesh is supported) pass. ``trainer.max_ste
 change where the learning rates of the steps already taken stay the same (the trainer judges).
 
 ``trainer.resume=last`` finds the run a command continues without a copied path: the newest
-run directory under the default run folder's root (``outputs/``) whose saved config it may
-continue.
+run that the same command started (its recorded overrides; in a default folder under
+``outputs/``, not one given ``hydra.run.dir``) whose saved config it may continue.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
 from theseus.config import ConfigError, registry
 from theseus.config.schema import flatten
+from theseus.config.yaml_file import load_yaml
 from theseus.training.checkpoint import Checkpointer, theseus_checkpoint
 from theseus.training.optimizer import make_schedule
 from theseus.training.settings import Settings
@@ -77,15 +78,55 @@ def runs_root(composed: DictConfig) -> Path | None:
     return Path(*fixed) if len(fixed) < len(parts) and fixed else None
 
 
-def last_run(root: Path, config: Mapping[str, Any]) -> Path | None:
-    """The newest run directory under ``root`` with checkpoints whose saved config ``config``
-    may continue (``trainer.max_steps`` aside: extending is judged on resuming)."""
-    candidates = []
-    for saved in root.glob("**/.hydra/config.yaml"):
-        run_dir = saved.parent.parent
-        if not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*")):
+def same_command(overrides: Sequence[str], others: Sequence[str]) -> bool:
+    """Whether two runs' command-line overrides are the same command: up to their order,
+    ``trainer.resume`` and ``trainer.max_steps`` (a longer run continues where its schedule allows)."""
+    def words(given: Sequence[str]) -> list[str]:
+        return sorted(str(o) for o in given if not str(o).lstrip("+").startswith(("trainer.resume=", f"{MAX_STEPS}=")))
+
+    return words(overrides) == words(others)
+
+
+def started_runs(composed: DictConfig) -> list[Path]:
+    """The run directories that this command (``composed``: a single run's, with its ``hydra``
+    node) started before: in Hydra's default folders under ``runs_root`` (none given
+    ``hydra.run.dir``), with the same overrides (``same_command``)."""
+    root = runs_root(composed)
+    if root is None or not root.is_dir():
+        return []
+    template = Path(OmegaConf.to_container(composed.hydra.run, resolve=False)["dir"])
+    depth = len(template.parts) - len(root.parts)
+    found = []
+    for recorded in root.glob("/".join(["*"] * depth) + "/.hydra/overrides.yaml"):
+        hydra = recorded.parent
+        try:
+            overrides = load_yaml(recorded, ListConfig)
+            given = OmegaConf.select(load_yaml(hydra / "hydra.yaml"), "hydra.overrides.hydra", default=None) or []
+        except (ConfigError, OSError):  # not a run this command wrote
             continue
-        if unsafe_changes(OmegaConf.to_container(registry.read_saved(saved), resolve=True), config, (MAX_STEPS,)):
+        if same_command(overrides, composed.hydra.overrides.task) and not any(
+                str(o).lstrip("+").startswith("hydra.run.dir=") for o in given):
+            found.append(hydra.parent)
+    return found
+
+
+def newest_step(run_dir: Path) -> int:
+    """The step of ``run_dir``'s newest checkpoint (0: none)."""
+    return max((int(p.name) for p in (run_dir / "checkpoints").glob("*") if p.name.isdigit()), default=0)
+
+
+def last_run(runs: Sequence[Path], config: Mapping[str, Any]) -> Path | None:
+    """The newest of ``runs`` with checkpoints whose saved config ``config`` may continue
+    (``trainer.max_steps`` aside: extending is judged on resuming)."""
+    candidates = []
+    for run_dir in runs:
+        if not newest_step(run_dir):
+            continue
+        try:
+            saved = OmegaConf.to_container(registry.read_saved(run_dir / ".hydra" / "config.yaml"), resolve=True)
+        except ConfigError:  # a damaged run: not one to continue
+            continue
+        if unsafe_changes(saved, config, (MAX_STEPS,)):
             continue
         candidates.append((max(p.stat().st_mtime for p in (run_dir / "checkpoints").iterdir()), run_dir))
     return max(candidates)[1] if candidates else None
@@ -93,22 +134,33 @@ def last_run(root: Path, config: Mapping[str, Any]) -> Path | None:
 
 def continue_last(composed: DictConfig) -> DictConfig:
     """``composed`` (a single run's, with its ``hydra`` node) with ``hydra.run.dir`` the run that
-    ``trainer.resume=last`` continues; unchanged for any other ``trainer.resume`` or when there
-    is none yet (a new run, said on stderr)."""
-    if composed.trainer.resume != "last":
-        return composed
-    root = runs_root(composed)
-    if root is None:  # a fixed hydra.run.dir: that one is continued
+    ``trainer.resume=last`` continues: the newest that this command started (``started_runs``),
+    said in one line with its step; a new run when there is none (said too). With
+    ``trainer.resume=auto`` in a new default folder, a run of this command left unfinished is
+    named in one line with the command that continues it. Unchanged otherwise."""
+    from theseus.training.commands import resume_command
+
+    resume = composed.trainer.resume
+    if resume not in ("auto", "last") or runs_root(composed) is None:  # a fixed hydra.run.dir: that one
         return composed
     job = composed.copy()
     with open_dict(job):
         del job["hydra"]
-    config = OmegaConf.to_container(job, resolve=True)
-    found = last_run(root, config) if root.is_dir() else None
+    found = last_run(started_runs(composed), OmegaConf.to_container(job, resolve=True))
+    if resume == "auto":
+        if composed.trainer.dry_run:
+            return composed
+        planned = found and registry.read_saved(found / ".hydra" / "config.yaml").trainer.max_steps
+        if found and newest_step(found) < planned:
+            print(f"theseus: a new run; {found}, which this command started, stopped at step {newest_step(found)} "
+                  f"of {planned}: to continue it instead, run {resume_command(found)}", file=sys.stderr)
+        return composed
     if found is None:
-        print(f"theseus: trainer.resume=last: no run under {root}/ that this command continues; "
+        print(f"theseus: trainer.resume=last: no run under {runs_root(composed)}/ that this command started; "
               f"starting a new one", file=sys.stderr)
         return composed
+    print(f"theseus: trainer.resume=last: resuming {found} at step {newest_step(found)} of "
+          f"{composed.trainer.max_steps}", file=sys.stderr)
     composed = composed.copy()
     with read_write(composed.hydra):
         composed.hydra.run.dir = str(found)
@@ -119,7 +171,7 @@ def extension_problem(run_dir: Path, saved_steps: int, optimizer: Any, max_steps
     """Why ``run_dir`` (trained for ``saved_steps``) cannot go on to ``max_steps``: the steps it
     has taken would have had other learning rates (a cosine decays over all the steps); None
     when they keep theirs (a constant schedule, or wsd's stable phase)."""
-    taken = max((int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()), default=0)
+    taken = newest_step(run_dir)
     steps = np.arange(taken)
     before = np.asarray(make_schedule(optimizer, saved_steps)(steps))
     after = np.asarray(make_schedule(optimizer, max_steps)(steps))
@@ -127,6 +179,7 @@ def extension_problem(run_dir: Path, saved_steps: int, optimizer: Any, max_steps
     if not changed.size:
         return None
     first = int(changed[0])
+    was, now = distinct(after[first], before[first])
     if optimizer.schedule == "cosine":
         extends = "a constant or wsd schedule can be extended in place"
     else:  # the warmup was cut to the steps the run had, or a wsd's decay has begun
@@ -134,9 +187,17 @@ def extension_problem(run_dir: Path, saved_steps: int, optimizer: Any, max_steps
                    f"(optimizer.warmup_steps={optimizer.warmup_steps}) is over"
                    + (" and before its decay" if optimizer.schedule == "wsd" else ""))
     return (f"with optimizer.schedule={optimizer.schedule} the learning rate of step {first + 1} (of the "
-            f"{taken} taken) would have been {after[first]:.3g}, not {before[first]:.3g}. Start a new run from "
+            f"{taken} taken) would have been {was}, not {now}. Start a new run from "
             f"its weights instead: trainer.init_from={run_dir} trainer.max_steps={max_steps} "
             f"hydra.run.dir=NEW (trainer.init_optimizer=true keeps its optimizer state); {extends}")
+
+
+def distinct(a: float, b: float, digits: int = 3) -> tuple[str, str]:
+    """``a`` and ``b`` to ``digits`` significant digits, or as many more as it takes to tell
+    them apart (0.00299999, not 0.00299998; never "0.003, not 0.003")."""
+    while digits < 17 and f"{a:.{digits}g}" == f"{b:.{digits}g}":
+        digits += 1
+    return f"{a:.{digits}g}", f"{b:.{digits}g}"
 
 
 def check_run_dir(run_dir: Path, composed: DictConfig, settings: Settings) -> None:
