@@ -222,3 +222,52 @@ def test_logger_settings_are_no_difference(tmp_path):
     data = document([tmp_path / "a", tmp_path / "b"])
     assert data["differing"] == ["optimizer.lr"]
     assert [run["label"] for run in data["runs"]] == ["optimizer.lr=0.001", "b"]
+
+
+def test_a_folder_of_different_experiments_is_labelled_by_the_keys_typed_that_differ(tmp_path):
+    """The README's commands in one folder: gpt_tiny and moe_small differ in dozens of config keys,
+    but each run is named by the command-line keys that tell it apart (sorted, a long value cut to
+    its end), a repeated command by its folder too, and a run that sets none of them by its folder."""
+    from omegaconf import OmegaConf
+
+    from theseus.config.compose import compose
+
+    corpus = "/data/on/the/cluster/a/corpus/whose/name/is/long/web.txt"
+    commands = {"tiny": ["+experiment=gpt_tiny"], "again": ["+experiment=gpt_tiny"],
+                "moe": ["+experiment=moe_small", "trainer.max_steps=20"],
+                "text": ["+experiment=gpt_tiny", "optimizer.lr=0.01", "data.source=text", f"data.path={corpus}"],
+                "plain": []}
+    for name, overrides in commands.items():
+        config = OmegaConf.to_container(compose(overrides))
+        write_run(tmp_path / "outputs" / name, composed=(overrides, config))
+    data = document([tmp_path / "outputs"])
+    runs = load(tmp_path / "outputs")
+    assert len(runs.differing) > 20  # what a label of config keys would name
+    assert data["differing"] == ["data.path", "data.source", "experiment", "optimizer.lr", "trainer.max_steps"]
+    assert {run["path"].rsplit("/", 1)[-1]: run["label"] for run in data["runs"]} == {
+        "again": "experiment=gpt_tiny (again)", "tiny": "experiment=gpt_tiny (tiny)",
+        "moe": "experiment=moe_small, trainer.max_steps=20",
+        "text": "data.path=…ter/a/corpus/whose/name/is/long/web.txt, data.source=text, experiment=gpt_tiny, "
+                "optimizer.lr=0.01",
+        "plain": "plain"}
+    text = next(run for run in data["runs"] if run["path"].endswith("text"))
+    assert text["differs"] == {"data.path": corpus, "data.source": "text", "experiment": "gpt_tiny",
+                               "optimizer.lr": "0.01", "trainer.max_steps": ""}  # the table: whole values
+
+
+def test_a_run_reached_twice_counts_once(tmp_path):
+    """A sweep given with one of its jobs, through a link, and a copy of a job (its W&B id): each run
+    once, so its seed groups keep two seeds each and the same intervals."""
+    import shutil
+
+    sweep = write_sweep(tmp_path / "sweep", running=False)
+    (sweep / "1" / "wandb").mkdir()
+    (sweep / "1" / "wandb" / "run_id").write_text("3kq9x0ab1c2d\n")
+    shutil.copytree(sweep / "1", tmp_path / "copy")
+    (tmp_path / "link").symlink_to(sweep)
+    once = document([sweep])
+    twice = document([sweep, sweep / "0", tmp_path / "link", tmp_path / "copy", tmp_path])
+    assert [run["path"] for run in twice["runs"]] == [run["path"] for run in once["runs"]]
+    assert [(g["label"], g["n"], g["ci"]) for g in twice["seeds"]["groups"]] == \
+        [(g["label"], g["n"], g["ci"]) for g in once["seeds"]["groups"]]
+    assert len(load(sweep / "0", sweep)) == 6
