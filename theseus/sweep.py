@@ -141,7 +141,8 @@ def print_plans(jobs: Sequence[Sequence[str]], plans: Sequence[dict]) -> None:
         fits = {True: "yes", False: "NO", None: ""}[plan["fits"]]
         point = " ".join(o for o in runnable(job) if o not in shared) or "all"
         out.add_row(point, plan["target"] or "this machine", fits,
-                    f"{format_bytes(plan['memory'])} of {format_bytes(plan['limit'])}" if plan["memory"] else "",
+                    format_bytes(plan["memory"]) + (f" of {format_bytes(plan['limit'])}" if plan["limit"] else "")
+                    if plan["memory"] else "",
                     f"{plan['step_s'] * 1e3:.4g} ms" if plan["step_s"] else "",
                     f"{plan['chip_hours']:.3g}" if plan["chip_hours"] is not None else "",
                     style=None if plan["fits"] is not False else "red")
