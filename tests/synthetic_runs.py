@@ -19,14 +19,18 @@ def final_val_loss(lr: float, seed: int) -> float:
 
 
 def write_run(path: Path, lr: float = 1e-3, seed: int = 0, steps: int = 200, upto: int | None = None,
-              status: str | None = "ok", name: str | None = None, error: str = "") -> Path:
+              status: str | None = "ok", name: str | None = None, error: str = "",
+              composed: tuple[list[str], dict] | None = None) -> Path:
     """A run of ``steps`` steps, logged every 10 (val_loss every 50 and at the end) up to ``upto``
-    (default: all of them); ``status`` (ok, failed, None: no result.json) its recorded end."""
+    (default: all of them); ``status`` (ok, failed, None: no result.json) its recorded end;
+    ``composed``: the overrides and config it records instead (a real command's)."""
     (path / ".hydra").mkdir(parents=True, exist_ok=True)
     config = {"optimizer": {"lr": lr}, "trainer": {"batch_size": 16, "max_steps": steps, "seed": seed},
               "architecture": {"seq_len": 64}, "logger": {"name": name}}
+    overrides = ["+experiment=gpt_tiny", f"optimizer.lr={lr}", f"trainer.seed={seed}"]
+    overrides, config = composed or (overrides, config)
     OmegaConf.save(config, path / ".hydra" / "config.yaml")
-    OmegaConf.save(["+experiment=gpt_tiny", f"optimizer.lr={lr}", f"trainer.seed={seed}"], path / ".hydra" / "overrides.yaml")
+    OmegaConf.save(overrides, path / ".hydra" / "overrides.yaml")
     final = final_val_loss(lr, seed)
     lines = []
     for step in range(10, (upto or steps) + 1, 10):

@@ -215,7 +215,7 @@ def plan(planned: list[tuple[list[str], DictConfig]], assemble) -> None:
     from theseus.training.settings import configure_settings
 
     labels = [overrides for overrides, _ in planned]
-    plans = [dry_run(cfg, assemble) for _, cfg in planned]
+    plans = [dry_run(cfg, assemble, in_sweep=len(planned) > 1) for _, cfg in planned]
     if len(plans) > 1 and any(point["target"] for point in plans):
         print_plans(labels, plans)
     plan_file = configure_settings(planned[0][1]).trainer.plan_file

@@ -31,7 +31,7 @@ from rich.table import Table
 
 from theseus.config import PLANNING, keys_with
 from theseus.training.config import TrainerConfig
-from theseus.training.records import RESULT, SUMMARY_METRICS, Job, collect, error_line, fmt, rows, swept
+from theseus.training.records import RESULT, SUMMARY_METRICS, Job, collect, error_line, fmt, label, rows, swept
 from theseus.training.seeds import LEVEL, Group, seed_groups, seed_keys
 
 
@@ -84,9 +84,8 @@ def group_table(jobs: Sequence[Job]) -> Table | str | None:
     for column in ("group", "seeds", "val_loss", "p"):
         out.add_column(column, justify="left" if column == "group" else "right")
     for i, group in enumerate(found):
-        label = ", ".join(f"{key}={fmt(key, value)}" for key, value in group.params.items()) or "all"
         p = "best" if i == 0 else "n/a" if group.p is None else f"{group.p:.2g}"
-        out.add_row(label, str(group.n), group.describe(), p, style="green" if i == 0 else None)
+        out.add_row(label(group.params) or "all", str(group.n), group.describe(), p, style="green" if i == 0 else None)
     return out
 
 
@@ -142,7 +141,8 @@ def print_plans(jobs: Sequence[Sequence[str]], plans: Sequence[dict]) -> None:
         fits = {True: "yes", False: "NO", None: ""}[plan["fits"]]
         point = " ".join(o for o in runnable(job) if o not in shared) or "all"
         out.add_row(point, plan["target"] or "this machine", fits,
-                    f"{format_bytes(plan['memory'])} of {format_bytes(plan['limit'])}" if plan["memory"] else "",
+                    format_bytes(plan["memory"]) + (f" of {format_bytes(plan['limit'])}" if plan["limit"] else "")
+                    if plan["memory"] else "",
                     f"{plan['step_s'] * 1e3:.4g} ms" if plan["step_s"] else "",
                     f"{plan['chip_hours']:.3g}" if plan["chip_hours"] is not None else "",
                     style=None if plan["fits"] is not False else "red")
@@ -169,16 +169,16 @@ def log_groups(config: DictConfig, sweep_dir: Path, jobs: Sequence[Job]) -> None
         return
     import wandb  # here: only a seeded sweep with W&B on pays for the import
 
-    labels = [", ".join(f"{key}={fmt(key, value)}" for key, value in group.params.items()) or "all" for group in found]
+    labels = [label(group.params) or "all" for group in found]
     settings = wandb.Settings(console="off", save_code=False, disable_git=True, silent=True, x_disable_stats=True,
                               x_disable_machine_info=True, x_save_requirements=False)
     run = wandb.init(mode=logger.mode, dir=str(sweep_dir), project=logger.get("project", "theseus"),
                      group=str(sweep_dir)[-128:], job_type="seed-groups", name=f"seed groups {sweep_dir.name}",
                      settings=settings)
     columns = ["group", "seeds", "mean", "ci95", "p_best_lower"]
-    run.log({"seed_groups": wandb.Table(columns=columns, data=[[label, g.n, g.mean, g.ci, g.p]
-                                                               for label, g in zip(labels, found)])})
-    run.summary.update({f"seed_groups/{label}/{name}": value for label, g in zip(labels, found)
+    run.log({"seed_groups": wandb.Table(columns=columns, data=[[text, g.n, g.mean, g.ci, g.p]
+                                                               for text, g in zip(labels, found)])})
+    run.summary.update({f"seed_groups/{text}/{name}": value for text, g in zip(labels, found)
                         for name, value in (("mean", g.mean), ("ci95", g.ci), ("p", g.p), ("n", g.n))
                         if value is not None})
     run.finish()

@@ -167,3 +167,32 @@ def test_a_grad_accum_is_advised_only_once_compiled_for_the_target(tmp_path):
     warning = table.splitlines()[-1]
     compiled = re.search(r"trainer.grad_accum=2 compiled to (\S+) MiB: over\)", warning)
     assert compiled and float(compiled.group(1)) * 2**20 > 5300000 and "set trainer.grad_accum" not in warning
+
+
+@pytest.mark.slow
+def test_a_point_that_does_not_compile_in_the_chips_memory_is_a_row_of_the_plan(tmp_path):
+    """libtpu refuses to compile a step larger than the chip's HBM: in a sweep that point is a
+    warning and a row that does not fit (what it needs of what the chip has), the other points
+    planned; alone, its dry run is the one-line verdict."""
+    big = ["mesh.target=tpu:v5e-8", "mesh.data=8", "architecture.seq_len=1024", "architecture.n_layers=1"]
+    proc = run_python("-m", "theseus.run", "-m", *TINY, "trainer.dry_run=true", *big, "trainer.batch_size=8192,16",
+                      "trainer.plan_file=plan.jsonl", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verdict = (r"mesh.target=tpu:v5e-8: the train step does not fit: needs (\S+) GiB of HBM per device, has 15.75 GiB: "
+               r"lower trainer.batch_size or architecture.seq_len, .*")
+    warning = re.compile(rf"^theseus: warning: {verdict}\n", flags=re.M)
+    needed = warning.search(proc.stderr).group(1)
+    assert float(needed) > 16 and proc.stderr.count("theseus dry run for tpu:v5e-8") == 1  # the other point planned
+    plan = {cells[1].strip(): [cell.strip() for cell in cells[3:5]] for line in proc.stdout.splitlines()
+            if (cells := line.split("│"))[1:2] and cells[1].strip().startswith("trainer.batch_size=")}
+    assert plan["trainer.batch_size=8192"] == ["NO", f"{float(needed):.3g} GiB of 15.8 GiB"]
+    assert plan["trainer.batch_size=16"][0] == "yes"
+    points = [json.loads(line) for line in (tmp_path / "plan.jsonl").read_text().splitlines()]
+    assert [(p["fits"], p["limit"], p["step_s"] is None) for p in points] == [(False, round(15.75 * 2**30), True),
+                                                                               (True, 16 * 2**30, False)]
+    assert points[0]["memory"] == pytest.approx(float(needed) * 2**30, rel=1e-3)
+    assert proc.stdout.splitlines()[-1] == "plan: plan.jsonl (1 of 2 points fit)"
+    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", *big, "trainer.batch_size=8192", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    compiling, error = proc.stderr.splitlines()
+    assert compiling.startswith("theseus: compiling") and re.fullmatch(f"theseus: error: {verdict}", error)

@@ -127,10 +127,10 @@ def test_cli_overlays_several_paths(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, serve", [("missing", True), ("notes.txt", True), (".", False)])
+@pytest.mark.parametrize("name, serve", [("missing", False), ("notes.txt", True), (".", False)])
 def test_neither_run_nor_sweep_is_one_line_error(tmp_path, name, serve):
     """A missing path, a file, a folder without runs: one line, exit 2, nothing written (served,
-    a folder without runs yet is no error: a sweep just launched fills it)."""
+    a folder without runs yet, or not made yet, is no error: a sweep just launched fills it)."""
     (tmp_path / "notes.txt").write_text("not a run")
     path = tmp_path / name
     with pytest.raises(ReportError):
@@ -222,3 +222,90 @@ def test_logger_settings_are_no_difference(tmp_path):
     data = document([tmp_path / "a", tmp_path / "b"])
     assert data["differing"] == ["optimizer.lr"]
     assert [run["label"] for run in data["runs"]] == ["optimizer.lr=0.001", "b"]
+
+
+def test_a_folder_of_different_experiments_is_labelled_by_the_keys_typed_that_differ(tmp_path):
+    """The README's commands in one folder: gpt_tiny and moe_small differ in dozens of config keys,
+    but each run is named by the command-line keys that tell it apart (sorted, a long value cut to
+    its end), a repeated command by its folder too, and a run that sets none of them by its folder."""
+    from omegaconf import OmegaConf
+
+    from theseus.config.compose import compose
+
+    corpus = "/data/on/the/cluster/a/corpus/whose/name/is/long/web.txt"
+    commands = {"tiny": ["+experiment=gpt_tiny"], "again": ["+experiment=gpt_tiny"],
+                "moe": ["+experiment=moe_small", "trainer.max_steps=20"],
+                "text": ["+experiment=gpt_tiny", "optimizer.lr=0.01", "data.source=text", f"data.path={corpus}"],
+                "plain": []}
+    for name, overrides in commands.items():
+        config = OmegaConf.to_container(compose(overrides))
+        write_run(tmp_path / "outputs" / name, composed=(overrides, config))
+    data = document([tmp_path / "outputs"])
+    runs = load(tmp_path / "outputs")
+    assert len(runs.differing) > 20  # what a label of config keys would name
+    assert data["differing"] == ["data.path", "data.source", "experiment", "optimizer.lr", "trainer.max_steps"]
+    assert {run["path"].rsplit("/", 1)[-1]: run["label"] for run in data["runs"]} == {
+        "again": "experiment=gpt_tiny (again)", "tiny": "experiment=gpt_tiny (tiny)",
+        "moe": "experiment=moe_small, trainer.max_steps=20",
+        "text": "data.path=…ter/a/corpus/whose/name/is/long/web.txt, data.source=text, experiment=gpt_tiny, "
+                "optimizer.lr=0.01",
+        "plain": "plain"}
+    text = next(run for run in data["runs"] if run["path"].endswith("text"))
+    assert text["differs"] == {"data.path": corpus, "data.source": "text", "experiment": "gpt_tiny",
+                               "optimizer.lr": "0.01", "trainer.max_steps": ""}  # the table: whole values
+
+
+def test_a_run_reached_twice_counts_once(tmp_path):
+    """A sweep given with one of its jobs, through a link, and a copy of a job (its W&B id): each run
+    once, so its seed groups keep two seeds each and the same intervals."""
+    import shutil
+
+    sweep = write_sweep(tmp_path / "sweep", running=False)
+    (sweep / "1" / "wandb").mkdir()
+    (sweep / "1" / "wandb" / "run_id").write_text("3kq9x0ab1c2d\n")
+    shutil.copytree(sweep / "1", tmp_path / "copy")
+    (tmp_path / "link").symlink_to(sweep)
+    once = document([sweep])
+    twice = document([sweep, sweep / "0", tmp_path / "link", tmp_path / "copy", tmp_path])
+    assert [run["path"] for run in twice["runs"]] == [run["path"] for run in once["runs"]]
+    assert [(g["label"], g["n"], g["ci"]) for g in twice["seeds"]["groups"]] == \
+        [(g["label"], g["n"], g["ci"]) for g in once["seeds"]["groups"]]
+    assert len(load(sweep / "0", sweep)) == 6
+
+
+@pytest.mark.slow
+def test_serving_a_sweep_not_made_yet_waits_for_it_and_a_dropped_browser_is_no_error(tmp_path):
+    """``--serve`` started before the sweep makes its folder: it serves, says it waits, and shows
+    the first job once it starts; a browser that closes mid-answer prints no traceback."""
+    import os
+    import socket
+    import struct
+    import subprocess
+    import sys
+    import urllib.request
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen([sys.executable, "-m", "theseus.report", "multirun/lr", "--serve", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        serving, waiting = proc.stdout.readline(), proc.stdout.readline()
+        assert serving.startswith("serving the report on http://127.0.0.1:"), serving + proc.stderr.read()
+        assert waiting == "waiting for runs in multirun/lr (not made yet): each shows as it starts\n"
+        url = serving.split(" on ", 1)[1].split()[0]
+        assert json.loads(urllib.request.urlopen(url + "data.json").read())["runs"] == []
+        write_run(tmp_path / "multirun" / "lr" / "0", upto=50, status=None)
+        runs = json.loads(urllib.request.urlopen(url + "data.json").read())["runs"]
+        assert [(run["status"], run["step"]) for run in runs] == [("running", 50)]
+        host, port = url.split("//")[1].rstrip("/").split(":")
+        for _ in range(3):  # the page (megabytes) asked for, and the connection reset before it is sent
+            client = socket.create_connection((host, int(port)))
+            client.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()
+        time.sleep(1)  # each drop is answered in a thread of its own: let them end
+        page = urllib.request.urlopen(url).read().decode()  # still serving
+        assert DATA.search(page).group(2) == "true"
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    assert stderr == ""

@@ -1,4 +1,4 @@
-"""The training loop: the logged loss is the mean over its log window, pauses are not step
+"""The training loop: a log line's metrics are means over its log window, pauses are not step
 time, and cadence is a list of hooks that a subclass extends."""
 
 from __future__ import annotations
@@ -31,37 +31,47 @@ class Profiled(Trainer):
             self.seen.append(loop.step)
 
 
-def losses(tmp_path, name: str, trainer_cls: type[Trainer], *overrides: str) -> tuple[Trainer, dict[int, float]]:
+def logged(tmp_path, name: str, trainer_cls: type[Trainer], *overrides: str) -> tuple[Trainer, dict[int, dict]]:
     run_dir = tmp_path / name
     trainer = trainer_cls(assemble(compose([*TINY, f"data.cache_dir={tmp_path / 'cache'}", *overrides]), run_dir))
     trainer.run(run_dir)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return trainer, {row["step"]: row["loss"] for row in rows if "loss" in row}
+    return trainer, {row["step"]: row for row in rows if "loss" in row}
 
 
 @pytest.mark.slow
-def test_the_logged_loss_is_the_mean_over_the_log_window_and_hooks_plug_in(tmp_path):
-    _, every_step = losses(tmp_path, "every", Trainer, "trainer.log_every=1")
-    trainer, windows = losses(tmp_path, "windows", Profiled, "trainer.log_every=4")
+def test_a_log_lines_metrics_are_means_over_its_window_and_hooks_plug_in(tmp_path):
+    """A mixture of experts logged every step and every 4: each metric of a window's line is the
+    mean of its steps' (loss, lm_loss, the routing), lr and grad_norm its last step's, so that in
+    every line loss = lm_loss + aux_loss x 0.01 + z_loss x 0.001 (the README's coefficients)."""
+    moe = ("model=moe", "architecture.moe.n_experts=4")
+    _, every_step = logged(tmp_path, "every", Trainer, "trainer.log_every=1", *moe)
+    trainer, windows = logged(tmp_path, "windows", Profiled, "trainer.log_every=4", *moe)
     assert list(every_step) == [1, 2, 3, 4, 5, 6] and list(windows) == [4, 6]  # the last step closes a window
-    assert windows[4] == pytest.approx(sum(every_step[s] for s in (1, 2, 3, 4)) / 4, rel=1e-6)
-    assert windows[6] == pytest.approx((every_step[5] + every_step[6]) / 2, rel=1e-6)
-    assert windows[4] != pytest.approx(every_step[4], rel=1e-6)  # not the window's last step
+    for end, steps in ((4, (1, 2, 3, 4)), (6, (5, 6))):
+        for key in ("loss", "lm_loss", "moe/aux_loss", "moe/z_loss", "moe/load_e0"):
+            assert windows[end][key] == pytest.approx(sum(every_step[s][key] for s in steps) / len(steps), rel=1e-6)
+        for key in ("lr", "grad_norm"):
+            assert windows[end][key] == pytest.approx(every_step[end][key], rel=1e-6)
+    for row in (*every_step.values(), *windows.values()):
+        penalty = 0.01 * row["moe/aux_loss"] + 0.001 * row["moe/z_loss"]
+        assert row["loss"] == pytest.approx(row["lm_loss"] + penalty, rel=1e-6)
+    assert windows[4]["lm_loss"] != pytest.approx(every_step[4]["lm_loss"], rel=1e-6)  # not the window's last step
     assert trainer.seen == [2, 4, 6]
 
 
 def test_a_windows_step_time_leaves_out_its_pauses():
     window = LogWindow()
-    window.add(jnp.float32(1.0), waited=0.01)
+    window.add({"loss": jnp.float32(1.0), "lr": jnp.float32(0.25)}, waited=0.01)
     with window.pause():
         time.sleep(0.3)
-    window.add(jnp.float32(2.0), waited=0.03)
-    metrics = window.close({"lr": jnp.float32(0.5)})
+    window.add({"loss": jnp.float32(2.0), "lr": jnp.float32(0.5)}, waited=0.03)
+    metrics = window.close()
     assert metrics["loss"] == 1.5 and metrics["lr"] == 0.5 and math.isclose(metrics["data_wait"], 0.02)
     assert 0 <= metrics["step_time"] < 0.05
-    window.add(jnp.float32(3.0), waited=0.0)
+    window.add({"loss": jnp.float32(3.0)}, waited=0.0)
     with window.pause():  # the log hook closes a window inside the hooks' pause
-        assert window.close({})["loss"] == 3.0  # the fetch before it is step time; what follows is not
+        assert window.close()["loss"] == 3.0  # the fetch before it is step time; what follows is not
         time.sleep(0.3)
-    window.add(jnp.float32(4.0), waited=0.0)
-    assert 0 <= window.close({})["step_time"] < 0.05
+    window.add({"loss": jnp.float32(4.0)}, waited=0.0)
+    assert 0 <= window.close()["step_time"] < 0.05

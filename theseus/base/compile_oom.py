@@ -14,7 +14,8 @@ words (the texts below are real ones)::
 
 ``out_of_memory(exc)`` reads what the step needs and what the device has from any of them (bytes;
 G is GiB, as libtpu counts); ``oom_verdict`` turns such an exception, where a step is compiled,
-into a ``ConfigError``: ``does not fit: needs X, has Y`` and what to change. Other errors pass.
+into a ``ConfigError`` (``DoesNotFit``, with the sizes): ``does not fit: needs X, has Y`` and what
+to change. Other errors pass.
 """
 
 from __future__ import annotations
@@ -75,11 +76,20 @@ def out_of_memory(exc: BaseException) -> OutOfMemory | None:
     return None
 
 
+class DoesNotFit(ConfigError):
+    """A step that ran out of device memory while it compiled: its verdict, and the sizes
+    (``oom``) for a plan's table."""
+
+    def __init__(self, message: str, oom: OutOfMemory):
+        super().__init__(message)
+        self.oom = oom
+
+
 @contextlib.contextmanager
 def oom_verdict(name: str, available: int | None = None, advice: str = ADVICE) -> Iterator[None]:
-    """Around a compile: an out-of-memory error becomes a ``ConfigError`` saying ``NAME does not
-    fit: needs X, has Y: ADVICE`` (``available``: the device's bytes, where the backend does not
-    say them); any other error passes unchanged."""
+    """Around a compile: an out-of-memory error becomes a ``DoesNotFit`` (a ConfigError) saying
+    ``NAME does not fit: needs X, has Y: ADVICE`` (``available``: the device's bytes, where the
+    backend does not say them); any other error passes unchanged."""
     try:
         yield
     except Exception as exc:
@@ -88,4 +98,4 @@ def oom_verdict(name: str, available: int | None = None, advice: str = ADVICE) -
             raise
         if oom.available is None and available is not None:
             oom = OutOfMemory(oom.needed, available, oom.memory)
-        raise ConfigError(f"{name} {oom.verdict(advice)}") from None
+        raise DoesNotFit(f"{name} {oom.verdict(advice)}", oom) from None

@@ -13,10 +13,12 @@ from typing import Any
 import jax
 from omegaconf import DictConfig, OmegaConf
 
+from theseus.base.compile_oom import DoesNotFit
 from theseus.plan.memory import fit_of
 from theseus.plan.predict import Prediction, predict
 from theseus.training.metrics import format_bytes, format_duration, format_si
 from theseus.training.parts import Run
+from theseus.training.settings import configure_settings
 from theseus.training.console import RunConsole
 from theseus.training.state import n_params
 from theseus.training.summary import describe
@@ -24,17 +26,31 @@ from theseus.training.summary import describe
 ADVICE_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each setting it would advise
 
 
-def dry_run(cfg: DictConfig, assemble: Callable[..., Run]) -> dict[str, Any]:
+def dry_run(cfg: DictConfig, assemble: Callable[..., Run], in_sweep: bool = False) -> dict[str, Any]:
     """Assemble ``cfg`` (``assemble``: ``theseus.recipe.assemble``), print its plan; returns the
-    plan's summary (a sweep's row): target, fits, memory, limit, step_s, chip_hours."""
-    run = assemble(cfg)
+    plan's summary (a sweep's row): target, fits, memory, limit, step_s, chip_hours. A step that
+    runs out of device memory as it compiles is a ConfigError (DoesNotFit); ``in_sweep``, a
+    warning and a row that does not fit (what it needs against what the device has), so that
+    the sweep's other points are still planned."""
+    try:
+        run = assemble(cfg)
+    except DoesNotFit as exc:
+        if not in_sweep:
+            raise
+        if jax.process_index() == 0:
+            RunConsole().show(f"theseus: warning: {exc}")
+        return {"target": configure_settings(cfg).mesh.target, "fits": False, "memory": exc.oom.needed,
+                "limit": exc.oom.available, "step_s": None, "chip_hours": None}
     compiled, devices, target = run.compiled, run.devices, run.target
     peak, _ = run.peak
 
     def compile_memory(key: str, value: int | str) -> dict[str, int]:
         changed = cfg.copy()
         OmegaConf.update(changed, key, value, force_add=True)
-        return assemble(changed, announce=False).compiled.memory
+        try:
+            return assemble(changed, announce=False).compiled.memory
+        except DoesNotFit as exc:  # a setting advised against: over, by what it needed
+            return {"total": exc.oom.needed}
 
     rows = describe(run, n_params(compiled.target.params))
     rows.append(("step time at 100% MFU", duration(run.flops_per_step / (peak * len(devices)))))

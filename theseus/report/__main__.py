@@ -10,6 +10,7 @@ from pathlib import Path
 from theseus.config.arguments import PORT, Parser
 from theseus.report.page import ReportError, render
 from theseus.report.serve import server
+from theseus.training.records import run_paths
 
 DEFAULT_PORT = 8050
 
@@ -52,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     host, port = httpd.server_address[:2]
     print(f"serving the report on http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+    for path in map(Path, args.paths):
+        if not (path.is_dir() and run_paths(path)):
+            made = "" if path.exists() else " (not made yet)"
+            print(f"waiting for runs in {path}{made}: each shows as it starts", flush=True)
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from theseus.training.metrics import format_duration
-from theseus.training.records import Run, Runs, fmt, load
+from theseus.training.records import Run, Runs, fmt, label, load
 from theseus.training.seeds import LEVEL, seed_groups, seed_keys
 
 # Charts in this order first, then every other logged key alphabetically; these are never charted.
@@ -31,9 +31,9 @@ def document(paths: Sequence[Path | str], now: float | None = None, empty_ok: bo
     return {
         "title": title(paths, runs),
         "paths": [str(Path(path).resolve()) for path in paths],
-        "differing": runs.differing,
+        "differing": runs.varied,
         "charts": charts(runs),
-        "runs": [run_entry(run, row, runs.differing) for run, row in zip(runs, summary)],
+        "runs": [run_entry(run, row, runs.settings(run)) for run, row in zip(runs, summary)],
         "parallel": parallel(runs, summary),
         "seeds": seeds(runs, summary),
         "updated": now,
@@ -57,8 +57,9 @@ def charts(runs: Runs) -> list[dict[str, str]]:
     return [{"key": key, "title": CHARTS.get(key, key), "format": FORMATS.get(key, ".4g")} for key in ordered]
 
 
-def run_entry(run: Run, row: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
-    """One run: label, status, step of max_steps, ETA, differing values, and its series as
+def run_entry(run: Run, row: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """One run: label, status, step of max_steps, ETA, its values of the varied keys
+    (``settings``), and its series as
     ``key -> [[step, tokens, seconds, value], ...]`` (tokens/seconds null where unknown)."""
     seconds = run.elapsed()
     per_step = run.tokens_per_step
@@ -73,39 +74,41 @@ def run_entry(run: Run, row: dict[str, Any], keys: Sequence[str]) -> dict[str, A
         "label": row["run"], "path": row["path"], "status": row["status"], "step": row["step"],
         "max_steps": row["max_steps"], "eta": format_duration(row["eta_s"]) if row["eta_s"] is not None else None,
         "error": run.result.get("error", ""),
-        "differs": {key: fmt(key, row.get(key)) for key in keys},
+        "differs": {key: fmt(key, value) for key, value in settings.items()},
         "final": {key: fmt(key, row[key]) for key in ("loss", "val_loss", "tokens_per_s", "mfu")},
-        "sort": {key: row.get(key) if isinstance(row.get(key), int | float | str) else fmt(key, row.get(key))
-                 for key in (*keys, "loss", "val_loss", "tokens_per_s", "mfu", "step")},
+        "sort": {key: value if isinstance(value, int | float | str) else fmt(key, value)
+                 for key, value in (*settings.items(), *((key, row.get(key)) for key in
+                                                        ("loss", "val_loss", "tokens_per_s", "mfu", "step")))},
         "series": series,
     }
 
 
 def parallel(runs: Runs, summary: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """Plotly parallel-coordinates dimensions: each differing key, then the final val_loss,
+    """Plotly parallel-coordinates dimensions: each varied key, then the final val_loss,
     over the runs that logged one. Numbers spanning 10x or more go on a log10 axis;
     other values are categories in order of appearance. None without two such runs."""
-    rows = [row for row in summary if row.get(FINAL) is not None]
-    keys = runs.differing
-    if len(rows) < 2 or not keys:
+    done = [(runs.settings(run), row) for run, row in zip(runs, summary) if row.get(FINAL) is not None]
+    rows = [row for _, row in done]
+    if len(rows) < 2 or not runs.varied:
         return None
-    dimensions = [_dimension(key, [row.get(key) for row in rows]) for key in keys]
+    dimensions = [_dimension(key, [settings[key] for settings, _ in done]) for key in runs.varied]
     dimensions.append(_dimension(FINAL, [row[FINAL] for row in rows], log=False))
     return {"dimensions": dimensions, "color": [row[FINAL] for row in rows], "runs": [row["run"] for row in rows]}
 
 
 def seeds(runs: Runs, summary: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The seed groups of the runs that finished with a val_loss (best first), or None below two."""
-    rows = [row for row in summary if row.get(FINAL) is not None and row["status"] == "finished"]
-    if len(rows) < 2:
+    """The seed groups of the runs that finished with a val_loss (best first), grouped by their
+    varied keys but the seeds, or None below two runs."""
+    done = [(runs.settings(run), row) for run, row in zip(runs, summary)
+            if row.get(FINAL) is not None and row["status"] == "finished"]
+    if len(done) < 2:
         return None
-    params = [{key: row.get(key) for key in runs.differing} for row in rows]
-    seeded = seed_keys(params)
-    groups = seed_groups([(p, row[FINAL]) for p, row in zip(params, rows)])
+    seeded = seed_keys([settings for settings, _ in done])
+    groups = seed_groups([(settings, row[FINAL]) for settings, row in done])
     return {
         "metric": FINAL, "level": LEVEL, "seeds": seeded,
         "single_seed": all(group.n == 1 for group in groups),
-        "groups": [{"label": ", ".join(f"{k}={fmt(k, v)}" for k, v in group.params.items()) or "all runs",
+        "groups": [{"label": label(group.params) or ("all runs" if len(groups) == 1 else "defaults"),
                     "n": group.n, "mean": group.mean, "ci": group.ci, "p": group.p, "t": group.t, "df": group.df,
                     "text": group.describe()} for group in groups],
     }

@@ -21,9 +21,9 @@ class ReportError(ValueError):
 
 def collect(paths: Sequence[Path | str], empty_ok: bool = False) -> dict[str, Any]:
     """The report document of ``paths``; ReportError for a path that is missing or holds no run
-    (``empty_ok``: a folder without runs yet is fine)."""
+    (``empty_ok``: a folder without runs yet, or not made yet, is fine)."""
     for path in map(Path, paths):
-        if not path.exists():
+        if not path.exists() and not empty_ok:
             raise ReportError(f"{path} does not exist")
     try:
         return document(paths, empty_ok=empty_ok)

@@ -16,8 +16,9 @@ HOST = "127.0.0.1"
 
 def server(paths: Sequence[Path | str], port: int = 0) -> ThreadingHTTPServer:
     """A server of the report of ``paths`` (``/`` the page, ``/data.json`` its data); port 0
-    picks a free one (``server.server_address``). A folder without runs yet (a sweep just
-    launched) is served as it fills; a missing path or a file is a ReportError before serving."""
+    picks a free one (``server.server_address``). A folder without runs yet, or not made yet (a
+    sweep just launched), is served as it fills; a file is a ReportError before serving. A
+    browser that goes away mid-answer (a reload, a closed tab) is no error."""
     for path in map(Path, paths):
         if path.is_file():
             raise ReportError(f"{path} is a file, not a run directory or a folder of runs")
@@ -35,12 +36,15 @@ def server(paths: Sequence[Path | str], port: int = 0) -> ThreadingHTTPServer:
                 self.send_error(410, str(exc))
                 return
             body = (html_page(data, live=True) if route == "/" else json.dumps(data, default=str)).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8" if route == "/" else "application/json")
-            self.send_header("Cache-Control", "no-store")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8" if route == "/" else "application/json")
+                self.send_header("Cache-Control", "no-store")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except ConnectionError:  # BrokenPipeError, ConnectionResetError: the browser left
+                self.close_connection = True
 
         def log_message(self, format: str, *args) -> None:  # noqa: A002 (the http.server name)
             pass  # every poll would print a line

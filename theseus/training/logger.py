@@ -39,7 +39,7 @@ import numpy as np
 
 from theseus.config import ConfigError, Configurable, field
 from theseus.training.console import Progress
-from theseus.training.records import RESULT, error_line, record_failure
+from theseus.training.records import RESULT, WANDB_ID, error_line, record_failure
 from theseus.training.tensorboard import TensorBoard, job_hparams
 
 
@@ -211,13 +211,10 @@ def section(name: str) -> str:
     return SECTIONS.get(name, name if "/" in name else f"train/{name}")
 
 
-RUN_ID = "run_id"  # under RUN_DIR/wandb: the W&B run id, kept so that a resumed run continues it
-
-
 def identity(run_dir: Path, sweep_dir: str | None) -> dict[str, Any]:
     """The W&B run's identity: ``id`` (kept in the run directory: a resume continues it),
     ``group`` (the sweep's folder, for a sweep's jobs) and ``job_type`` (``sweep`` or ``train``)."""
-    path = run_dir / "wandb" / RUN_ID
+    path = run_dir / WANDB_ID
     if path.is_file():
         run_id = path.read_text(encoding="utf-8").strip()
     else:

@@ -25,8 +25,11 @@ from theseus.training.profiler import Profiler
 from theseus.training.state import TrainState
 
 
+LAST = ("lr", "grad_norm", "nonfinite_skipped")  # the step's own metrics that a log line gives at its last step
+
+
 class LogWindow:
-    """The steps since the last logged one: each step's loss (kept on device until the log
+    """The steps since the last logged one: each step's metrics (kept on device until the log
     fetches them all at once: no host sync per step), their wall time and data wait, less the
     pauses between steps (hooks: evaluation, checkpoints, the log itself)."""
 
@@ -34,11 +37,11 @@ class LogWindow:
         self._restart(time.perf_counter())
 
     def _restart(self, now: float) -> None:
-        self.began, self.paused, self.waited, self.losses = now, 0.0, 0.0, []
+        self.began, self.paused, self.waited, self.steps = now, 0.0, 0.0, []
 
-    def add(self, loss: jax.Array, waited: float) -> None:
-        """Count one step: its loss (a device scalar) and the seconds it waited for its batch."""
-        self.losses.append(loss)
+    def add(self, metrics: Mapping[str, jax.Array], waited: float) -> None:
+        """Count one step: its metrics (device scalars) and the seconds it waited for its batch."""
+        self.steps.append(dict(metrics))
         self.waited += waited
 
     @contextlib.contextmanager
@@ -51,19 +54,20 @@ class LogWindow:
         finally:
             self.paused += time.perf_counter() - max(start, self.began)
 
-    def close(self, last: Mapping[str, jax.Array]) -> dict[str, float]:
+    def close(self) -> dict[str, float]:
         """The window's metrics, and the next window begins.
 
-        ``last``: the last step's metrics on device (lr, grad_norm, ...), fetched with every
-        step's loss in one transfer. ``loss`` is the mean over the window's steps; ``step_time``
-        and ``data_wait`` are seconds per step, measured once the last step has finished.
+        Each metric is its mean over the window's steps (``loss`` and the task's metrics alike,
+        so that a log line's numbers describe the same steps: a mixture of experts' ``loss`` is
+        its ``lm_loss`` plus the weighted auxiliary losses), but ``LAST`` (lr, grad_norm, the
+        count of skipped steps: the last step's); ``step_time`` and ``data_wait`` are seconds per
+        step, measured once the last step has finished.
         """
-        fetched, losses = jax.device_get((dict(last), self.losses))
+        steps = jax.device_get(self.steps)  # one transfer
         now = time.perf_counter()
-        steps = len(losses)
-        metrics = {key: float(value) for key, value in fetched.items()}
-        metrics.update(loss=float(np.mean(np.asarray(losses, np.float64))),
-                       step_time=(now - self.began - self.paused) / steps, data_wait=self.waited / steps)
+        metrics = {key: float(np.mean(np.asarray([step[key] for step in steps], np.float64))) for key in steps[-1]}
+        metrics.update({key: float(steps[-1][key]) for key in LAST if key in steps[-1]})
+        metrics.update(step_time=(now - self.began - self.paused) / len(steps), data_wait=self.waited / len(steps))
         self._restart(now)
         return metrics
 

@@ -16,7 +16,7 @@ import functools
 import itertools
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ SUMMARY_METRICS = ("val_loss", "tokens_per_s", "mfu")  # a job's final values in
 FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "tokens_per_s": "{:,.0f}", "mfu": "{:.2%}"}
 STATUSES = ("running", "interrupted", "failed", "finished")
 STALE_S = 120.0  # a run whose metrics.jsonl has not grown for this long (or 5 log intervals) is not running
+WANDB_ID = Path("wandb", "run_id")  # under a run directory: its W&B run id (kept so that a resume continues it)
+LABEL_CHARS = 40  # a value longer than this is cut in a label to its last characters (a path's end tells it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,12 +140,31 @@ class Run:
         name = self.config.get("logger", {}).get("name")
         return str(name) if name else None
 
+    @property
+    def identity(self) -> tuple[Path, str | None]:
+        """What makes two paths one run: its real directory, and its W&B run id (None without W&B)."""
+        wandb_id = self.path / WANDB_ID
+        return self.path.resolve(), wandb_id.read_text(encoding="utf-8").strip() if wandb_id.is_file() else None
+
+
+def varying(items: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The keys whose values are not the same in every mapping, a missing key counting as a value
+    (in first-seen order; none for fewer than two)."""
+    keys = dict.fromkeys(key for item in items for key in item)
+    return [key for key in keys if len({repr(item.get(key)) for item in items}) > 1]
+
 
 def differing(configs: Sequence[dict[str, Any]]) -> list[str]:
     """The flattened config keys whose values are not the same in every config (in first-seen order)."""
-    flat = [flatten(config) for config in configs]
-    keys = list(dict.fromkeys(key for config in flat for key in config))
-    return [key for key in keys if len({repr(config.get(key)) for config in flat}) > 1] if len(flat) > 1 else []
+    return varying([flatten(config) for config in configs])
+
+
+def label(values: Mapping[str, Any]) -> str:
+    """``optimizer.lr=0.001, trainer.seed=0``: the keys sorted, each value as the summary writes
+    it (one longer than ``LABEL_CHARS`` cut to its end); a key without a value (None: not set) left out."""
+    cells = {key: fmt(key, value) for key, value in sorted(values.items()) if value is not None}
+    return ", ".join(f"{key}={cell if len(cell) <= LABEL_CHARS else '…' + cell[1 - LABEL_CHARS:]}"
+                     for key, cell in cells.items())
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -232,10 +253,8 @@ def collect(sweep_dir: Path) -> list[Job]:
 
 def swept(jobs: Sequence[Job]) -> list[str]:
     """The override keys whose value differs between jobs (all of them for a single job)."""
-    keys = list(dict.fromkeys(key for job in jobs for key in job.params))
-    if len(jobs) < 2:
-        return keys
-    return [key for key in keys if len({repr(job.params.get(key)) for job in jobs}) > 1]
+    params = [job.params for job in jobs]
+    return list(dict.fromkeys(key for p in params for key in p)) if len(jobs) < 2 else varying(params)
 
 
 def rows(jobs: Sequence[Job]) -> list[dict[str, Any]]:
@@ -290,14 +309,26 @@ class Runs(Sequence[Run]):
         flat = flatten(run.config)
         return {key: flat.get(key) for key in self.differing}
 
+    @functools.cached_property
+    def varied(self) -> list[str]:
+        """The command-line keys (the runs' overrides as Hydra parses them: ``experiment``,
+        ``optimizer.lr``) whose values differ between the runs, sorted, ``logger.*`` aside: what
+        tells the runs apart in a few words, where one experiment's choice changes dozens of
+        config keys."""
+        return sorted(key for key in varying([run.params for run in self.runs]) if not key.startswith("logger."))
+
+    def settings(self, run: Run) -> dict[str, Any]:
+        """``run``'s values of the varied keys (None: a key it does not set)."""
+        params = run.params
+        return {key: params.get(key) for key in self.varied}
+
     def labels(self) -> list[str]:
-        """A name per run: ``logger.name``, else its differing values (``optimizer.lr=0.001``),
-        else its path below the runs' common folder; a name two runs share gets the path too."""
+        """A name per run: ``logger.name``, else the varied keys it sets (``optimizer.lr=0.001``),
+        else its folder below the runs' common folder; a name two runs share gets the folder too."""
         tails = _tails([run.path for run in self.runs])
-        labels = [run.name or ", ".join(f"{k}={fmt(k, v)}" for k, v in self.differences(run).items()) or tail
-                  for run, tail in zip(self.runs, tails)]
-        return [f"{label} ({tail})" if labels.count(label) > 1 and label != tail else label
-                for label, tail in zip(labels, tails)]
+        labels = [run.name or label(self.settings(run)) or tail for run, tail in zip(self.runs, tails)]
+        return [f"{name} ({tail})" if labels.count(name) > 1 and name != tail else name
+                for name, tail in zip(labels, tails)]
 
     def summary(self, now: float | None = None) -> list[dict[str, Any]]:
         """One row per run: run (its label), path, status, step, max_steps, eta_s, the
@@ -320,15 +351,21 @@ class Runs(Sequence[Run]):
 
 
 def load(*paths: Path | str, empty_ok: bool = False) -> Runs:
-    """The runs at ``paths`` (run directories, sweep folders, folders of runs), in order.
-    ValueError when a path holds none (unless ``empty_ok``: a sweep whose jobs have not started)."""
-    found = []
+    """The runs at ``paths`` (run directories, sweep folders, folders of runs), in order, each
+    once however often it is reached (a sweep and one of its jobs, a link, a copy: its real
+    directory or W&B id seen before). ValueError when a path holds none (unless ``empty_ok``: a
+    sweep whose jobs have not started, or whose folder is not made yet)."""
+    found: list[Run] = []
+    seen: set[Path | str] = set()
     for path in map(Path, paths):
         runs = run_paths(path) if path.is_dir() else []
-        if not runs and not (empty_ok and path.is_dir()):
+        if not runs and not (empty_ok and not path.is_file()):
             raise ValueError(f"{path} is neither a run directory (with .hydra/config.yaml) nor a folder of runs "
                              "(a sweep's 0/, 1/, ... or outputs/DATE/TIME/)")
-        found.extend(Run.load(run) for run in runs)
+        for run in map(Run.load, runs):
+            if seen.isdisjoint(key for key in run.identity if key is not None):
+                found.append(run)
+                seen.update(key for key in run.identity if key is not None)
     return Runs(tuple(found))
 
 

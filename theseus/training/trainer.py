@@ -124,16 +124,16 @@ class Trainer:
         batch = global_batch(next(loop.loader), loop.compiled.mesh, self.settings.batch_size, self.settings.grad_accum)
         loop.state, loop.metrics = loop.compiled.step(loop.state, batch, loop.dropout_key)
         loop.step += 1
-        loop.window.add(loop.metrics["loss"], loop.loader.last_wait)
+        loop.window.add(loop.metrics, loop.loader.last_wait)
 
     def log(self, loop: LoopState) -> None:
         """Every ``trainer.log_every`` steps: log the metrics of the steps since the last log
-        (``loss``: their mean; lr, grad_norm: the last step's; throughput from the mean step
-        time), then stop on a NaN/Inf."""
+        (each their mean, lr and grad_norm the last step's: ``LogWindow.close``; throughput
+        from the mean step time), then stop on a NaN/Inf."""
         if not loop.due(self.settings.log_every):
             return
         run = self.parts
-        metrics = loop.window.close(loop.metrics)
+        metrics = loop.window.close()
         metrics.update(throughput(metrics["step_time"], run.tokens_per_step, run.flops_per_step, loop.peak,
                                   jax.device_count()))
         loop.logger.log(loop.step, metrics)
