@@ -197,6 +197,27 @@ def test_a_constant_run_shorter_than_its_warmup_is_refused_saying_so(tmp_path):
                             "is over"), problem
 
 
+def test_a_learning_rate_that_would_change_a_little_is_told_in_digits_that_differ(tmp_path):
+    """A cosine of 100 steps taken to 40, extended by one step: its rates move in the 5th digit,
+    and the refusal shows the digits that differ (not "would have been 0.003, not 0.003")."""
+    import re
+
+    import numpy as np
+
+    from theseus.config.compose import compose
+    from theseus.training.optimizer import make_schedule
+    from theseus.training.resume import extension_problem
+    from theseus.training.settings import configure_settings
+
+    (tmp_path / "checkpoints" / "40").mkdir(parents=True)
+    optimizer = configure_settings(compose(["+experiment=gpt_tiny", "optimizer.schedule=cosine"])).optimizer
+    problem = extension_problem(tmp_path, 100, optimizer, 101)
+    step, would, was = re.search(r"learning rate of step (\d+) .* would have been (\S+), not (\S+)\. ", problem).groups()
+    expected = (float(np.asarray(make_schedule(optimizer, n)(int(step) - 1))) for n in (101, 100))
+    assert would != was and f"{float(would):.3g}" == f"{float(was):.3g}"  # apart, in more digits than 3
+    assert [float(would), float(was)] == pytest.approx(list(expected), rel=1e-5)
+
+
 def test_resume_last_finds_the_newest_run_this_command_continues(tmp_path):
     import time
 

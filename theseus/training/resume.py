@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from theseus.config import ConfigError, registry
 from theseus.config.schema import flatten
 from theseus.training.checkpoint import Checkpointer, theseus_checkpoint
+from theseus.training.metrics import format_apart
 from theseus.training.optimizer import make_schedule
 from theseus.training.settings import Settings
 
@@ -133,8 +134,9 @@ def extension_problem(run_dir: Path, saved_steps: int, optimizer: Any, max_steps
         extends = (f"a {optimizer.schedule} schedule extends in place only once its warmup "
                    f"(optimizer.warmup_steps={optimizer.warmup_steps}) is over"
                    + (" and before its decay" if optimizer.schedule == "wsd" else ""))
+    would, was = format_apart(float(after[first]), float(before[first]))
     return (f"with optimizer.schedule={optimizer.schedule} the learning rate of step {first + 1} (of the "
-            f"{taken} taken) would have been {after[first]:.3g}, not {before[first]:.3g}. Start a new run from "
+            f"{taken} taken) would have been {would}, not {was}. Start a new run from "
             f"its weights instead: trainer.init_from={run_dir} trainer.max_steps={max_steps} "
             f"hydra.run.dir=NEW (trainer.init_optimizer=true keeps its optimizer state); {extends}")
 
