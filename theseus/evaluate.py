@@ -3,9 +3,9 @@
 Runs the evaluations a training run logs (``val_loss``, per mixture source, each task of
 ``evaluation.multiple_choice``) as the trainer runs them (the config's mesh over every device),
 prints them as a table and writes them as JSON to ``PATH/eval-STEP.json`` (or ``--out FILE.json``,
-or into ``--out FOLDER``), with each task's per-example scores beside it in ``eval-STEP.jsonl``. PATH is a run directory (its
-newest readable checkpoint, or ``--step``; overrides may add or change evaluation keys) or a
-Hugging Face folder (its weights; overrides also name the data)::
+or into ``--out FOLDER``), with each task's per-example scores beside it in ``eval-STEP.jsonl``.
+PATH is a run directory (its newest readable checkpoint, or ``--step``; overrides may add or
+change evaluation keys) or a Hugging Face folder (its weights; overrides also name the data)::
 
     python -m theseus.evaluate outputs/run evaluation.multiple_choice.toy=toy.jsonl trainer.eval_batches=20
     python -m theseus.evaluate ~/models/my-llama data.source=text data.path=notes.txt
