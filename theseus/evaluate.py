@@ -2,10 +2,10 @@
 
 Runs the evaluations a training run logs (``val_loss``, per mixture source, each task of
 ``evaluation.multiple_choice``) as the trainer runs them (the config's mesh over every device),
-prints them as a table and writes them as JSON to ``PATH/eval-STEP.json`` (or ``--out``), with
-each task's per-example scores beside it in ``eval-STEP.jsonl``. PATH is a run directory (its
-newest readable checkpoint, or ``--step``; overrides may add or change evaluation keys) or a
-Hugging Face folder (its weights; overrides also name the data)::
+prints them as a table and writes them as JSON to ``PATH/eval-STEP.json`` (or ``--out FILE.json``,
+or into ``--out FOLDER``), with each task's per-example scores beside it in ``eval-STEP.jsonl``.
+PATH is a run directory (its newest readable checkpoint, or ``--step``; overrides may add or
+change evaluation keys) or a Hugging Face folder (its weights; overrides also name the data)::
 
     python -m theseus.evaluate outputs/run evaluation.multiple_choice.toy=toy.jsonl trainer.eval_batches=20
     python -m theseus.evaluate ~/models/my-llama data.source=text data.path=notes.txt
@@ -13,6 +13,9 @@ Hugging Face folder (its weights; overrides also name the data)::
 ``--tasks hellaswag,arc_easy`` adds lm-evaluation-harness tasks (lm-eval's names, or those of
 the task YAMLs under ``--include PATH``; ``--num_fewshot``, ``--limit`` as lm-eval has them):
 ``evaluation.lm_eval`` and its keys, which the trainer's evaluations take too. Needs ``theseus[eval]``.
+With ``--output_path`` (``--out``) their results are also written as ``lm_eval --output_path`` writes
+them (``STEM_DATE.json`` beside a ``.json`` path, else ``FOLDER/MODEL/results_DATE.json``; each
+task's ``samples_TASK_DATE.jsonl``), for lm-eval's tools.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def run_evaluations(path: Path, step: int | None, args: list[str]) -> dict:
     """The record of an evaluation of a run's checkpoint or a Hugging Face folder's weights
     (``step``: None for a folder; ``mesh``, ``metrics``, ``samples``), assembled as a run is:
     its mesh over every device, its parameter layout and compiled eval step, the batches its
-    loop evaluates on."""
+    loop evaluates on; ``lm_eval``: lm-eval's own results of ``evaluation.lm_eval``'s tasks (or None)."""
     require_checkpoint(path)
     run = assemble(source_config(path, overrides(args, RUN_KEYS if is_run_dir(path) else FOLDER_KEYS)), steps="eval")
     params, at = trained_params(path, step, run.model, run.compiled.target, run.base)
@@ -69,7 +72,7 @@ def run_evaluations(path: Path, step: int | None, args: list[str]) -> dict:
     samples = [{"task": task, "index": i, **record}
                for task, records in run.evaluations.samples.items() for i, record in enumerate(records)]
     return {"path": str(path), "step": at, "mesh": dict(run.compiled.mesh.shape), "metrics": metrics,
-            "samples": samples}
+            "samples": samples, "lm_eval": run.evaluations.harness_results or None}
 
 
 def lm_eval_overrides(tasks: str | None, include: str | None, fewshot: int | None, limit: int | None) -> list[str]:
@@ -86,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", type=Path, help="a run directory or a Hugging Face folder")
     parser.add_argument("--step", type=NON_NEGATIVE_INT, default=None, help="checkpoint step of a run (default: the newest)")
     parser.add_argument("--out", "--output_path", type=Path, default=None,
-                        help="JSON file to write (default: PATH/eval-STEP.json, PATH/eval.json for a folder); "
-                             "per-example scores go beside it")
+                        help="JSON file to write (default: PATH/eval-STEP.json, PATH/eval.json for a folder), or a "
+                             "folder to write it in (a path not ending in .json, as lm-eval takes it); per-example "
+                             "scores go beside it, and with --tasks lm-eval's own results files as lm_eval "
+                             "--output_path writes them")
     parser.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (needs theseus[eval])")
     parser.add_argument("--include", "--include_path", default=None, help="a folder of local lm-eval task YAMLs")
     parser.add_argument("--num_fewshot", type=NON_NEGATIVE_INT, default=None, help="few-shot examples (default: each task's own)")
@@ -108,11 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in record["metrics"].items():
         table.add_row(key, f"{value:.4f}")
     Console().print(table)
-    out = args.out or args.path / ("eval.json" if record["step"] is None else f"eval-{record['step']}.json")
-    samples = record.pop("samples")
+    name = "eval.json" if record["step"] is None else f"eval-{record['step']}.json"
+    out = args.path / name if args.out is None else args.out if args.out.suffix == ".json" else args.out / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    samples, harness_results = record.pop("samples"), record.pop("lm_eval")
     out.write_text(json.dumps(record, indent=2) + "\n")
     if samples:
         out.with_suffix(".jsonl").write_text("".join(json.dumps(sample) + "\n" for sample in samples))
+    if harness_results is not None and args.out is not None:  # lm-eval writes only where it is told to
+        from theseus.tasks import harness
+
+        print(f"lm-eval's results: {harness.write_results(harness_results, args.out, str(args.path))}")
     return 0
 
 

@@ -81,7 +81,7 @@ def test_the_adapter_and_the_multiple_choice_scorer_give_lm_evals_numbers(tmp_pa
     model = theseus_model(folder)
     params = load_params(folder, arch_of(model), target_of(model))
     mesh = make_mesh(MeshConfig(data=1), jax.devices()[:1])
-    metrics, samples = run_tasks(HarnessLM(model, params, tokenizer, mesh, (), batch_size=4), TASKS,
+    metrics, samples, _ = run_tasks(HarnessLM(model, params, tokenizer, mesh, (), batch_size=4), TASKS,
                                  task_manager(TASKS, str(tasks)))
     for task in TASKS:
         ours, theirs = samples[task], expected["samples"][task]

@@ -6,6 +6,7 @@ whitespace or mid-word."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -41,14 +42,29 @@ def run(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def expected(run) -> dict:
-    """lm-eval's own hf model on the exported folder."""
-    import os
+    """lm-eval's own hf model on the exported folder, run as lm-eval's command with
+    ``--output_path`` (``lm_eval_out/hf.json``): the files it writes (``files``), its results as
+    it writes them, and each task's samples (``samples``: TASK -> records)."""
+    out = run["base"] / "lm_eval_out" / "hf.json"
+    proc = run_python("-m", "lm_eval", "--model", "hf", "--model_args",
+                      f"pretrained={run['hf']},dtype=float32", "--device", "cpu", "--tasks", "theseus_mc,theseus_ppl",
+                      "--include_path", str(run["tasks"]), "--batch_size", "4", "--log_samples",
+                      "--output_path", str(out), cwd=run["base"], env=OFFLINE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return written(out)
 
-    os.environ.update(OFFLINE)
-    return lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(run["hf"]), "dtype": "float32",
-                                                           "device": "cpu"},
-                                   tasks=["theseus_mc", "theseus_ppl"], batch_size=4, log_samples=True,
-                                   task_manager=lm_eval.tasks.TaskManager(include_path=str(run["tasks"])))
+
+def written(out: Path) -> dict:
+    """What ``--output_path out`` (a .json path) left beside it, but theseus's own ``out`` and its
+    samples: lm-eval's results file (``STEM_DATE.json``) and each task's ``samples_TASK_DATE.jsonl``
+    (their names with the date as ``DATE``)."""
+    files = sorted(path.name for path in out.parent.iterdir() if path.name not in (out.name, f"{out.stem}.jsonl"))
+    [results] = out.parent.glob(f"{out.stem}_*.json")
+    date = results.name[len(out.stem) + 1:-len(".json")]
+    return {**json.loads(results.read_text()), "files": [name.replace(date, "DATE") for name in files],
+            "date_id": date, "samples": {task: [json.loads(line) for line in path.read_text().splitlines()]
+                                         for task in ("theseus_mc", "theseus_ppl")
+                                         for path in out.parent.glob(f"samples_{task}_{date}.jsonl")}}
 
 
 def metric(expected: dict, task: str, name: str) -> float:
@@ -70,7 +86,7 @@ def test_the_trainers_evaluation_equals_lm_eval_on_the_export(run, expected):
 @pytest.mark.slow
 def test_evaluate_with_tasks_equals_lm_eval_on_the_export(run, expected):
     """On 4 devices: the run's mesh over all of them splits each batch of requests."""
-    out = run["base"] / "lm_eval.json"
+    out = run["base"] / "evaluated" / "lm_eval.json"
     proc = run_python("-m", "theseus.evaluate", str(run["run"]), "--tasks", "theseus_mc,theseus_ppl",
                       "--include", str(run["tasks"]), "--output_path", str(out), cwd=run["base"], env=OFFLINE,
                       devices=4)
@@ -87,7 +103,30 @@ def test_evaluate_with_tasks_equals_lm_eval_on_the_export(run, expected):
     ours = [s for s in samples if s["task"] == "theseus_mc"]
     assert len(ours) == len(expected["samples"]["theseus_mc"])
     for a, b in zip(ours, expected["samples"]["theseus_mc"]):  # each choice's log-likelihood
-        assert [r[0] for r in a["responses"]] == pytest.approx([r[0] for r in b["filtered_resps"]], abs=1e-4)
+        assert [r[0] for r in a["responses"]] == pytest.approx([float(r[0]) for r in b["filtered_resps"]], abs=1e-4)
+
+    # lm-eval's own files too, as lm_eval --output_path writes them: names, fields, numbers, samples
+    assert proc.stdout.splitlines()[-1] == f"lm-eval's results: {out.parent}/lm_eval_{written(out)['date_id']}.json"
+    theirs, ours = expected, written(out)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d+", ours["date_id"])
+    assert ours["files"] == [name.replace("hf_", "lm_eval_") for name in theirs["files"]] == [
+        "lm_eval_DATE.json", "samples_theseus_mc_DATE.jsonl", "samples_theseus_ppl_DATE.jsonl"]
+    assert set(ours) == set(theirs)
+    assert ours["model_source"] == "theseus" and ours["model_name"] == str(run["run"])
+    for key in ("versions", "n-shot", "higher_is_better", "n-samples", "group_subtasks"):
+        assert ours[key] == theirs[key], key
+    for task, config in theirs["configs"].items():  # the task configs, but the model's arguments lm-eval's command adds
+        metadata = {key: value for key, value in config.pop("metadata").items() if key not in ("pretrained", "dtype")}
+        assert ours["configs"][task] == {**config, "metadata": metadata}, task
+    for task in ("theseus_mc", "theseus_ppl"):
+        assert set(ours["results"][task]) == set(theirs["results"][task])
+        for key, value in theirs["results"][task].items():  # the numbers; alias, N/A stderrs as they are
+            assert ours["results"][task][key] == (pytest.approx(value, rel=1e-5) if isinstance(value, float) else value)
+        assert [set(record) for record in ours["samples"][task]] == [set(record) for record in theirs["samples"][task]]
+        assert [r["doc_hash"] for r in ours["samples"][task]] == [r["doc_hash"] for r in theirs["samples"][task]]
+    assert ours["task_hashes"] == theirs["task_hashes"]  # the same documents, prompts and targets
+    for key in ("tokenizer_pad_token", "tokenizer_eos_token", "tokenizer_bos_token", "eot_token_id", "max_length"):
+        assert ours[key] == theirs[key], key  # the run's tokenizer as the export's
 
 
 @pytest.mark.slow

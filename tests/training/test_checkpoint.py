@@ -198,26 +198,25 @@ def test_a_constant_run_shorter_than_its_warmup_is_refused_saying_so(tmp_path):
                             "is over"), problem
 
 
-def test_an_extension_refused_shows_rates_that_differ(tmp_path):
-    """A cosine over 1,000 steps stopped at step 5, extended to 2,000: step 2's rate changes in
-    its 6th digit, and the message shows as many as that takes (never "0.003, not 0.003")."""
-    import math
+def test_a_learning_rate_that_would_change_a_little_is_told_in_digits_that_differ(tmp_path):
+    """A cosine of 100 steps taken to 40, extended by one step: its rates move in the 5th digit,
+    and the refusal shows the digits that differ (not "would have been 0.003, not 0.003")."""
     import re
 
-    from theseus.config.compose import compose
-    from theseus.training.settings import configure_settings
-    from theseus.training.resume import extension_problem
+    import numpy as np
 
-    (tmp_path / "checkpoints" / "5").mkdir(parents=True)
-    cfg = compose(["+experiment=gpt_tiny", "optimizer.schedule=cosine", "optimizer.warmup_steps=0",
-                   "optimizer.lr=3e-3", "trainer.max_steps=2000"])
-    settings = configure_settings(cfg)
-    problem = extension_problem(tmp_path, 1000, settings.optimizer, settings.trainer.max_steps)
-    was, now = re.search(r"step 2 \(of the 5 taken\) would have been (\S+), not (\S+)\. Start", problem).groups()
-    floor = settings.optimizer.min_lr_ratio
-    cosine = [3e-3 * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * 1 / n))) for n in (2000, 1000)]
-    assert was != now and float(was) == pytest.approx(cosine[0], rel=5e-6) and float(now) == pytest.approx(cosine[1], rel=5e-6)
-    assert len(was) <= 12, was  # no more digits than it takes
+    from theseus.config.compose import compose
+    from theseus.training.optimizer import make_schedule
+    from theseus.training.resume import extension_problem
+    from theseus.training.settings import configure_settings
+
+    (tmp_path / "checkpoints" / "40").mkdir(parents=True)
+    optimizer = configure_settings(compose(["+experiment=gpt_tiny", "optimizer.schedule=cosine"])).optimizer
+    problem = extension_problem(tmp_path, 100, optimizer, 101)
+    step, would, was = re.search(r"learning rate of step (\d+) .* would have been (\S+), not (\S+)\. ", problem).groups()
+    expected = (float(np.asarray(make_schedule(optimizer, n)(int(step) - 1))) for n in (101, 100))
+    assert would != was and f"{float(would):.3g}" == f"{float(was):.3g}"  # apart, in more digits than 3
+    assert [float(would), float(was)] == pytest.approx(list(expected), rel=1e-5)
 
 
 def test_resume_last_finds_the_newest_run_this_command_started(tmp_path, monkeypatch):

@@ -18,8 +18,8 @@ from theseus.plan.memory import fit_of
 from theseus.plan.predict import Prediction, predict
 from theseus.training.metrics import format_bytes, format_duration, format_si
 from theseus.training.parts import Run
-from theseus.training.settings import configure_settings
 from theseus.training.console import RunConsole
+from theseus.training.settings import configure_settings
 from theseus.training.state import n_params
 from theseus.training.summary import describe
 

@@ -91,6 +91,7 @@ class Evaluations:
     harness: EvaluationConfig | None = None  # the lm-eval settings, when evaluation.lm_eval names tasks
     manager: Any = None  # lm-eval's TaskManager of those tasks (lm-eval's and those of lm_eval_include)
     samples: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # TASK -> the latest per-example records
+    harness_results: dict = dataclasses.field(default_factory=dict)  # lm-eval's own, of the latest (write_results)
 
 
 def load_evaluations(settings: EvaluationConfig, data: Dataset | Mixture, model: nn.Module, seed: int, prefetch: int,
@@ -162,8 +163,10 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metri
         settings = evaluations.harness
         lm = harness.HarnessLM(evaluations.model, params, evaluations.tokenizer, sharding.mesh, rules, batch_size,
                                evaluations.vocab_size, seed=evaluations.seed, share=share)
-        found, samples = harness.run_tasks(lm, list(settings.lm_eval), evaluations.manager,
-                                           settings.lm_eval_fewshot, settings.lm_eval_limit)
+        found, samples, results = harness.run_tasks(lm, list(settings.lm_eval), evaluations.manager,
+                                                    settings.lm_eval_fewshot, settings.lm_eval_limit)
         metrics.update(found)
         evaluations.samples.update(samples)
+        evaluations.harness_results.clear()
+        evaluations.harness_results.update(results)
     return metrics

@@ -2,8 +2,9 @@
 
     lm = HarnessLM(model, params, tokenizer, mesh, rules, batch_size=16)
     manager = task_manager(["hellaswag", "my_local_task"], include="tasks/")  # checks the names
-    metrics, samples = run_tasks(lm, ["hellaswag", "my_local_task"], manager)
+    metrics, samples, results = run_tasks(lm, ["hellaswag", "my_local_task"], manager)
     # {"eval/hellaswag/acc": ..., "eval/hellaswag/acc_stderr": ..., ...}, {"hellaswag": [per-example records]}
+    write_results(results, Path("results/"), "outputs/run")  # lm-eval's own files, as lm_eval --output_path
 
 ``HarnessLM`` is an ``lm_eval.api.model.TemplateLM``: lm-eval encodes each request itself (its
 whitespace and BOS conventions, through theseus's tokenizer), and theseus scores the tokens:
@@ -20,6 +21,8 @@ install, so import it lazily, where tasks are asked for.
 from __future__ import annotations
 
 import functools
+import time
+from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -39,6 +42,7 @@ from theseus.tasks.multiple_choice import encode_text, log_likelihoods
 try:
     from lm_eval import simple_evaluate
     from lm_eval.api.model import TemplateLM
+    from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager, get_task_dict
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 except ImportError as exc:
@@ -216,10 +220,11 @@ def task_manager(tasks: list[str], include: str | None = None) -> TaskManager:
 
 
 def run_tasks(lm: HarnessLM, tasks: list[str], manager: TaskManager, num_fewshot: int | None = None,
-              limit: int | None = None) -> tuple[dict[str, float], dict[str, list[dict]]]:
-    """``(metrics, samples)`` of lm-eval's ``tasks`` (names ``manager`` holds) on ``lm``:
-    ``eval/TASK/METRIC`` (lm-eval's ``acc,none`` is ``acc``, another filter ``METRIC/FILTER``) and
-    each task's per-example records."""
+              limit: int | None = None) -> tuple[dict[str, float], dict[str, list[dict]], dict]:
+    """``(metrics, samples, results)`` of lm-eval's ``tasks`` (names ``manager`` holds) on ``lm``:
+    ``eval/TASK/METRIC`` (lm-eval's ``acc,none`` is ``acc``, another filter ``METRIC/FILTER``),
+    each task's per-example records, and lm-eval's own results (its ``samples`` included), for
+    ``write_results``."""
     results = simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, num_fewshot=num_fewshot,
                               limit=limit, log_samples=True)
     metrics = {}
@@ -230,7 +235,39 @@ def run_tasks(lm: HarnessLM, tasks: list[str], manager: TaskManager, num_fewshot
                 name = metric if kept == "none" else f"{metric}/{kept}"
                 metrics[f"eval/{task}/{name}"] = float(value)
     samples = {task: [_sample(record) for record in records] for task, records in results["samples"].items()}
-    return metrics, samples
+    return metrics, samples, {**results, **tokenizer_info(lm)}
+
+
+def tokenizer_info(lm: HarnessLM) -> dict[str, Any]:
+    """What lm-eval records of an hf model's tokenizer (its ``add_tokenizer_info``, which reads
+    Hugging Face tokenizers' attributes) for ``lm``'s: the end-of-text token as EOS (and padding,
+    as lm-eval pads an hf tokenizer without one), the BOS it adds (if any), ``[text, str(id)]``."""
+    def token(i: int | None) -> list[str | None]:
+        return [None if i is None else lm.tokenizer.as_hf().id_to_token(i), str(i)]
+
+    bos = lm.tokenizer.encode("", special=True)
+    return {"tokenizer_pad_token": token(lm.tokenizer.eot), "tokenizer_eos_token": token(lm.tokenizer.eot),
+            "tokenizer_bos_token": token(bos[0] if bos else None), "eot_token_id": lm.tokenizer.eot,
+            "max_length": lm.max_length}
+
+
+def write_results(results: dict, output_path: Path, model: str) -> Path:
+    """lm-eval's own files of ``results`` (``run_tasks``'s), written by lm-eval's
+    ``EvaluationTracker`` where ``lm_eval --output_path`` puts them: for a path ending in
+    ``.json``, ``STEM_DATE.json`` beside it, else ``OUTPUT_PATH/MODEL/results_DATE.json`` (MODEL:
+    ``model`` as lm-eval's ``pretrained=`` names it); each task's samples in that folder as
+    ``samples_TASK_DATE.jsonl``. Returns the results file."""
+    rest = {key: value for key, value in results.items() if key != "samples"}
+    tracker = EvaluationTracker(output_path=str(output_path))
+    general = tracker.general_config_tracker
+    general.start_time -= time.time() - results["date"]  # the evaluation's duration, not the writing's
+    general.log_experiment_args(model_source="theseus", model_args={"pretrained": model}, system_instruction=None,
+                                chat_template=None, fewshot_as_multiturn=False)
+    tracker.save_results_aggregated(results=rest, samples=results["samples"])
+    for task in rest["configs"]:
+        tracker.save_results_samples(task_name=task, samples=results["samples"][task])
+    folder = output_path.parent if output_path.suffix == ".json" else output_path / general.model_name_sanitized
+    return next(folder.glob(f"*_{tracker.date_id}.json"))
 
 
 def _sample(record: dict) -> dict:

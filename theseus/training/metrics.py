@@ -65,6 +65,16 @@ def format_si(value: float, unit: str = "") -> str:
     return f"{number} {prefix}{unit}" if unit else f"{number}{prefix}"
 
 
+def format_apart(a: float, b: float, digits: int = 3) -> tuple[str, str]:
+    """``a`` and ``b`` with ``digits`` significant digits, or as many more as tell them apart
+    (``0.00299973`` and ``0.003``, never ``0.003`` twice), up to the numbers themselves."""
+    for d in range(digits, 18):
+        texts = f"{a:.{d}g}", f"{b:.{d}g}"
+        if texts[0] != texts[1]:
+            break
+    return texts
+
+
 def format_bytes(n: float) -> str:
     """Binary units, three significant digits: ``512 B``, ``1.5 KiB``, ``3.25 GiB``."""
     scale, unit = next(((s, u) for s, u in _BINARY if abs(n) >= s * 0.999 * 1000 / 1024), (1, "B"))

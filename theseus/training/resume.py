@@ -24,6 +24,7 @@ from theseus.config import ConfigError, registry
 from theseus.config.schema import flatten
 from theseus.config.yaml_file import load_yaml
 from theseus.training.checkpoint import Checkpointer, theseus_checkpoint
+from theseus.training.metrics import format_apart
 from theseus.training.optimizer import make_schedule
 from theseus.training.settings import Settings
 
@@ -179,25 +180,17 @@ def extension_problem(run_dir: Path, saved_steps: int, optimizer: Any, max_steps
     if not changed.size:
         return None
     first = int(changed[0])
-    was, now = distinct(after[first], before[first])
     if optimizer.schedule == "cosine":
         extends = "a constant or wsd schedule can be extended in place"
     else:  # the warmup was cut to the steps the run had, or a wsd's decay has begun
         extends = (f"a {optimizer.schedule} schedule extends in place only once its warmup "
                    f"(optimizer.warmup_steps={optimizer.warmup_steps}) is over"
                    + (" and before its decay" if optimizer.schedule == "wsd" else ""))
+    would, was = format_apart(float(after[first]), float(before[first]))
     return (f"with optimizer.schedule={optimizer.schedule} the learning rate of step {first + 1} (of the "
-            f"{taken} taken) would have been {was}, not {now}. Start a new run from "
+            f"{taken} taken) would have been {would}, not {was}. Start a new run from "
             f"its weights instead: trainer.init_from={run_dir} trainer.max_steps={max_steps} "
             f"hydra.run.dir=NEW (trainer.init_optimizer=true keeps its optimizer state); {extends}")
-
-
-def distinct(a: float, b: float, digits: int = 3) -> tuple[str, str]:
-    """``a`` and ``b`` to ``digits`` significant digits, or as many more as it takes to tell
-    them apart (0.00299999, not 0.00299998; never "0.003, not 0.003")."""
-    while digits < 17 and f"{a:.{digits}g}" == f"{b:.{digits}g}":
-        digits += 1
-    return f"{a:.{digits}g}", f"{b:.{digits}g}"
 
 
 def check_run_dir(run_dir: Path, composed: DictConfig, settings: Settings) -> None:
