@@ -28,7 +28,7 @@ from pathlib import Path
 LAUNCHED = "THESEUS_LAUNCH"  # environment: the theseus.launch options of the launch that started this process
 LAUNCH_GIVES = ("distributed.coordinator=", "distributed.num_processes=", "distributed.process_id=",
                 "hydra.output_subdir=")  # what theseus.launch adds to each process's command line
-PLACE = ("hydra.sweep.dir=", "hydra.sweep.subdir=", "hydra.mode=")  # a sweep's, not its job's
+PLACE = ("hydra.sweep.dir=", "hydra.sweep.subdir=", "hydra.mode=", "hydra.run.dir=")  # a sweep's, not its job's
 SWEEPING = ("hydra/launcher=", "hydra.launcher.", "hydra/sweeper", "hydra.sweeper.")  # a sweep's machinery
 SWEEP_FILE = "sweep="  # +sweep=NAME: its lists would sweep again
 RUN = ("python", "-m", "theseus.run")
