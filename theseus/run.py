@@ -180,7 +180,7 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     from theseus.training.settings import configure_settings
 
     if not is_multirun(argv):
-        base = continue_last(base)  # trainer.resume=last: the run directory this command continues
+        base = continue_last(base)  # resume=last: the run this command started; auto: names an unfinished one
     initialize(_job(base)[0])  # join the job (several hosts) before anything touches a device
     gpus = visible_gpus()
     if is_multirun(argv) and gpus:  # parallel jobs on this host: one GPU share each, or refused now

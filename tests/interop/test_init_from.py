@@ -97,3 +97,15 @@ def test_weights_the_config_does_not_describe_are_refused(gpt2_folder, tmp_path)
 def test_a_missing_folder_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"trainer.init_from=.*nowhere is not a folder"):
         resolved(tmp_path / "nowhere")
+
+
+def test_a_config_that_cannot_build_the_runs_model_is_refused_naming_it(tmp_path):
+    """From Python, a config of another model (the plain GPT) than the run's (MoE, whose keys it
+    lacks) would silently build that other model: one line saying which model= to add."""
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(compose(["+experiment=moe_small"]), tmp_path / ".hydra" / "config.yaml")
+    (tmp_path / "checkpoints" / "5" / "state").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=rf"^trainer.init_from={tmp_path} is a run of model=moe \(architecture\.moe\."
+                                          r"\w+=\S+\), which model=gpt cannot build: add model=moe$"):
+        init_from_values(compose(["+experiment=gpt_tiny", f"trainer.init_from={tmp_path}"]))
+    assert init_from_values(compose(["model=moe", f"trainer.init_from={tmp_path}"]))["architecture.n_layers"] == 6

@@ -37,7 +37,8 @@ def hydra_record():
 def test_a_slurm_sweeps_job_reruns_alone_in_its_folder_on_slurm(monkeypatch, hydra_record):
     """A one-job sweep with the sweep's launcher, less the sweep file (its lists would sweep again)."""
     as_sweep_job(monkeypatch, ["+experiment=gpt_tiny", "+sweep=lr", "optimizer.lr=0.001"],
-                 ["hydra/launcher=slurm", "hydra.sweep.dir=/s", "hydra.mode=MULTIRUN"])
+                 ["hydra/launcher=slurm", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweep.dir=/s",
+                  "hydra.mode=MULTIRUN"])
     one_job = "python -m theseus.run -m +experiment=gpt_tiny optimizer.lr=0.001 hydra/launcher=slurm"
     assert resume_command("/s/0") == f"{one_job} hydra.sweep.dir=/s hydra.sweep.subdir=0"
     assert command_line(*MORE) == f"{one_job} trainer.init_from=/s/0 hydra.sweep.dir=/s hydra.sweep.subdir=0-more"

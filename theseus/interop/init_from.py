@@ -160,8 +160,14 @@ def _from_run(cfg: DictConfig, flat: dict[str, Any], checkpoint: Path) -> dict[s
     if saved_base(checkpoint) is not None:
         raise ConfigError(f"{KEY}={checkpoint} holds LoRA adapters without their base: export it merged "
                           f"(python -m theseus.export {checkpoint} OUT) and start from OUT")
-    saved = flatten(OmegaConf.to_container(read_saved(run / ".hydra" / "config.yaml"), resolve=True))
+    record = read_saved(run / ".hydra" / "config.yaml")
+    saved = flatten(OmegaConf.to_container(record, resolve=True))
     defaults = chosen_schema(cfg)
+    model = chosen(record, "model")
+    lacking = [key for key in saved if key.startswith("architecture.") and key not in defaults]
+    if lacking and model != chosen(cfg, "model"):  # model_choice chose it for a command line; not so a config
+        raise ConfigError(f"{KEY}={checkpoint} is a run of model={model} ({lacking[0]}={saved[lacking[0]]}), which "
+                          f"model={chosen(cfg, 'model')} cannot build: add model={model}")
     return {key: saved[key] for key in defaults
             if (key.startswith("architecture.") or key == "data.tokenizer")
             and saved.get(key) is not None and flat.get(key) == defaults[key].default}

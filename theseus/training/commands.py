@@ -11,7 +11,8 @@ this job again, whatever process runs it.
   recorded, the job's own overrides (its values, not the sweep's lists), as a single run in the
   job's own folder; on a remote launcher (SLURM) as a one-job sweep into that folder
   (``hydra.sweep.dir``, ``hydra.sweep.subdir``) with the sweep's launcher, so that it runs on
-  SLURM again; a sweep file (``+sweep=NAME``) is left out, as its lists would sweep again.
+  SLURM again; a sweep file (``+sweep=NAME``) and sweeper settings are left out, as they would
+  sweep again.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from pathlib import Path
 LAUNCHED = "THESEUS_LAUNCH"  # environment: the theseus.launch options of the launch that started this process
 LAUNCH_GIVES = ("distributed.coordinator=", "distributed.num_processes=", "distributed.process_id=",
                 "hydra.output_subdir=")  # what theseus.launch adds to each process's command line
-PLACE = ("hydra.sweep.dir=", "hydra.sweep.subdir=", "hydra.mode=")  # a sweep's, not its job's
-SWEEPING = ("hydra/launcher=", "hydra.launcher.", "hydra/sweeper", "hydra.sweeper.")  # a sweep's machinery
+PLACE = ("hydra.sweep.dir=", "hydra.sweep.subdir=", "hydra.mode=", "hydra.run.dir=")  # a sweep's, not its job's
+SWEEPER = ("hydra/sweeper", "hydra.sweeper.")  # what chooses a sweep's jobs (Optuna's trials): one job is given
+LAUNCHER = ("hydra/launcher=", "hydra.launcher.")  # where a sweep's jobs run: kept for a remote one's
 SWEEP_FILE = "sweep="  # +sweep=NAME: its lists would sweep again
 RUN = ("python", "-m", "theseus.run")
 
@@ -68,10 +70,10 @@ def this_command() -> Command:
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         hydra = HydraConfig.get()
         task = [arg for arg in hydra.overrides.task if not arg.lstrip("+").startswith(SWEEP_FILE)]
-        own = [arg for arg in hydra.overrides.hydra if not arg.startswith(PLACE)]
+        own = [arg for arg in hydra.overrides.hydra if not arg.startswith((*PLACE, *SWEEPER))]
         if "submitit_folder" in hydra.launcher:  # submitit's launchers (SLURM): the job runs elsewhere
             return Command(RUN, ("-m", *task, *own), sweep_job=True, remote=True)
-        return Command(RUN, (*task, *(arg for arg in own if not arg.startswith(SWEEPING))), sweep_job=True)
+        return Command(RUN, (*task, *(arg for arg in own if not arg.startswith(LAUNCHER))), sweep_job=True)
     args = sys.argv[1:]
     if os.environ.get(LAUNCHED) is not None:
         program = ("python", "-m", "theseus.launch", *shlex.split(os.environ[LAUNCHED]), "--")
