@@ -117,7 +117,8 @@ class Checkpointer:
                 continue
             state = restored.state
             if record is not None:  # the adapters over their base
-                state = state.replace(params=with_part(self.base.load(abstract_state.params), state.params))
+                base = self.base.load(Path(record["folder"]), abstract_state.params)
+                state = state.replace(params=with_part(base, state.params))
             return state, dict(restored.data), dict(restored.config), candidate
         return None
 
@@ -136,6 +137,26 @@ class Checkpointer:
                               f"read it through its own run (python -m theseus.sample, evaluate or export "
                               f"{run_of(where) or where}), or export it merged and start from that folder")
         self.base.check(record, where)
+
+    @property
+    def chosen_step(self) -> int | None:
+        """The step a user pointed at (``requested_step``), else the newest; None: none saved."""
+        return self.requested_step if self.requested_step is not None else max(self.steps(), default=None)
+
+    def restore_params(self, layout: Any, step: int) -> Any:
+        """The params ``layout`` names (ShapeDtypeStructs with shardings; a subset of those saved
+        at ``step``: a LoRA run's frozen base), read onto their shards; the rest stays on disk."""
+        manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(create=False),
+                                        item_handlers={"state": ocp.PyTreeCheckpointHandler()})
+        places = jax.tree.map(lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding, dtype=leaf.dtype), layout)
+        args = ocp.args.PyTreeRestore({"params": layout}, restore_args={"params": places}, partial_restore=True)
+        params = manager.restore(step, args=ocp.args.Composite(state=args)).state["params"]
+        manager.close()
+        return params
+
+    def loader_state(self, step: int) -> dict:
+        """The data loader's position saved at ``step``."""
+        return dict(self.manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data)
 
     def saved_layout(self, step: int | None = None) -> Any:
         """The metadata tree (shape, dtype per array) of the train state saved at ``step``
@@ -214,9 +235,8 @@ def saved_base(path: Path) -> dict | None:
     if theseus_checkpoint(Path(path)) is None:
         return None
     checkpoints = Checkpointer.at(path)
-    steps = checkpoints.steps()
-    step = checkpoints.requested_step if checkpoints.requested_step is not None else max(steps, default=None)
-    record = checkpoints.base_record(step) if step in steps else None
+    step = checkpoints.chosen_step
+    record = checkpoints.base_record(step) if step in checkpoints.steps() else None
     checkpoints.close()
     return record
 
