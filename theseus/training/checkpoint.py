@@ -13,6 +13,7 @@ checked against the fingerprint, and lays the adapters over it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -125,9 +126,7 @@ class Checkpointer:
     def base_record(self, step: int) -> dict | None:
         """The record of the frozen base checkpoint ``step`` was saved without (None: it holds
         every parameter)."""
-        if "base" not in self.manager.item_metadata(step):
-            return None
-        return dict(self.manager.restore(step, args=ocp.args.Composite(base=ocp.args.JsonRestore())).base)
+        return _base_record(self.directory / str(step))
 
     def _check_base(self, record: dict, step: int) -> None:
         """ConfigError unless this run knows the base of checkpoint ``step`` and it is unchanged."""
@@ -229,16 +228,24 @@ def run_of(checkpoint: Path) -> Path | None:
     return None
 
 
+BASE_RECORD = Path("base") / "metadata"  # the file Orbax's JSON handler writes the ``base`` item to
+
+
+def _base_record(step_dir: Path) -> dict | None:
+    file = step_dir / BASE_RECORD
+    return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
+
+
 def saved_base(path: Path) -> dict | None:
-    """The base record of the checkpoint ``path`` points at (``Checkpointer.at``: its step, else
-    the newest); None when it holds every parameter, or there is none."""
-    if theseus_checkpoint(Path(path)) is None:
-        return None
-    checkpoints = Checkpointer.at(path)
-    step = checkpoints.chosen_step
-    record = checkpoints.base_record(step) if step in checkpoints.steps() else None
-    checkpoints.close()
-    return record
+    """The base record of the checkpoint ``path`` points at (as ``Checkpointer.at``: its step,
+    else the newest); None when it holds every parameter, or there is none. Read from its file:
+    no JAX work, so it may run before a run sets its devices."""
+    path = Path(path).expanduser()
+    if path.name.isdigit() and path.is_dir():
+        return _base_record(path)
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    steps = [int(child.name) for child in folder.iterdir() if child.name.isdigit()] if folder.is_dir() else []
+    return _base_record(folder / str(max(steps))) if steps else None
 
 
 def require_base(directory: Path) -> None:
