@@ -37,7 +37,7 @@ from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
 from theseus.tasks.task import LossTask, task_class
 from theseus.training import init_from
 from theseus.training.batches import batch_share
-from theseus.training.checkpoint import Checkpointer, require_base
+from theseus.training.checkpoint import read_params, require_base, step_dir
 from theseus.training.compiled import Compiled, Steps, compile_steps
 from theseus.training.frozen_base import FrozenBase, frozen_part
 from theseus.training.logger import LoggerConfig, scrub, secrets
@@ -168,13 +168,7 @@ def _frozen_base(settings: Settings, model) -> FrozenBase | None:
     folder = hf_folder(given)
     if folder is not None:
         return FrozenBase(folder.resolve(), lambda hf, layout: load_params(hf, arch_of(model), layout))
-    checkpoints = Checkpointer.at(Path(given).expanduser().resolve())
-    return FrozenBase(checkpoints.directory / str(checkpoints.chosen_step), _base_of_run)
-
-
-def _base_of_run(step_dir: Path, layout) -> dict:
-    """The frozen params of ``layout`` from the theseus checkpoint ``step_dir`` (its adapters aside)."""
-    return Checkpointer.at(step_dir).restore_params(frozen_part(layout), int(step_dir.name))
+    return FrozenBase(step_dir(Path(given).resolve()), lambda step, layout: read_params(step, frozen_part(layout)))
 
 
 def _from_folder(compiled: Compiled, say, folder: Path, arch) -> tuple[TrainState, dict | None]:

@@ -142,17 +142,6 @@ class Checkpointer:
         """The step a user pointed at (``requested_step``), else the newest; None: none saved."""
         return self.requested_step if self.requested_step is not None else max(self.steps(), default=None)
 
-    def restore_params(self, layout: Any, step: int) -> Any:
-        """The params ``layout`` names (ShapeDtypeStructs with shardings; a subset of those saved
-        at ``step``: a LoRA run's frozen base), read onto their shards; the rest stays on disk."""
-        manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(create=False),
-                                        item_handlers={"state": ocp.PyTreeCheckpointHandler()})
-        places = jax.tree.map(lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding, dtype=leaf.dtype), layout)
-        args = ocp.args.PyTreeRestore({"params": layout}, restore_args={"params": places}, partial_restore=True)
-        params = manager.restore(step, args=ocp.args.Composite(state=args)).state["params"]
-        manager.close()
-        return params
-
     def loader_state(self, step: int) -> dict:
         """The data loader's position saved at ``step``."""
         return dict(self.manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data)
@@ -228,6 +217,31 @@ def run_of(checkpoint: Path) -> Path | None:
     return None
 
 
+def read_params(step_dir: Path, layout: Any) -> Any:
+    """The params ``layout`` names (ShapeDtypeStructs with shardings; a subset of those saved in
+    the checkpoint ``step_dir``: a LoRA run's frozen base), read onto their shards; the rest of
+    the checkpoint stays on disk."""
+    manager = ocp.CheckpointManager(step_dir.parent, options=ocp.CheckpointManagerOptions(create=False),
+                                    item_handlers={"state": ocp.PyTreeCheckpointHandler()})
+    places = jax.tree.map(lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding, dtype=leaf.dtype), layout)
+    args = ocp.args.PyTreeRestore({"params": layout}, restore_args={"params": places}, partial_restore=True)
+    params = manager.restore(int(step_dir.name), args=ocp.args.Composite(state=args)).state["params"]
+    manager.close()
+    return params
+
+
+def step_dir(path: Path) -> Path | None:
+    """The step folder a checkpoint path points at (as ``Checkpointer.at``: a step's folder, else
+    the newest step of a run directory or its checkpoints/); None when there is none. Found by
+    listing folders: no JAX work, so it may run before a run sets its devices."""
+    path = Path(path).expanduser()
+    if path.name.isdigit() and path.is_dir():
+        return path
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    steps = [int(child.name) for child in folder.iterdir() if child.name.isdigit()] if folder.is_dir() else []
+    return folder / str(max(steps)) if steps else None
+
+
 BASE_RECORD = Path("base") / "metadata"  # the file Orbax's JSON handler writes the ``base`` item to
 
 
@@ -237,15 +251,10 @@ def _base_record(step_dir: Path) -> dict | None:
 
 
 def saved_base(path: Path) -> dict | None:
-    """The base record of the checkpoint ``path`` points at (as ``Checkpointer.at``: its step,
-    else the newest); None when it holds every parameter, or there is none. Read from its file:
-    no JAX work, so it may run before a run sets its devices."""
-    path = Path(path).expanduser()
-    if path.name.isdigit() and path.is_dir():
-        return _base_record(path)
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    steps = [int(child.name) for child in folder.iterdir() if child.name.isdigit()] if folder.is_dir() else []
-    return _base_record(folder / str(max(steps))) if steps else None
+    """The base record of the checkpoint ``path`` points at (``step_dir``); None when it holds
+    every parameter, or there is none. Read from its file: no JAX work."""
+    found = step_dir(path)
+    return _base_record(found) if found else None
 
 
 def require_base(directory: Path) -> None:

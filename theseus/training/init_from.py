@@ -16,8 +16,8 @@ from optax import ScaleByScheduleState
 
 from theseus.config import ConfigError
 from theseus.config.registry import chosen, read_saved
-from theseus.training.checkpoint import Checkpointer, path_shapes, run_of, theseus_checkpoint
 from theseus.model.lora import is_adapter
+from theseus.training.checkpoint import Checkpointer, path_shapes, read_params, run_of, theseus_checkpoint
 from theseus.training.compiled import Compiled
 from theseus.training.frozen_base import with_part
 from theseus.training.settings import Settings
@@ -87,7 +87,7 @@ def _with_fresh_adapters(compiled: Compiled, say: Say, checkpoints: Checkpointer
     held = traverse_util.unflatten_dict({path: leaf for path, leaf in layout.items() if path in saved}, sep="/")
     say(f"starting from the weights of {checkpoints.directory / str(step)} (LoRA's adapters fresh)")
     state = compiled.init()
-    state = state.replace(params=with_part(state.params, checkpoints.restore_params(held, step)))
+    state = state.replace(params=with_part(state.params, read_params(checkpoints.directory / str(step), held)))
     return state, checkpoints.loader_state(step) if init_data else None
 
 
