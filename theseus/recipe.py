@@ -37,9 +37,9 @@ from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
 from theseus.tasks.task import LossTask, task_class
 from theseus.training import init_from
 from theseus.training.batches import batch_share
-from theseus.training.checkpoint import require_base
+from theseus.training.checkpoint import read_params, require_base, step_dir
 from theseus.training.compiled import Compiled, Steps, compile_steps
-from theseus.training.frozen_base import FrozenBase
+from theseus.training.frozen_base import FrozenBase, frozen_part
 from theseus.training.logger import LoggerConfig, scrub, secrets
 from theseus.training.parts import Run, prefetch
 from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
@@ -159,13 +159,16 @@ def _start(settings: Settings, model):
 
 
 def _frozen_base(settings: Settings, model) -> FrozenBase | None:
-    """A LoRA run's base when ``trainer.init_from`` is a Hugging Face folder: its checkpoints then
-    hold the adapters alone (a random base, or a theseus run's weights, is saved whole)."""
-    folder = hf_folder(settings.trainer.init_from)
-    if folder is None or not settings_of(model).rank:
+    """A LoRA run's base when ``trainer.init_from`` gives one (a Hugging Face folder, or a theseus
+    checkpoint: the step it names, else its newest): its checkpoints then hold the adapters alone
+    (a random base is saved whole)."""
+    given = settings.trainer.init_from
+    if given is None or not settings_of(model).rank:
         return None
-    folder = folder.resolve()
-    return FrozenBase(folder, functools.partial(load_params, folder, arch_of(model)))
+    folder = hf_folder(given)
+    if folder is not None:
+        return FrozenBase(folder.resolve(), lambda hf, layout: load_params(hf, arch_of(model), layout))
+    return FrozenBase(step_dir(Path(given).resolve()), lambda step, layout: read_params(step, frozen_part(layout)))
 
 
 def _from_folder(compiled: Compiled, say, folder: Path, arch) -> tuple[TrainState, dict | None]:

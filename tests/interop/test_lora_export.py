@@ -21,7 +21,7 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.export import export_adapter
 from theseus.interop.expressible import check_expressible
 from theseus.interop.hf_config import arch_of, read_config
-from theseus.interop.hf_weights import to_hf
+from theseus.interop.hf_weights import save, to_hf
 from theseus.interop.loading import load_params
 from theseus.interop.peft_adapter import adapter_config, adapter_tensors, save_adapter
 from theseus.model.lora import LoRA, merged, settings_of, without_adapters
@@ -175,3 +175,29 @@ def test_a_lora_fine_tune_exports_merged_and_as_a_peft_adapter(llama_folder, tmp
     check_peft_holds_the_file(adapted, adapter_out)
     tokens = np.random.default_rng(0).integers(0, 333, size=(2, 32))
     np.testing.assert_allclose(peft_logits(adapted, tokens), hf_logits(merged_out, tokens), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_expert_adapters_merge_into_the_hugging_face_experts(kind, request, tmp_path):
+    """LoRA on a mixture's experts (and its shared expert, Qwen2-MoE's): the merged export is the
+    adapted model in transformers (1e-4); peft's format is refused in one line, nothing written."""
+    folder = request.getfixturevalue(f"{kind}_folder")
+    model, params = lora_model(folder, ["q", "gate", "up", "down"])
+    tokens = np.random.default_rng(0).integers(0, read_config(folder)["vocab_size"], size=(2, 16))
+    ours = np.asarray(model.apply({"params": params}, jnp.asarray(tokens)))
+    plain = without_adapters(model)
+    tensors = to_hf(kind, arch_of(plain), traverse_util.flatten_dict(merged(params, settings_of(model).scale),
+                                                                     sep="/"), read_config(folder)["vocab_size"])
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "config.json").write_text((folder / "config.json").read_text())
+    save(tensors, out)
+    assert np.abs(ours - hf_logits(folder, tokens)).max() > 1e-2  # the adapters change the model ...
+    np.testing.assert_allclose(hf_logits(out, tokens), ours, atol=1e-4, rtol=0)  # ... as the merged export computes
+    with pytest.raises(ConfigError) as error:
+        export_adapter(model, params, settings_of(model), str(folder), tmp_path / "adapter")
+    layer = "h_0" if kind == "mixtral" else "h_1"  # Qwen2-MoE's first layer is dense
+    assert str(error.value) == (f"--adapter: adapter {layer}/mlp/lora_expert_down adapts a mixture's experts, which "
+                                f"peft's LoRA format does not hold as theseus trains them (one A and B per expert and "
+                                f"projection): export it merged (without --adapter)")
+    assert not (tmp_path / "adapter").exists()

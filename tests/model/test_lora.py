@@ -140,9 +140,6 @@ def test_muon_and_adafactor_train_the_adapters_alone():
                                    "v, o, gate, up, down (e.g. architecture.lora.targets=[q,v])")),
     (GPT2_STYLE, GPT, ["gate"], ("architecture.lora.targets has 'gate', but this model's layers have no such "
                                  "projection (they have up, down): drop it from architecture.lora.targets")),
-    ({**LLAMA_STYLE, "moe": {"n_experts": 4}}, MoEGPT, ["q", "up"],
-     ("architecture.lora.targets has 'up', but LoRA does not adapt the experts of a mixture of experts (it adapts "
-      "attention and dense MLPs): drop it from architecture.lora.targets")),
 ])
 def test_a_target_the_model_lacks_is_refused(style, cls, targets, message):
     with pytest.raises(ConfigError) as error:
@@ -151,14 +148,35 @@ def test_a_target_the_model_lacks_is_refused(style, cls, targets, message):
 
 
 @pytest.mark.slow
-def test_attention_adapters_on_a_mixture_of_experts():
-    model = build({**LLAMA_STYLE, "moe": {"n_experts": 4}}, MoEGPT, rank=4, targets=["q", "o"])
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_adapters_on_a_mixture_of_experts_and_its_experts(scan):
+    """Attention and each expert's gate, up and down (one A and B per expert, sharded on the
+    experts' axis), with a shared expert adapted as a dense MLP: the adapted model computes the
+    plain model with the merged weights."""
+    moe = {"n_experts": 4, "top_k": 2, "shared_d_ff": 16}
+    model = build({**LLAMA_STYLE, "moe": moe, "scan_layers": scan}, MoEGPT, rank=4,
+                  targets=["q", "o", "gate", "up", "down"])
     params = params_of(model, randomise=True)
+    layer = "h/mlp" if scan else "h_0/mlp"
+    shapes = {path.removeprefix(layer + "/"): leaf.shape for path, leaf in flat(params).items()
+              if path.startswith(layer) and "lora_" in path}
+    lead = (1,) if scan else ()
+    assert shapes == {f"lora_expert_{t}/{ab}": (*lead, 4, *dims) for t, (a, b) in
+                      {"gate": ((32, 4), (4, 48)), "up": ((32, 4), (4, 48)), "down": ((48, 4), (4, 32))}.items()
+                      for ab, dims in (("a", a), ("b", b))} | {
+        f"shared/lora_{t}/{ab}": (*lead, *dims) for t, (a, b) in
+        {"gate": ((32, 4), (4, 16)), "up": ((32, 4), (4, 16)), "down": ((16, 4), (4, 32))}.items()
+        for ab, dims in (("a", a), ("b", b))}
+    if not scan:
+        boxed = jax.eval_shape(model.init, jax.random.key(0), TOKENS)["params"]
+        assert flat(model.plan().specs(boxed))["h_0/mlp/lora_expert_up/a"] == PartitionSpec("expert", "fsdp", None)
     plain = without_adapters(model)
-    np.testing.assert_allclose(*logits(model, params), *logits(plain, merged(params, settings_of(model).scale)),
-                               atol=1e-5, rtol=0)
+    adapted, = logits(model, params)
+    assert np.abs(adapted - logits(model, params_of(model))[0]).max() > 1e-2  # the experts' adapters count
+    np.testing.assert_allclose(adapted, *logits(plain, merged(params, settings_of(model).scale)), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_a_lora_step_differentiates_the_adapters_alone():
     """The train step as the trainer compiles it: ``grad_norm`` is the norm of the adapters'
     gradients (``jax.grad`` of the loss with respect to them alone, the base held fixed), the

@@ -26,7 +26,7 @@ from safetensors.numpy import save_file
 
 from theseus.config import ConfigError
 from theseus.interop.hf_weights import GPT2_PREFIX
-from theseus.model.lora import FUSED, PREFIX, LoRA, is_adapter
+from theseus.model.lora import EXPERT, FUSED, PREFIX, LoRA, is_adapter
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
@@ -47,10 +47,14 @@ def adapter_tensors(model_type: str, params: Mapping) -> dict[str, np.ndarray]:
     out = {}
     for path in sorted({p.rsplit("/", 1)[0] for p in flat}):
         match = _ADAPTER.fullmatch(path)
-        if match is None or match[3] not in modules:
+        if match is None or (match[3] not in modules and not match[3].startswith(EXPERT)):
             raise ConfigError(f"adapter {path} has no place in a Hugging Face {model_type} model: export it merged "
                               f"(without --adapter)")
         layer, name = int(match[1]), match[3]
+        if name.startswith(EXPERT):
+            raise ConfigError(f"--adapter: adapter {path} adapts a mixture's experts, which peft's LoRA format does "
+                              f"not hold as theseus trains them (one A and B per expert and projection): export it "
+                              f"merged (without --adapter)")
         a = flat[f"{path}/a"]
         rank = a.shape[-1]
         bs = [flat[f"{path}/b_{t}"] for t in FUSED] if name == "".join(FUSED) else [flat[f"{path}/b"]]

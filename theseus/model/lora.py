@@ -11,12 +11,15 @@ Targets (``architecture.lora.targets``): ``q``, ``k``, ``v``, ``o`` (attention),
 ``up``, ``down`` (the MLP's ``w_in`` gate and value/up rows, ``w_out``). GPT-2-style models
 (learned positions) adapt q, k and v as one: any of them in targets gives one adapter
 ``lora_qkv`` with one ``A`` and a ``B`` per projection, GPT-2's fused ``c_attn`` (peft's
-``target_modules=["c_attn"]``). Llama-style models adapt each projection on its own.
+``target_modules=["c_attn"]``). Llama-style models adapt each projection on its own. A mixture
+of experts adapts each expert's gate, up and down (``lora_expert_<target>``: one A and B per
+expert, stacked on the experts' axis like the experts' weights).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import string
 import zlib
@@ -39,6 +42,8 @@ PREFIX = "lora_"  # an adapter's module name: lora_q, lora_qkv, lora_down...
 # where each target's update lands: (weight, index into its leading n_in axis or None)
 WEIGHTS = {"q": ("wq", None), "k": ("wk", None), "v": ("wv", None), "o": ("wo", None),
            "gate": ("w_in", 0), "up": ("w_in", -1), "down": ("w_out", None)}
+EXPERT = "expert_"  # an expert adapter's name after PREFIX: lora_expert_up adapts every expert's up
+WEIGHTS |= {EXPERT + target: weight for target, weight in WEIGHTS.items() if target in ("gate", "up", "down")}
 
 Projection = tuple[tuple[int, ...], tuple, tuple[int, ...], tuple]  # (in shape, in axes, out shape, out axes)
 
@@ -79,7 +84,9 @@ def init_a(key: jax.Array, shape: Sequence[int], dtype: Any = jnp.float32, lead:
 
 class Adapter(Module):
     """One adapter: ``x: [batch, seq, *in] -> (scale dropout(x) A B_i: [batch, seq, *out_i], ...)``,
-    one output per projection it serves (``names``: one, or q, k and v of a fused c_attn).
+    one output per projection it serves (``names``: one, or q, k and v of a fused c_attn). With
+    ``lead`` axes (a mixture's experts), one adapter per entry: ``x: [*lead, ..., *in]``,
+    ``A: [*lead, *in, rank]``, ``B: [*lead, rank, *out]``.
 
     Not configured from keys: its layer gives the shapes, axes and ``LoRA`` settings.
     """
@@ -90,30 +97,43 @@ class Adapter(Module):
     in_shape: tuple[int, ...] = ()
     in_axes: tuple = ()
     outs: tuple = ()  # ((target, out shape, out axes), ...)
+    lead_shape: tuple[int, ...] = ()  # stacked adapters (experts), the weights' leading axes
+    lead_axes: tuple = ()
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _, _ in self.outs)
 
     def setup(self):
-        self.a = param(self, "a", init_a, (*self.in_axes, None), (*self.in_shape, self.rank))
+        lead, axes_ = self.lead_shape, self.lead_axes
+        self.a = param(self, "a", functools.partial(init_a, lead=len(lead)), (*axes_, *self.in_axes, None),
+                       (*lead, *self.in_shape, self.rank))
         single = len(self.outs) == 1
-        self.b = tuple(param(self, "b" if single else f"b_{name}", nn.initializers.zeros, (None, *axes),
-                             (self.rank, *shape)) for name, shape, axes in self.outs)
+        self.b = tuple(param(self, "b" if single else f"b_{name}", nn.initializers.zeros, (*axes_, None, *axes),
+                             (*lead, self.rank, *shape)) for name, shape, axes in self.outs)
         self.drop = nn.Dropout(self.rate)
 
     def __call__(self, x: jax.Array, deterministic: bool = True) -> tuple[jax.Array, ...]:
         dtype = self._activation_dtype
         x = self.drop(x, deterministic=deterministic).astype(dtype)
+        if self.lead_shape:  # per expert: its rows [*lead, ...] through its own A and B
+            n, n_in = len(self.lead_shape), len(self.in_shape)
+            lead = tuple(range(n))
+            h = jax.lax.dot_general(x, self.a.astype(dtype), ((tuple(range(x.ndim - n_in, x.ndim)),
+                                                                tuple(range(n, n + n_in))), (lead, lead)))
+            h = h * jnp.asarray(self.scale, dtype)
+            return tuple(jax.lax.dot_general(h, b.astype(dtype), (((h.ndim - 1,), (n,)), (lead, lead)))
+                         for b in self.b)
         h = jnp.tensordot(x, self.a.astype(dtype), len(self.in_shape)) * jnp.asarray(self.scale, dtype)
         return tuple(jnp.tensordot(h, b.astype(dtype), 1) for b in self.b)  # [batch, seq, rank] x [rank, *out]
 
 
 def adapters(projections: Mapping[str, Projection], family: Sequence[str], fuse: bool = False,
-             why: str | None = None) -> dict[str, Adapter]:
+             why: str | None = None, lead: tuple[tuple[int, ...], tuple] = ((), ())) -> dict[str, Adapter]:
     """A layer's adapters (built in its ``setup``, under its configuration): ``projections``,
     target -> its shapes and axes; ``family``, the targets such a layer serves (one it lacks is
-    refused, saying ``why``); ``fuse``: q, k and v share one adapter (GPT-2's c_attn)."""
+    refused, saying ``why``); ``fuse``: q, k and v share one adapter (GPT-2's c_attn); ``lead``:
+    the shape and axes of stacked adapters (a mixture's experts)."""
     settings = configure(LoRA)
     if not settings.rank:
         return {}
@@ -130,7 +150,7 @@ def adapters(projections: Mapping[str, Projection], family: Sequence[str], fuse:
         served = FUSED if target == "".join(FUSED) else (target,)
         in_shape, in_axes = projections[served[0]][:2]
         out[target] = configure(Adapter, rank=settings.rank, scale=settings.scale, rate=settings.dropout,
-                                in_shape=in_shape, in_axes=in_axes,
+                                in_shape=in_shape, in_axes=in_axes, lead_shape=lead[0], lead_axes=lead[1],
                                 outs=tuple((t, *projections[t][2:]) for t in served))
     return out
 
@@ -191,7 +211,9 @@ def merged(params: Mapping, scale: float) -> dict:
             b = flat[f"{path}/b" if len(served) == 1 else f"{path}/b_{target}"]
             weight, index = WEIGHTS[target]
             w = out[f"{layer}/{weight}"].copy()
-            slot = (Ellipsis,) if index is None else (Ellipsis, index, slice(None), slice(None))
+            # w_in: [(layers,) n_in, *a's axes but the rank (experts, in), out]: index n_in
+            after = [slice(None)] * (a.ndim - int(path.startswith("h/")))
+            slot = (Ellipsis,) if index is None else (Ellipsis, index, *after)
             w[slot] = (w[slot].astype(np.float32) + scale * _product(a, b, w[slot].ndim)).astype(w.dtype)
             out[f"{layer}/{weight}"] = w
     return traverse_util.unflatten_dict(out, sep="/")
@@ -213,4 +235,5 @@ def initial(path: str, shape: Sequence[int], dtype: Any, seed: int = 0) -> np.nd
     if path.rsplit("/", 1)[-1] != "a":
         return np.zeros(shape, dtype)
     key = jax.random.fold_in(jax.random.key(seed), zlib.crc32(path.encode()))
-    return np.asarray(init_a(key, shape, jnp.float32, lead=int(path.startswith("h/")))).astype(dtype)
+    lead = int(path.startswith("h/")) + int(f"/{PREFIX}{EXPERT}" in path)  # stacked layers, experts
+    return np.asarray(init_a(key, shape, jnp.float32, lead=lead)).astype(dtype)

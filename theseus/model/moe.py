@@ -53,7 +53,7 @@ from theseus.base.axis import (
 )
 from theseus.config import NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, Range, configure, field
 from theseus.model.layers import MLP, Block, dense, param
-from theseus.model.lora import adapters
+from theseus.model.lora import adapt, adapters
 from theseus.model.module import AUXILIARY, PENALTY, Module, Rule
 
 ROUTE_BIAS = "b_route"  # the name of bias-balanced routing's per-expert bias (a bias: never weight-decayed)
@@ -135,10 +135,11 @@ class MoE(Module):
         return min(seq, math.ceil(self.capacity_factor * seq * self.top_k / self.n_experts))
 
     def setup(self):
-        adapters({}, ("gate", "up", "down"), why="LoRA does not adapt the experts of a mixture of experts (it adapts "
-                                                 "attention and dense MLPs)")
         init = nn.initializers.normal(self.init_std)
         e, d, f = self.n_experts, self.d_model, self.hidden
+        into, out_of = ((d,), (EMBED,), (f,), (MLP_HIDDEN,)), ((f,), (MLP_HIDDEN,), (d,), (EMBED,))  # LoRA's
+        self.lora_expert = adapters({**({"gate": into} if self.n_in == 2 else {}), "up": into, "down": out_of},
+                                    ("gate", "up", "down"), lead=((e,), (EXPERT_AXIS,)))  # each expert's own
         self.router = param(self, "router", init, (EMBED, None), (d, e))
         self.w_in = param(self, "w_in", init, (None, EXPERT_AXIS, EMBED, MLP_HIDDEN), (self.n_in, e, d, f))
         self.w_out = param(self, "w_out", init, (EXPERT_AXIS, MLP_HIDDEN, EMBED), (e, f, d))
@@ -177,7 +178,8 @@ class MoE(Module):
         dispatched = jnp.take_along_axis(padded, slot_token[..., None], axis=1)
         dispatched = nn.with_logical_constraint(dispatched, (BATCH, None, None)).reshape(batch, e, c, -1)
         # no embed axis named here: its rule (fsdp, for weights) must not take the batch's mesh axes
-        out = self._experts(nn.with_logical_constraint(dispatched, (EXPERT_BATCH, EXPERT_AXIS, None, None)))
+        out = self._experts(nn.with_logical_constraint(dispatched, (EXPERT_BATCH, EXPERT_AXIS, None, None)),
+                            deterministic)
         out = nn.with_logical_constraint(out, (BATCH, None, None, EMBED)).reshape(batch, e * c, -1)
 
         out = jnp.concatenate([out, jnp.zeros((batch, 1, out.shape[-1]), dtype)], axis=1)
@@ -193,16 +195,19 @@ class MoE(Module):
         y = nn.with_logical_constraint(y, (BATCH, None, EMBED))
         return self.drop(y, deterministic=deterministic)
 
-    def _experts(self, x: jax.Array) -> jax.Array:
+    def _experts(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
         """Each expert's MLP on its slots: ``x: [batch, expert, capacity, d_model]`` -> the same shape.
         Computed expert-major (``[expert, batch, capacity, ...]``: each expert's rows contiguous, one
         matrix product per expert), which a CPU runs faster than with the batch outermost."""
         dtype = self._activation_dtype
         x = x.transpose(1, 0, 2, 3)
         h = [dense("ebcd,edf->ebcf", x, self.w_in[i], None, dtype) for i in range(self.n_in)]
+        h = list(adapt(self.lora_expert, x, dict(zip(("gate", "up")[2 - self.n_in:], h, strict=True)), deterministic))
         h = jax.nn.silu(h[0]) * h[1] if self.activation == "swiglu" else jax.nn.gelu(h[0], approximate=True)
         h = nn.with_logical_constraint(h, (EXPERT_AXIS, EXPERT_BATCH, None, MLP_HIDDEN))
-        out = dense("ebcf,efd->ebcd", h, self.w_out, None, dtype).transpose(1, 0, 2, 3)
+        out = dense("ebcf,efd->ebcd", h, self.w_out, None, dtype)
+        (out,) = adapt(self.lora_expert, h, {"down": out}, deterministic)
+        out = out.transpose(1, 0, 2, 3)
         return nn.with_logical_constraint(out, (EXPERT_BATCH, EXPERT_AXIS, None, None))
 
     def _check_bias_is_updated(self) -> None:

@@ -13,6 +13,7 @@ checked against the fingerprint, and lays the adapters over it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -117,16 +118,15 @@ class Checkpointer:
                 continue
             state = restored.state
             if record is not None:  # the adapters over their base
-                state = state.replace(params=with_part(self.base.load(abstract_state.params), state.params))
+                base = self.base.load(Path(record["folder"]), abstract_state.params)
+                state = state.replace(params=with_part(base, state.params))
             return state, dict(restored.data), dict(restored.config), candidate
         return None
 
     def base_record(self, step: int) -> dict | None:
         """The record of the frozen base checkpoint ``step`` was saved without (None: it holds
         every parameter)."""
-        if "base" not in self.manager.item_metadata(step):
-            return None
-        return dict(self.manager.restore(step, args=ocp.args.Composite(base=ocp.args.JsonRestore())).base)
+        return _base_record(self.directory / str(step))
 
     def _check_base(self, record: dict, step: int) -> None:
         """ConfigError unless this run knows the base of checkpoint ``step`` and it is unchanged."""
@@ -136,6 +136,15 @@ class Checkpointer:
                               f"read it through its own run (python -m theseus.sample, evaluate or export "
                               f"{run_of(where) or where}), or export it merged and start from that folder")
         self.base.check(record, where)
+
+    @property
+    def chosen_step(self) -> int | None:
+        """The step a user pointed at (``requested_step``), else the newest; None: none saved."""
+        return self.requested_step if self.requested_step is not None else max(self.steps(), default=None)
+
+    def loader_state(self, step: int) -> dict:
+        """The data loader's position saved at ``step``."""
+        return dict(self.manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data)
 
     def saved_layout(self, step: int | None = None) -> Any:
         """The metadata tree (shape, dtype per array) of the train state saved at ``step``
@@ -208,17 +217,44 @@ def run_of(checkpoint: Path) -> Path | None:
     return None
 
 
+def read_params(step_dir: Path, layout: Any) -> Any:
+    """The params ``layout`` names (ShapeDtypeStructs with shardings; a subset of those saved in
+    the checkpoint ``step_dir``: a LoRA run's frozen base), read onto their shards; the rest of
+    the checkpoint stays on disk."""
+    manager = ocp.CheckpointManager(step_dir.parent, options=ocp.CheckpointManagerOptions(create=False),
+                                    item_handlers={"state": ocp.PyTreeCheckpointHandler()})
+    places = jax.tree.map(lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding, dtype=leaf.dtype), layout)
+    args = ocp.args.PyTreeRestore({"params": layout}, restore_args={"params": places}, partial_restore=True)
+    params = manager.restore(int(step_dir.name), args=ocp.args.Composite(state=args)).state["params"]
+    manager.close()
+    return params
+
+
+def step_dir(path: Path) -> Path | None:
+    """The step folder a checkpoint path points at (as ``Checkpointer.at``: a step's folder, else
+    the newest step of a run directory or its checkpoints/); None when there is none. Found by
+    listing folders: no JAX work, so it may run before a run sets its devices."""
+    path = Path(path).expanduser()
+    if path.name.isdigit() and path.is_dir():
+        return path
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    steps = [int(child.name) for child in folder.iterdir() if child.name.isdigit()] if folder.is_dir() else []
+    return folder / str(max(steps)) if steps else None
+
+
+BASE_RECORD = Path("base") / "metadata"  # the file Orbax's JSON handler writes the ``base`` item to
+
+
+def _base_record(step_dir: Path) -> dict | None:
+    file = step_dir / BASE_RECORD
+    return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
+
+
 def saved_base(path: Path) -> dict | None:
-    """The base record of the checkpoint ``path`` points at (``Checkpointer.at``: its step, else
-    the newest); None when it holds every parameter, or there is none."""
-    if theseus_checkpoint(Path(path)) is None:
-        return None
-    checkpoints = Checkpointer.at(path)
-    steps = checkpoints.steps()
-    step = checkpoints.requested_step if checkpoints.requested_step is not None else max(steps, default=None)
-    record = checkpoints.base_record(step) if step in steps else None
-    checkpoints.close()
-    return record
+    """The base record of the checkpoint ``path`` points at (``step_dir``); None when it holds
+    every parameter, or there is none. Read from its file: no JAX work."""
+    found = step_dir(path)
+    return _base_record(found) if found else None
 
 
 def require_base(directory: Path) -> None:

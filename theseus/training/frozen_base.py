@@ -2,7 +2,7 @@
 name instead of holding. Such a checkpoint holds the trainable params (the adapters), their
 optimizer state and a record of the base: its folder and a fingerprint of its weights.
 
-    base = FrozenBase(folder, load)   # load(params layout) -> the base's params, fresh adapters, on their shards
+    base = FrozenBase(folder, load)   # load(folder, params layout) -> the base's params on their shards
     base.record                       # {"folder": ..., "fingerprint": ...}: saved with each checkpoint
     base.check(saved, checkpoint)     # ConfigError when the weights there are not the ones the adapters trained on
     params = with_part(base.load(layout), saved_params)
@@ -16,7 +16,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from flax import traverse_util
 
@@ -27,23 +27,31 @@ SAMPLE = 4096  # bytes read at each end of each tensor
 
 
 def fingerprint(folder: Path) -> str:
-    """A digest of the safetensors weights in ``folder``, cheap at any size: each file's name,
-    size and header (every tensor's name, dtype, shape and place), and the first and last 4 KiB
-    of every tensor's data. A copy of the folder matches; other weights (another model, these
-    retrained, a tensor rewritten) do not."""
+    """A digest of the weights in ``folder``, cheap at any size: of a Hugging Face folder, each
+    safetensors file's name, size and header (every tensor's name, dtype, shape and place), and
+    the first and last 4 KiB of every tensor's data; of a theseus checkpoint, each file's path,
+    size and first and last 4 KiB (Orbax names its data files by their content). A copy of the
+    folder matches; other weights (another model, these retrained, a tensor rewritten) do not."""
     digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.safetensors")):
+    tensors = sorted(folder.glob("*.safetensors"))
+    for path in tensors or sorted(path for path in folder.rglob("*") if path.is_file()):
+        size = path.stat().st_size
+        digest.update(f"{path.relative_to(folder)}:{size}\n".encode())
         with path.open("rb") as file:
-            head = file.read(8)
-            header = file.read(int.from_bytes(head, "little"))
-            digest.update(f"{path.name}:{path.stat().st_size}\n".encode() + header)
-            spans = [entry["data_offsets"] for name, entry in json.loads(header or b"{}").items()
-                     if name != "__metadata__"]
-            for begin, end in sorted(spans):
+            for begin, end in _tensor_spans(file, digest.update) if tensors else [(0, size)]:
                 for offset in sorted({begin, max(end - SAMPLE, begin)}):
-                    file.seek(8 + len(header) + offset)
+                    file.seek(offset)
                     digest.update(file.read(min(SAMPLE, end - offset)))
     return digest.hexdigest()
+
+
+def _tensor_spans(file: BinaryIO, update: Callable[[bytes], None]) -> list[tuple[int, int]]:
+    """Each tensor's ``(begin, end)`` in a safetensors file, its header given whole to ``update``."""
+    size = int.from_bytes(file.read(8), "little")
+    header = file.read(size)
+    update(header)
+    return sorted((8 + size + entry["data_offsets"][0], 8 + size + entry["data_offsets"][1])
+                  for name, entry in json.loads(header or b"{}").items() if name != "__metadata__")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,21 +59,23 @@ class FrozenBase:
     """Where a LoRA run's base comes from (``folder``) and how to load it onto a params layout."""
 
     folder: Path
-    load: Callable[[Any], Any]  # params layout (ShapeDtypeStructs with shardings) -> params, adapters fresh
+    load: Callable[[Path, Any], Any]  # (folder, params layout: ShapeDtypeStructs with shardings) -> its params
 
     @functools.cached_property
     def record(self) -> dict[str, str]:
         return {"folder": str(self.folder), "fingerprint": fingerprint(self.folder)}
 
     def check(self, saved: Mapping[str, str], checkpoint: Path) -> None:
-        """ConfigError unless ``folder`` holds the weights the checkpoint's adapters trained on."""
-        if not self.folder.is_dir():
-            raise ConfigError(f"checkpoint {checkpoint} holds LoRA adapters without their base, {self.folder}, "
-                              f"which is not there: put the base folder back at {self.folder}")
-        if fingerprint(self.folder) != saved["fingerprint"]:
-            raise ConfigError(f"checkpoint {checkpoint} holds LoRA adapters trained on the base {saved['folder']}, "
-                              f"but the weights in {self.folder} are not that base's: put back the weights the run "
-                              f"started from (or start a new run from these, in a new hydra.run.dir)")
+        """ConfigError unless the folder ``saved`` (a checkpoint's record) names holds the weights
+        the checkpoint's adapters trained on."""
+        folder = Path(saved["folder"])
+        if not folder.is_dir():
+            raise ConfigError(f"checkpoint {checkpoint} holds LoRA adapters without their base, {folder}, "
+                              f"which is not there: put the base folder back at {folder}")
+        if fingerprint(folder) != saved["fingerprint"]:
+            raise ConfigError(f"checkpoint {checkpoint} holds LoRA adapters trained on the base {folder}, but the "
+                              f"weights in {folder} are not that base's: put back the weights the run started from "
+                              f"(or start a new run from these, in a new hydra.run.dir)")
 
 
 def trainable_part(params: Any) -> dict:
@@ -73,6 +83,13 @@ def trainable_part(params: Any) -> dict:
     mask = traverse_util.flatten_dict(trainable(params))
     return traverse_util.unflatten_dict({path: leaf for path, leaf in traverse_util.flatten_dict(params).items()
                                          if mask[path]})
+
+
+def frozen_part(params: Any) -> dict:
+    """``params`` (nested dicts) without their trainable leaves: what a ``FrozenBase`` holds."""
+    mask = traverse_util.flatten_dict(trainable(params))
+    return traverse_util.unflatten_dict({path: leaf for path, leaf in traverse_util.flatten_dict(params).items()
+                                         if not mask[path]})
 
 
 def with_part(params: Any, part: Any) -> dict:

@@ -8,15 +8,18 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import jax
 import flax.linen as nn
+import jax
+from flax import traverse_util
 from jax.sharding import NamedSharding, PartitionSpec
 from optax import ScaleByScheduleState
 
 from theseus.config import ConfigError
 from theseus.config.registry import chosen, read_saved
-from theseus.training.checkpoint import Checkpointer, path_shapes, run_of, theseus_checkpoint
+from theseus.model.lora import is_adapter
+from theseus.training.checkpoint import Checkpointer, path_shapes, read_params, run_of, theseus_checkpoint
 from theseus.training.compiled import Compiled
+from theseus.training.frozen_base import with_part
 from theseus.training.settings import Settings
 from theseus.training.state import TrainState, param_shapes
 
@@ -55,6 +58,9 @@ def start(compiled: Compiled, say: Say, settings: Settings) -> tuple[TrainState,
     s = settings.trainer
     checkpoints, layout, optimizer = source(s.init_from)
     target = compiled.target
+    saved = path_shapes(layout["params"])
+    if any(path not in saved for path in path_shapes(target.params)):  # LoRA's adapters, which it lacks: fresh
+        return _with_fresh_adapters(compiled, say, checkpoints, saved, s.init_data)
     if optimizer not in (None, settings.optimizer.name):  # another optimizer's state: read, then dropped
         replicated = NamedSharding(compiled.mesh, PartitionSpec())
         target = target.replace(opt_state=jax.tree.map(
@@ -72,18 +78,36 @@ def start(compiled: Compiled, say: Say, settings: Settings) -> tuple[TrainState,
     return state, loader_state if s.init_data else None
 
 
+def _with_fresh_adapters(compiled: Compiled, say: Say, checkpoints: Checkpointer, saved: Mapping[str, Any],
+                         init_data: bool) -> tuple[TrainState, dict | None]:
+    """The state at step 0 of a LoRA run from a checkpoint without (some of) its adapters: the
+    params the checkpoint holds read from it (the rest left on disk), the adapters fresh."""
+    step = checkpoints.chosen_step
+    layout = traverse_util.flatten_dict(compiled.target.params, sep="/")
+    held = traverse_util.unflatten_dict({path: leaf for path, leaf in layout.items() if path in saved}, sep="/")
+    say(f"starting from the weights of {checkpoints.directory / str(step)} (LoRA's adapters fresh)")
+    state = compiled.init()
+    state = state.replace(params=with_part(state.params, read_params(checkpoints.directory / str(step), held)))
+    return state, checkpoints.loader_state(step) if init_data else None
+
+
 def init_from_problem(source: str, saved_optimizer: str | None, optimizer: str, init_optimizer: bool,
                       saved_params: Mapping[str, tuple[int, ...]], params: Mapping[str, tuple[int, ...]]) -> str | None:
     """Why ``trainer.init_from=source`` cannot start this run, in one line (None: it can).
 
     Its optimizer state is taken only from the same optimizer; its weights only where every
-    parameter this run has exists there with the same shape (the first that differs is named).
+    parameter this run has exists there with the same shape (the first that differs is named),
+    LoRA's adapters aside (they may start fresh).
     """
     if init_optimizer and saved_optimizer is not None and saved_optimizer != optimizer:
         return (f"trainer.init_from={source}: its optimizer is {saved_optimizer}, this run's is {optimizer}: drop "
                 f"trainer.init_optimizer or use optimizer={saved_optimizer}")
+    fresh = [name for name in params if name not in saved_params and is_adapter(name)]  # LoRA on a run without
+    if fresh and init_optimizer:
+        return (f"trainer.init_from={source} has no LoRA adapter {fresh[0]}, nor optimizer state for it: drop "
+                f"trainer.init_optimizer")
     for name, shape in params.items():
-        if saved_params.get(name) != shape:
+        if saved_params.get(name) != shape and name not in fresh:
             held = "does not exist there" if name not in saved_params else f"is {saved_params[name]} there"
             return (f"trainer.init_from={source}: parameter {name} is {shape} in this run but {held}: "
                     f"start from a run of the same architecture (or drop the architecture.* overrides)")
