@@ -2,9 +2,9 @@
 
 ``Trainer(run).run(run_dir)`` restores the state (the run directory's checkpoint, else the
 run's start: fresh, or ``trainer.init_from``'s, whose weights are evaluated first: the curve's
-step 0), then takes steps; after each, the hooks
-``log``, ``preempt``, ``evaluate`` and ``checkpoint`` run, each on its own cadence. A new piece
-of cadence is one more hook (a subclass overrides ``hooks``).
+step 0), then takes steps; after each, the hooks ``log``, ``preempt``, ``evaluate`` and
+``checkpoint`` run, each on its own cadence. A new piece of cadence is one more hook (a
+subclass overrides ``hooks``).
 """
 
 from __future__ import annotations
