@@ -120,6 +120,6 @@ def read_chats(folder: Path, given: Tokenizer | None) -> tuple[Tokenizer, list[t
     and the conversations, in row order."""
     kind = json.loads((folder / META).read_text(encoding="utf-8"))["tokenizer"]
     tokenizer = given or load_tokenizer(folder, kind)
-    bounds = np.cumsum(np.load(folder / "lengths.npy"))[:-1]
-    ids, mask = (np.split(np.load(folder / name), bounds) for name in ("ids.npy", "mask.npy"))
+    bounds = np.cumsum(np.load(folder / "lengths.npy", allow_pickle=False))[:-1]
+    ids, mask = (np.split(np.load(folder / name, allow_pickle=False), bounds) for name in ("ids.npy", "mask.npy"))
     return tokenizer, list(zip(ids, mask))
