@@ -130,6 +130,27 @@ def test_evaluate_with_tasks_equals_lm_eval_on_the_export(run, expected):
 
 
 @pytest.mark.slow
+def test_an_output_path_folder_is_laid_out_as_lm_eval_lays_it_out(run):
+    """``--output_path FOLDER`` (no ``.json``): theseus's ``FOLDER/eval-STEP.json``, and lm-eval's
+    files in ``FOLDER/MODEL`` (the model's name as lm-eval sanitizes it), the same numbers."""
+    from lm_eval.utils import sanitize_model_name
+
+    out = run["base"] / "evaluated_folder"
+    proc = run_python("-m", "theseus.evaluate", str(run["run"]), "--tasks", "theseus_mc", "--include",
+                      str(run["tasks"]), "--limit", "4", "--output_path", str(out), cwd=run["base"], env=OFFLINE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((out / f"eval-{STEPS}.json").read_text())
+    folder = out / sanitize_model_name(str(run["run"]))
+    [results] = folder.glob("results_*.json")
+    date = results.name.removeprefix("results_").removesuffix(".json")
+    assert sorted(path.name for path in folder.iterdir()) == [results.name, f"samples_theseus_mc_{date}.jsonl"]
+    assert proc.stdout.splitlines()[-1] == f"lm-eval's results: {results}"
+    theirs = json.loads(results.read_text())["results"]["theseus_mc"]
+    assert theirs["acc,none"] == record["metrics"]["eval/theseus_mc/acc"]
+    assert theirs["sample_len"] == 4
+
+
+@pytest.mark.slow
 def test_an_unknown_task_or_a_missing_include_is_one_line(run):
     proc = run_python("-m", "theseus.evaluate", str(run["run"]), "--tasks", "no_such_task", "--include",
                       str(run["tasks"]), cwd=run["base"], env=OFFLINE)
