@@ -36,6 +36,20 @@ def same(a, b) -> bool:
     return all(x.tolist() == y.tolist() for pair_a, pair_b in zip(a, b) for x, y in zip(pair_a, pair_b))
 
 
+
+def test_rendering_shows_its_progress_and_reading_the_cache_does_not(chats, capfd):
+    """Off a terminal, a line at the first conversation and every 10% after, rendered, then tokenized."""
+    prepare_chats(chats)
+    lines = capfd.readouterr().err.splitlines()
+    where = f"data.path={chats.path}"
+    percents = [5, *range(10, 101, 10)]  # 1 of 20, then each tenth
+    assert [line.rsplit(" (", 1)[0] for line in lines] == [
+        *(f"theseus: sft: rendering the conversations of {where}: {p}%" for p in percents),
+        *(f"theseus: sft: tokenizing them (byte): {p}%" for p in percents)]
+    assert lines[-1].startswith("theseus: sft: tokenizing them (byte): 100% (20/20 conversations, ")
+    prepare_chats(chats)
+    assert capfd.readouterr().err == ""
+
 def test_a_second_start_reads_the_cache(chats, monkeypatch, tmp_path):
     first = prepare_chats(chats)
     [folder] = (tmp_path / "cache").iterdir()

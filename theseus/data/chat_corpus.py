@@ -30,6 +30,7 @@ from theseus.data.chat import ChatTemplate, encode_rendered
 from theseus.data.config import DataConfig
 from theseus.data.conversations import Conversations, render_rows
 from theseus.data.docstring_chats import stdlib_chats
+from theseus.data.progress import progress
 from theseus.data.records import iter_records
 from theseus.data.sources import corpus_files
 from theseus.data.tokenizer import EOT, NAMES, ByteTokenizer, CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
@@ -53,9 +54,17 @@ def prepare_chats(data: DataConfig) -> Conversations:
         tokenizer, encoded = read_chats(folder, given)
         return Conversations.split(encoded, tokenizer, val_fraction=data.val_fraction, seed=data.seed,
                                    packing=data.packing, where=where)
-    rendered = list(render_rows(chat_rows(data, files), template, data.chat_field, where))
+    rows = list(chat_rows(data, files))
+    rendered, encoded = [], []
+    with progress(f"sft: rendering the conversations of {where}", len(rows), "conversations") as advance:
+        for conversation in render_rows(rows, template, data.chat_field, where):
+            rendered.append(conversation)
+            advance(1)
     tokenizer = given or chat_tokenizer(data, [text for text, _ in rendered], template)
-    encoded = [encode_rendered(text, spans, tokenizer, data.train_on) for text, spans in rendered]
+    with progress(f"sft: tokenizing them ({tokenizer.kind})", len(rows), "conversations") as advance:
+        for text, spans in rendered:
+            encoded.append(encode_rendered(text, spans, tokenizer, data.train_on))
+            advance(1)
     conversations = Conversations.split(encoded, tokenizer, val_fraction=data.val_fraction, seed=data.seed,
                                         packing=data.packing, where=where)  # ConfigError before anything is written
     with building(folder) as scratch:

@@ -7,26 +7,29 @@ import time
 from collections.abc import Callable, Iterator
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeRemainingColumn, TransferSpeedColumn)
 
 PLAIN_STEP = 10  # percent between plain lines
 
 
 @contextlib.contextmanager
-def progress(description: str, total_bytes: int) -> Iterator[Callable[..., None]]:
-    """Yield ``advance(n_bytes, n_documents=0)`` for a task over ``total_bytes`` bytes.
+def progress(description: str, total: int, unit: str = "bytes") -> Iterator[Callable[..., None]]:
+    """Yield ``advance(n, n_documents=0)`` for a task over ``total`` bytes (or ``total`` of
+    another ``unit``: ``conversations``).
 
-    On a terminal it drives a rich bar (bytes, speed, documents, time left); elsewhere (CI,
-    logs, pipes) it prints ``theseus: DESCRIPTION: 40% (4.8/12.1 MB, 1,234 documents, 0:00:12
-    left)`` every PLAIN_STEP percent.
+    On a terminal it drives a rich bar (bytes, speed, documents, time left; or ``n/total unit``);
+    elsewhere (CI, logs, pipes) it prints ``theseus: DESCRIPTION: 40% (4.8/12.1 MB, 1,234
+    documents, 0:00:12 left)`` (``40% (400/1,000 conversations, ...)``) every PLAIN_STEP percent.
     """
     console = Console(stderr=True)
+    in_bytes = unit == "bytes"
     if console.is_terminal:
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                   TextColumn("{task.fields[documents]:,} documents"), TimeRemainingColumn())
-        with Progress(*columns, console=console) as bar:
-            task = bar.add_task(description, total=total_bytes, documents=0)
+        columns = ((DownloadColumn(), TransferSpeedColumn(), TextColumn("{task.fields[documents]:,} documents"))
+                   if in_bytes else (MofNCompleteColumn(), TextColumn(unit)))
+        with Progress(TextColumn("{task.description}"), BarColumn(), *columns, TimeRemainingColumn(),
+                      console=console) as bar:
+            task = bar.add_task(description, total=total, documents=0)
             documents = 0
 
             def advance_bar(n: int, n_documents: int = 0) -> None:
@@ -42,12 +45,13 @@ def progress(description: str, total_bytes: int) -> Iterator[Callable[..., None]
         nonlocal done, documents, shown
         done += n
         documents += n_documents
-        percent = 100 * done // max(total_bytes, 1)
+        percent = 100 * done // max(total, 1)
         if percent >= shown + PLAIN_STEP:
             shown = percent - percent % PLAIN_STEP
-            left = (time.monotonic() - start) * (total_bytes - done) / max(done, 1)
-            console.print(f"theseus: {description}: {percent}% ({done / 1e6:.1f}/{total_bytes / 1e6:.1f} MB, "
-                          f"{documents:,} documents, {time.strftime('%H:%M:%S', time.gmtime(left))} left)",
-                          highlight=False, soft_wrap=True)
+            left = time.strftime('%H:%M:%S', time.gmtime((time.monotonic() - start) * (total - done) / max(done, 1)))
+            amount = (f"{done / 1e6:.1f}/{total / 1e6:.1f} MB, {documents:,} documents" if in_bytes
+                      else f"{done:,}/{total:,} {unit}")
+            console.print(f"theseus: {description}: {percent}% ({amount}, {left} left)", highlight=False,
+                          soft_wrap=True)
 
     yield advance
