@@ -65,9 +65,15 @@ def drop_native_lines(noise: Callable[[bytes], bool]) -> None:
     atexit.register(restore)
 
 
+GLOO_WORDS = frozenset(b"[Gloo] Rank R is connected to N peer ranks. Expected number of connected peer ranks is : N".split())
+
+
 def is_gloo_noise(line: bytes) -> bool:
-    """True for gloo's ``[Gloo] Rank R is connected to N peer ranks ...`` line."""
-    return line.startswith(b"[Gloo] Rank ") and b" is connected to " in line
+    """True for gloo's ``[Gloo] Rank R is connected to N peer ranks. Expected number of
+    connected peer ranks is : N`` line, and for such lines of several threads run together
+    (each writes its line in pieces): every word one of theirs."""
+    words = line.split()
+    return b"[Gloo]" in words and all(word in GLOO_WORDS or word.isdigit() for word in words)
 
 
 def is_cuda_driver_noise(line: bytes) -> bool:
