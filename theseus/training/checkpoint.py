@@ -26,7 +26,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from theseus.config import ConfigError
-from theseus.training.frozen_base import FrozenBase, trainable_part, with_part
+from theseus.training.frozen_base import FrozenBase, require_folder, trainable_part, with_part
 
 
 class Checkpointer:
@@ -261,9 +261,8 @@ def require_base(directory: Path) -> None:
     """ConfigError when the newest checkpoint in ``directory`` holds LoRA adapters whose base
     folder is not there: said as such before anything reads the folder (``trainer.init_from``)."""
     record = saved_base(directory)
-    if record is not None and not Path(record["folder"]).is_dir():
-        raise ConfigError(f"{directory} holds LoRA adapters without their base, {record['folder']}, which is not "
-                          f"there: put the base folder back at {record['folder']}")
+    if record is not None:
+        require_folder(Path(record["folder"]), directory)
 
 
 def require_checkpoint(path: Path) -> None:

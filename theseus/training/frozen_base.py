@@ -69,27 +69,34 @@ class FrozenBase:
         """ConfigError unless the folder ``saved`` (a checkpoint's record) names holds the weights
         the checkpoint's adapters trained on."""
         folder = Path(saved["folder"])
-        if not folder.is_dir():
-            raise ConfigError(f"checkpoint {checkpoint} holds LoRA adapters without their base, {folder}, "
-                              f"which is not there: put the base folder back at {folder}")
+        require_folder(folder, checkpoint)
         if fingerprint(folder) != saved["fingerprint"]:
             raise ConfigError(f"checkpoint {checkpoint} holds LoRA adapters trained on the base {folder}, but the "
                               f"weights in {folder} are not that base's: put back the weights the run started from "
                               f"(or start a new run from these, in a new hydra.run.dir)")
 
 
+def require_folder(folder: Path, holder: Path) -> None:
+    """ConfigError when ``folder``, the base that checkpoints in ``holder`` name, is not there."""
+    if not folder.is_dir():
+        raise ConfigError(f"{holder} holds LoRA adapters without their base, {folder}, which is not there: put the "
+                          f"base folder back at {folder}")
+
+
 def trainable_part(params: Any) -> dict:
     """``params`` (nested dicts) with only their trainable leaves (``optimizer.trainable``)."""
-    mask = traverse_util.flatten_dict(trainable(params))
-    return traverse_util.unflatten_dict({path: leaf for path, leaf in traverse_util.flatten_dict(params).items()
-                                         if mask[path]})
+    return _part(params, trained=True)
 
 
 def frozen_part(params: Any) -> dict:
     """``params`` (nested dicts) without their trainable leaves: what a ``FrozenBase`` holds."""
+    return _part(params, trained=False)
+
+
+def _part(params: Any, trained: bool) -> dict:
     mask = traverse_util.flatten_dict(trainable(params))
     return traverse_util.unflatten_dict({path: leaf for path, leaf in traverse_util.flatten_dict(params).items()
-                                         if not mask[path]})
+                                         if mask[path] == trained})
 
 
 def with_part(params: Any, part: Any) -> dict:
