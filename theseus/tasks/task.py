@@ -26,6 +26,11 @@ from theseus.data.dataset import open_dataset
 from theseus.data.tokenizer import Tokenizer
 
 
+class BatchError(RuntimeError):
+    """A batch the task cannot make from what it was given (GRPO: a reward function that raised):
+    the trainer saves a checkpoint of the last step and stops the run with this one line."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Task(Configurable):
     """A registered option of the ``task`` group; its fields are its config keys."""
