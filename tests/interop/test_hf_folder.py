@@ -88,4 +88,4 @@ def test_a_folder_has_no_checkpoint_steps(gpt2_folder, tmp_path):
     proc = run_python("-m", "theseus.sample", str(gpt2_folder), "--step", "3", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"theseus: error: --step 3: {gpt2_folder} is a Hugging Face folder, which holds "
-                                   "one set of weights (checkpoint steps are a run directory's)")
+                                   "one set of weights (checkpoint steps are a theseus run's)")
