@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from theseus.tasks.grpo import LOSS_TYPES, clamp, group_advantages, policy_loss
+from theseus.tasks.grpo import LOSS_TYPES, advantages_by_prompt, clamp, group_advantages, policy_loss
 
 torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
@@ -175,3 +175,17 @@ def test_an_accumulated_step_is_normalised_as_trls(loss_type):
                                rtol=1e-5, atol=1e-6)
     for (_, grad, _), (_, expected_grad, _) in zip(got, expected, strict=True):
         np.testing.assert_allclose(grad / 2, expected_grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
+def test_shuffled_completions_keep_their_advantages(scale_rewards):
+    """Each completion's group is found by its prompt's id: the completions of a step in any order
+    (as devices and micro-batches may hold them) get the advantages they get in TRL's layout."""
+    ids = np.repeat(np.array([40, 7, 13, 2, 99]), G)  # each prompt's completions consecutive, as sampled
+    expected = np.asarray(group_advantages(REWARDS, G, scale_rewards))
+    for seed in range(3):
+        order = np.random.default_rng(seed).permutation(len(ids))
+        shuffled = advantages_by_prompt(REWARDS[order], ids[order], G, scale_rewards)
+        np.testing.assert_array_equal(shuffled, expected[order])
+    mixed = advantages_by_prompt(REWARDS, np.roll(ids, 1), G, scale_rewards)  # groups taken by position: wrong
+    assert not np.allclose(mixed, expected)

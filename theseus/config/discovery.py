@@ -95,10 +95,11 @@ def user_object(spec: str, key: str) -> Any:
         raise ConfigError(f"{key}={spec} is not module:function: e.g. {key}=rewards:correct for the function "
                           f"correct of rewards.py in the working directory or your project's folder")
     project = find_project()
-    for folder in (str(Path.cwd()), *([str(project.root)] if project else [])):
+    folders = [str(Path.cwd()), *([str(project.root)] if project else [])]
+    for folder in folders:
         if folder not in sys.path:
             sys.path.insert(0, folder)
-    _import(module, key)
+    _import(module, f"{key}={spec} (looked for in {' and '.join(folders)})")
     found: Any = sys.modules[module]
     for part in name.split("."):
         if not hasattr(found, part):

@@ -90,7 +90,7 @@ class Rewards:
         except Exception as exc:  # noqa: BLE001 - any error of the user's function stops the run in one line
             row = next((i for i in every if _raises(call, i)), 0)  # the first completion it fails on alone
             raise RewardError(f"grpo.reward {spec} raised {type(exc).__name__}: {_line(exc)} on the prompt "
-                              f"{_shown(prompts[row])}") from exc
+                              f"{shown(prompts[row])}") from exc
         try:
             values = list(values)
         except TypeError:
@@ -98,11 +98,11 @@ class Rewards:
         if values is None or len(values) != len(completions):
             got = "a value that is not a list" if values is None else f"{len(values)} rewards"
             raise RewardError(f"grpo.reward {spec} returned {got} for {len(completions)} completions (the first of "
-                              f"the prompt {_shown(prompts[0])}): return one float or None per completion")
+                              f"the prompt {shown(prompts[0])}): return one float or None per completion")
         for i, value in enumerate(values):
             if value is not None and not isinstance(value, Real):
                 raise RewardError(f"grpo.reward {spec} returned {value!r:.40} for a completion of the prompt "
-                                  f"{_shown(prompts[i])}: return one float or None per completion")
+                                  f"{shown(prompts[i])}: return one float or None per completion")
         return np.asarray([math.nan if value is None else float(value) for value in values], np.float32)
 
 
@@ -118,9 +118,10 @@ def _line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:200] or "(no message)"
 
 
-def _shown(prompt: object) -> str:
-    """A prompt in a line: its text (a conversation's last message), cut at 80 characters."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], Mapping):
-        prompt = prompt[-1].get("content", prompt)
-    text = " ".join(str(prompt).split())
-    return repr(text if len(text) <= 80 else text[:77] + "...")
+def shown(text: object, limit: int = 80) -> str:
+    """A prompt or completion in a line, quoted: its text (a conversation's last message), its
+    whitespace runs as one space, cut at ``limit`` characters."""
+    if isinstance(text, list) and text and isinstance(text[-1], Mapping):
+        text = text[-1].get("content", text)
+    text = " ".join(str(text).split())
+    return repr(text if len(text) <= limit else text[:limit - 3] + "...")

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
+from theseus.tasks.rewards import shown
 from theseus.training.metrics import format_duration, format_si
 
 
@@ -67,6 +68,15 @@ class RunConsole:
 def evaluation_line(step: int, metrics: Mapping[str, float]) -> str:
     """``eval step 30: val_loss 2.345 val_bpb 3.38 ...``: every metric of one evaluation."""
     return f"eval step {step}: " + " ".join(f"{key} {value:.4g}" for key, value in metrics.items())
+
+
+def sample_line(sample: Mapping[str, object]) -> str:
+    """``  sample: PROMPT -> COMPLETION  [reward 1]``: one of an evaluation's examples, its texts
+    on one line (a conversation as its last message), cut at 100 characters each."""
+    texts = [shown(sample[key], 100) for key in ("prompt", "completion")]
+    scores = " ".join(f"{key} {value if value is None else f'{value:.4g}'}" for key, value in sample.items()
+                      if key not in ("prompt", "completion"))
+    return f"  sample: {texts[0]} -> {texts[1]}" + (f"  [{scores}]" if scores else "")
 
 
 def status(metrics: Mapping[str, float], eta: float | None) -> str:

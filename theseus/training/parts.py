@@ -17,7 +17,7 @@ from theseus.base.axis import BATCH_MESH_AXES, ShardingPlan
 from theseus.base.hardware import peak_flops
 from theseus.data.config import DataConfig
 from theseus.tasks.evaluation import EvaluationConfig, Evaluations, evaluate
-from theseus.tasks.task import LossTask
+from theseus.tasks.task import LossTask, Rollout
 from theseus.training.batches import batch_sharding
 from theseus.training.compiled import Compiled
 from theseus.training.frozen_base import FrozenBase
@@ -48,6 +48,7 @@ class Run:
     start: Callable[[Compiled], tuple[TrainState, dict | None]]  # a new run's state and loader state
     target: Any = None  # mesh.target's theseus.plan.target.Target, for a dry run
     base: FrozenBase | None = None  # a LoRA run's base from trainer.init_from: what its checkpoints name, not hold
+    rollout: Rollout | None = None  # what makes the task's batches with the current params (task=grpo)
 
     @property
     def mesh_shape(self) -> dict[str, int]:
@@ -86,7 +87,10 @@ class Run:
 
     def evaluate(self, params: Any) -> dict[str, float]:
         """Every evaluation's metrics (``val_loss``, per source, multiple-choice and lm-eval
-        tasks) on ``trainer.eval_batches`` batches of each validation split (the same each time)."""
+        tasks) on ``trainer.eval_batches`` batches of each validation split (the same each time);
+        a task with a rollout evaluates through it (GRPO: rewards of greedy completions)."""
+        if self.rollout is not None:
+            return self.rollout.evaluate(params)
         return evaluate(params, self.evaluations, loss=self.compiled.eval_step, val_metrics=self.task.val_metrics,
                         sharding=batch_sharding(self.compiled.mesh), rules=self.plan.rules(),
                         share=self.batch_share, batch_size=self.micro_batch,

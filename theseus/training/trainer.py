@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jax
 
+from theseus.tasks.task import BatchError
 from theseus.training.batches import global_batch
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.logger import RunLogger
@@ -22,7 +23,7 @@ from theseus.training.metrics import throughput
 from theseus.training.parts import Run
 from theseus.training.preemption import Preemption
 from theseus.training.profiler import Profiler
-from theseus.training.console import RunConsole, evaluation_line
+from theseus.training.console import RunConsole, evaluation_line, sample_line
 from theseus.training.state import TrainState, n_params
 from theseus.training.summary import describe, record, report_end
 
@@ -58,16 +59,18 @@ class Trainer:
             loop.preemption, preemption.step = preemption, loop.step
             hooks = self.hooks()
             with loop.logger:
-                if loop.step >= loop.last_step:
-                    loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
-                    self._evaluate_now(loop, log=False)
-                elif loop.step == 0 and self.settings.init_from:
-                    self._evaluate_now(loop, log=True)  # the baseline: the curve starts from the model given
+                with self._stopping_on_batch_errors(loop):
+                    if loop.step >= loop.last_step:
+                        loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
+                        self._evaluate_now(loop, log=False)
+                    elif loop.step == 0 and self.settings.init_from:
+                        self._evaluate_now(loop, log=True)  # the baseline: the curve starts from the model given
                 while loop.step < loop.last_step and not loop.stop:
-                    self.take_step(loop)
-                    with loop.window.pause():  # the hooks' time is not step time
-                        for hook in hooks:
-                            hook(loop)
+                    with self._stopping_on_batch_errors(loop):
+                        self.take_step(loop)
+                        with loop.window.pause():  # the hooks' time is not step time
+                            for hook in hooks:
+                                hook(loop)
                 loop.profiler.close(loop.state)
                 loop.checkpointer.wait()
                 loop.checkpointer.close()
@@ -119,12 +122,33 @@ class Trainer:
         return [self.log, self.preempt, self.evaluate, self.checkpoint]
 
     def take_step(self, loop: LoopState) -> None:
-        """One optimizer step on the loader's next batch (dispatched: nothing waits for it)."""
+        """One optimizer step on the loader's next batch (dispatched: nothing waits for it), or on
+        the batch the task's rollout makes with the current params (it waits for them)."""
         loop.profiler.on_step(loop.step + 1, loop.state)
-        batch = global_batch(next(loop.loader), loop.compiled.mesh, self.settings.batch_size, self.settings.grad_accum)
+        rollout = self.parts.rollout
+        if rollout is None:
+            batch, made = global_batch(next(loop.loader), loop.compiled.mesh, self.settings.batch_size,
+                                       self.settings.grad_accum), {}
+        else:
+            batch, made = rollout.batch(loop.state.params, loop.loader, loop.step)
         loop.state, loop.metrics = loop.compiled.step(loop.state, batch, loop.dropout_key)
         loop.step += 1
-        loop.window.add(loop.metrics, loop.loader.last_wait)
+        loop.window.add({**loop.metrics, **made}, loop.loader.last_wait)
+
+    @contextlib.contextmanager
+    def _stopping_on_batch_errors(self, loop: LoopState):
+        """A batch the task cannot make (a reward function that failed: ``BatchError``) stops the
+        run in one line (TrainingError), after a checkpoint of the last step taken."""
+        try:
+            yield
+        except BatchError as exc:
+            saved = ""
+            if loop.step > 0:
+                if loop.step not in loop.checkpointer.steps():
+                    loop.checkpointer.save(loop.step, loop.state, loop.loader.get_state(), self.parts.record)
+                loop.checkpointer.wait()
+                saved = f"; checkpoint step {loop.step} saved: fix it and run the same command to resume"
+            raise TrainingError(f"{exc} (making step {loop.step + 1}){saved}") from exc
 
     def log(self, loop: LoopState) -> None:
         """Every ``trainer.log_every`` steps: log the metrics of the steps since the last log
@@ -152,12 +176,17 @@ class Trainer:
             self._evaluate_now(loop, log=True)
 
     def _evaluate_now(self, loop: LoopState, log: bool) -> None:
-        """Evaluate the current params and show the numbers; ``log``: also log them."""
+        """Evaluate the current params and show the numbers, and a few of the task's examples (a
+        rollout's prompts, completions and rewards); ``log``: also log them."""
         metrics = self.parts.evaluate(loop.state.params)
         loop.val_loss, loop.evaluation = metrics["val_loss"], (loop.step, metrics)
+        samples = self.parts.rollout.samples if self.parts.rollout is not None else []
         if log:
             loop.logger.log(loop.step, metrics, progress=False)
+            loop.logger.samples(loop.step, samples)
         loop.logger.message(evaluation_line(loop.step, metrics))
+        for sample in samples:
+            loop.logger.message(sample_line(sample))
 
     def checkpoint(self, loop: LoopState) -> None:
         """Every ``trainer.checkpoint_every`` steps, and when stopping: save (asynchronously)."""
