@@ -40,6 +40,8 @@ import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from theseus.config import ConfigError
+from theseus.data import gguf_tokenizer
+from theseus.data.gguf_file import is_gguf, open_gguf
 from theseus.data.tokenizer import EOT, NAMES, TRANSFORMERS_CONFIG, Tokenizer
 
 TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5's save_pretrained writes the template
@@ -74,27 +76,35 @@ class ChatTemplate:
     @classmethod
     def find(cls, tokenizer: str, given: str | None = None) -> ChatTemplate:
         """The template a run uses: ``given`` (``data.chat_template``, a Jinja file) if set, else
-        the tokenizer's (``chat_template.jinja`` beside its tokenizer.json, else its
-        tokenizer_config.json's ``chat_template``), else, for theseus's byte, char and bpe
-        tokenizers, ``DEFAULT_TEMPLATE``. ConfigError when there is none or a file does not read."""
-        folder = None if tokenizer in NAMES else Path(tokenizer).expanduser().parent
-        special = tokenizer_special_tokens(folder) if folder else {"eos_token": EOT}
+        the tokenizer's (a GGUF file's ``tokenizer.chat_template``; ``chat_template.jinja`` beside a
+        tokenizer.json, else its tokenizer_config.json's ``chat_template``), else, for theseus's
+        byte, char and bpe tokenizers, ``DEFAULT_TEMPLATE``. ConfigError when there is none or a
+        file does not read."""
+        gguf = open_gguf(tokenizer) if tokenizer not in NAMES and is_gguf(tokenizer) else None
+        folder = None if tokenizer in NAMES or gguf else Path(tokenizer).expanduser().parent
+        special = (gguf_tokenizer.special_tokens(gguf) if gguf else tokenizer_special_tokens(folder) if folder
+                   else {"eos_token": EOT})
         if given is not None:
             path = Path(given).expanduser()
             if not path.is_file():
                 raise ConfigError(f"data.chat_template={given} does not exist: give the path of a Jinja chat template")
             return cls(path.read_text(encoding="utf-8"), special, str(path))
-        if folder is None:
+        if gguf is not None:
+            source, origin = gguf_tokenizer.chat_template(gguf), f"{gguf.path}'s tokenizer.chat_template"
+        elif folder is None:
             return cls(DEFAULT_TEMPLATE, special, "theseus's default template")
-        if (folder / TEMPLATE_FILE).is_file():
+        elif (folder / TEMPLATE_FILE).is_file():
             return cls((folder / TEMPLATE_FILE).read_text(encoding="utf-8"), special, str(folder / TEMPLATE_FILE))
-        source = _tokenizer_config(folder).get("chat_template")
+        else:
+            source, origin = _tokenizer_config(folder).get("chat_template"), str(folder / TRANSFORMERS_CONFIG)
         if isinstance(source, list):  # transformers' named templates: [{"name": ..., "template": ...}]
             source = {entry.get("name"): entry.get("template") for entry in source}.get("default")
         if not isinstance(source, str):
-            raise ConfigError(f"the tokenizer {tokenizer} has no chat template ({TEMPLATE_FILE} or a chat_template in "
-                              f"{TRANSFORMERS_CONFIG} beside it): set data.chat_template to a Jinja file")
-        return cls(source, special, str(folder / TRANSFORMERS_CONFIG))
+            where = "tokenizer.chat_template in its metadata" if gguf else (
+                f"{TEMPLATE_FILE} or a chat_template in {TRANSFORMERS_CONFIG} beside it")
+            raise ConfigError(f"the tokenizer {tokenizer} has no chat template ({where}): set data.chat_template to a "
+                              f"Jinja file")
+        return cls(source, special, origin)
 
     def settings(self) -> dict[str, str]:
         """What transformers reads from a tokenizer_config.json to render as this template renders:
