@@ -56,6 +56,10 @@ class SupervisedFineTuning(LossTask):
         for split in ("train", "val"):
             dataset.windows(split, seq_len, batch_size=1, seed=0)
 
+    def longest_window(self, dataset: Conversations) -> None:
+        """Any: conversations are packed or padded into windows of any length."""
+        return None
+
     def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
         """``batch: int32 [batch, 3, seq + 1]`` -> the mean loss over the masked targets."""
         return self._losses(model, params, batch, rng)[0]

@@ -97,8 +97,8 @@ class FrozenBase:
 
 
 def require_folder(folder: Path, holder: Path) -> None:
-    """ConfigError when ``folder``, the base that checkpoints in ``holder`` name, is not there."""
-    if not folder.is_dir():
+    """ConfigError when ``folder`` (or file), the base that checkpoints in ``holder`` name, is not there."""
+    if not folder.exists():
         raise ConfigError(f"{holder} holds LoRA adapters without their base, {folder}, which is not there: put the "
                           f"base folder back at {folder}")
 
