@@ -209,12 +209,6 @@ def quantized(value: np.ndarray, kind: Q) -> np.ndarray:
     return blocks.reshape(*value.shape[:-1], value.shape[-1] // block * size)
 
 
-def transformers_model(path: Path) -> torch.nn.Module:
-    """transformers' own GGUF loader's model of ``path``, dequantised to float32."""
-    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                             dtype=torch.float32).eval()
-
-
 def transformers_tokenizer(path: Path):
     """transformers' own GGUF loader's tokenizer of ``path``."""
     return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -12,13 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import traverse_util
 from interop.gguf_files import (CHATML, EVERY_KIND, byte_level_vocabulary, llama_config, qwen2_config,
-                                random_model, sentencepiece_vocabulary, transformers_model, transformers_tokenizer,
+                                random_model, sentencepiece_vocabulary, transformers_tokenizer,
                                 write_gguf)
-from interop.hf_models import CORPUS, target_of, torch
+from interop.hf_models import CORPUS, hf_model, target_of, theseus_model, torch
 
-from theseus.config import ConfigError, configuration, configure
+from theseus.config import ConfigError
 from theseus.data.chat import ChatTemplate, chat_prompt
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
@@ -26,8 +25,7 @@ from theseus.data.gguf_file import open_gguf
 from theseus.data.tokenizer import HFTokenizer
 from theseus.interop.gguf import Tensors, config
 from theseus.interop.hf_config import arch_of, architecture
-from theseus.interop.hf_weights import to_theseus
-from theseus.model.models.gpt import GPT
+from theseus.interop.loading import load_params
 from theseus.training.frozen_base import fingerprint
 
 TEXTS = ["Hello 12345 world", "  leading spaces\n\n\ttabs ", "émoji 🤖, 中文 and ß", "don't I'll we'VE",
@@ -63,7 +61,7 @@ def test_the_header_reads_as_the_gguf_package_reads_it(model_file):
 
 def test_config_is_the_one_transformers_derives(model_file):
     model, path = model_file
-    reference = transformers_model(path).config.to_dict()
+    reference = hf_model(path).config.to_dict()
     hf = config(path)
     for key, value in hf.items():
         expected = reference["rope_parameters"]["rope_theta"] if key == "rope_theta" else reference[key]
@@ -73,7 +71,7 @@ def test_config_is_the_one_transformers_derives(model_file):
 
 def test_every_tensor_is_the_one_transformers_loads(model_file):
     model, path = model_file
-    reference = transformers_model(path).state_dict()
+    reference = hf_model(path).state_dict()
     with Tensors(path) as tensors:
         for name, value in reference.items():
             if name != "lm_head.weight" or not model.config.tie_word_embeddings:
@@ -93,19 +91,12 @@ def test_float32_tensors_are_the_original_weights(kind, tmp_path):
 
 
 def test_logits_equal_transformers(model_file):
-    model, path = model_file
-    hf = config(path)
-    with configuration({**{f"architecture.{k}": v for k, v in architecture(hf).items()},
-                        "architecture.dtype.activation": "float32"}):
-        gpt = configure(GPT)
-    arch = arch_of(gpt)
-    with Tensors(path) as tensors:
-        thunks = to_theseus(hf["model_type"], arch, tensors.read)
-        params = traverse_util.unflatten_dict({p: thunks[p]() for p in traverse_util.flatten_dict(
-            target_of(gpt), sep="/")}, sep="/")
-    tokens = np.random.default_rng(0).integers(0, hf["vocab_size"], size=(2, 40))
+    _, path = model_file
+    gpt = theseus_model(path)
+    params = load_params(path, arch_of(gpt), target_of(gpt))
+    tokens = np.random.default_rng(0).integers(0, gpt.vocab_size, size=(2, 40))
     with torch.no_grad():  # computed in float64: theseus's float32 is within rounding of the exact logits
-        reference = transformers_model(path).double()(torch.from_numpy(tokens)).logits.numpy()
+        reference = hf_model(path).double()(torch.from_numpy(tokens)).logits.numpy()
     logits = np.asarray(jax.jit(gpt.apply)({"params": params}, jnp.asarray(tokens, jnp.int32)))
     scale = np.abs(reference).max()
     assert scale > 5.0

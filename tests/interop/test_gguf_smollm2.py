@@ -8,18 +8,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from interop.gguf_files import transformers_model, transformers_tokenizer
-from interop.hf_models import target_of, torch
+from interop.gguf_files import transformers_tokenizer
+from interop.hf_models import hf_model, target_of, theseus_model, torch
 from interop.test_gguf import TEXTS
 from real_models import Unavailable, smollm2_gguf
 
 from support import run_python
-from theseus.config import configuration, configure
 from theseus.data.tokenizer import HFTokenizer
-from theseus.interop.gguf import config
-from theseus.interop.hf_config import arch_of, architecture
+from theseus.interop.hf_config import arch_of
 from theseus.interop.loading import load_params
-from theseus.model.models.gpt import GPT
 
 pytestmark = pytest.mark.slow  # a 135M-parameter model, dequantised by both readers
 QUESTION = "What is the capital of France?"
@@ -35,13 +32,11 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def reference(smollm2):
-    return transformers_model(smollm2)
+    return hf_model(smollm2)
 
 
 def test_logits_equal_transformers(smollm2, reference):
-    with configuration({**{f"architecture.{k}": v for k, v in architecture(config(smollm2)).items()},
-                        "architecture.dtype.activation": "float32", "architecture.seq_len": 64}):
-        model = configure(GPT)
+    model = theseus_model(smollm2)
     params = load_params(smollm2, arch_of(model), target_of(model))
     tokens = np.asarray([HFTokenizer.from_file(smollm2).encode("The capital of France is Paris, and the capital of "
                                                                "Germany is")])

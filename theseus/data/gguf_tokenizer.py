@@ -154,8 +154,8 @@ def _add_special(tokenizer: tokenizers.Tokenizer, tokens: Sequence[str], meta: M
                if (kind == CONTROL and not (byte_level and not set(token) <= alphabet)) or index in named]
     tokenizer.add_special_tokens([AddedToken(token, normalized=False, special=True) for token in special])
     vocab = tokenizer.get_vocab()
-    tokenizer.add_tokens([AddedToken(token, normalized=False, special=False)
-                          for token, kind in zip(tokens, types, strict=True) if kind == USER_DEFINED and token in vocab])
+    tokenizer.add_tokens([AddedToken(token, normalized=False, special=False) for token, kind in
+                          zip(tokens, types, strict=True) if kind == USER_DEFINED and token in vocab])
 
 
 def _post_processor(meta: Mapping[str, Any], tokens: Sequence[str], add_bos_default: bool) -> processors.PostProcessor:
