@@ -190,13 +190,15 @@ def test_files_theseus_cannot_read_are_refused_in_one_line(tmp_path):
     ({"tensor": "rope_freqs.weight"}, r"RoPE scaling by frequency factors \(rope_freqs.weight, Llama 3.1's\)"),
     ({"llama.rope.dimension_count": 32}, r"RoPE over 32 of each head's 64 dimensions is not supported"),
     ({"tokenizer.ggml.model": "t5"}, r"a 't5' tokenizer of a llama model is not supported"),
+    ({"split.count": 3}, r"b.gguf is one of 3 parts of a GGUF model: merge them into one file"),
 ])
 def test_what_theseus_does_not_compute_is_refused_in_one_line(tmp_path, change, message):
     path = _edited(write_gguf(random_model(llama_config()), byte_level_vocabulary(), tmp_path / "a.gguf"),
                    tmp_path / "b.gguf", change)
-    with pytest.raises(ConfigError, match=message):
-        architecture(config(path))
-        HFTokenizer.from_file(path)
+    with pytest.raises(ConfigError, match=message) as refused:
+        architecture(config(path))  # the model ...
+        HFTokenizer.from_file(path)  # ... or its tokenizer
+    assert "\n" not in str(refused.value)
 
 
 def _edited(path, out, change):
@@ -212,7 +214,7 @@ def _edited(path, out, change):
         writer.add_key_value(name, value, types[0], sub_type=types[-1] if len(types) > 1 else None)
     for name, value in change.items():
         if name not in metadata and name != "tensor":
-            writer.add_string(name, value)
+            (writer.add_uint16 if isinstance(value, int) else writer.add_string)(name, value)
     for tensor in reader.tensors:
         writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
     if "tensor" in change:

@@ -73,7 +73,11 @@ class GGUFFile:
         raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=info.begin, shape=(info.end - info.begin,))
         block, size = GGML_QUANT_SIZES[info.kind]
         rows = raw.reshape(*info.shape[:-1], info.shape[-1] // block * size)
-        return np.asarray(dequantize(rows, info.kind), dtype=np.float32).reshape(info.shape)
+        try:
+            return np.asarray(dequantize(rows, info.kind), dtype=np.float32).reshape(info.shape)
+        except NotImplementedError as exc:
+            raise ConfigError(f"{self.path}: tensor {name} is stored as {info.kind.name}, which the gguf package "
+                              f"cannot dequantise: convert the file to another type (llama-quantize)") from exc
 
 
 def open_gguf(path: str | Path) -> GGUFFile:

@@ -58,6 +58,9 @@ def config(path: str | Path) -> dict[str, Any]:
     does not read, or RoPE scaling."""
     file = open_gguf(path)
     meta, arch = file.metadata, _architecture(file)
+    if meta.get("split.count", 1) > 1:
+        raise ConfigError(f"{file.path} is one of {meta['split.count']} parts of a GGUF model: merge them into one file "
+                          f"(llama-gguf-split --merge) and give that")
     name = meta["general.architecture"]
     hf: dict[str, Any] = {"model_type": arch.model_type,
                           **{hf_key: meta[f"{name}.{key}"] for key, hf_key in arch.keys.items()
