@@ -15,14 +15,14 @@ import pytest
 from interop.gguf_files import (CHATML, EVERY_KIND, byte_level_vocabulary, llama_config, qwen2_config,
                                 random_model, sentencepiece_vocabulary, transformers_tokenizer,
                                 write_gguf)
-from interop.hf_models import CORPUS, hf_model, target_of, theseus_model, torch
+from interop.hf_models import CORPUS, hf_model, target_of, theseus_model, torch, transformers
 
 from theseus.config import ConfigError
 from theseus.data.chat import ChatTemplate, chat_prompt
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.data.gguf_file import open_gguf
-from theseus.data.tokenizer import HFTokenizer
+from theseus.data.tokenizer import HFTokenizer, export_tokenizer
 from theseus.interop.gguf import Tensors, config
 from theseus.interop.hf_config import arch_of, architecture
 from theseus.interop.loading import load_params
@@ -139,6 +139,19 @@ def test_chat_template_renders_as_transformers(tokenizer_file):
     assert template.render(messages)[0] == reference.apply_chat_template(messages, tokenize=False)
     ids = reference.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=True, return_dict=False)
     assert chat_prompt(template, HFTokenizer.from_file(tokenizer_file), "What is 2+2?").tolist() == ids
+
+
+def test_an_exported_tokenizer_is_the_gguf_files_in_transformers(tokenizer_file, tmp_path):
+    """What an export of a run from the file writes (tokenizer.json, tokenizer_config.json with the
+    chat template) loads in transformers as the file itself does."""
+    export_tokenizer(HFTokenizer.from_file(tokenizer_file), tmp_path, ChatTemplate.find(str(tokenizer_file)).settings())
+    exported, reference = transformers.AutoTokenizer.from_pretrained(tmp_path), transformers_tokenizer(tokenizer_file)
+    for text in TEXTS:
+        assert exported(text)["input_ids"] == reference(text)["input_ids"], text
+        assert exported.decode(reference(text)["input_ids"]) == reference.decode(reference(text)["input_ids"])
+    messages = [{"role": "user", "content": "hi"}]
+    assert exported.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
+        reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
 def test_a_corpus_tokenized_by_a_gguf_file_holds_transformers_ids(tmp_path):
