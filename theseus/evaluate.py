@@ -85,8 +85,9 @@ def run_evaluations(source: ModelSource, step: int | None, args: list[str]) -> d
     metrics = run.evaluate(params)
     samples = [{"task": task, "index": i, **record}
                for task, records in run.evaluations.samples.items() for i, record in enumerate(records)]
-    return {"path": str(source.given), "step": at, "mesh": dict(run.compiled.mesh.shape), "metrics": metrics,
-            "samples": samples, "lm_eval": run.evaluations.harness_results or None}
+    return {"path": str(source.given), "step": at, "mesh": dict(run.compiled.mesh.shape),
+            "seq_len": run.model.seq_len, "metrics": metrics, "samples": samples,
+            "lm_eval": run.evaluations.harness_results or None}
 
 
 def window(cfg: DictConfig) -> int:
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     mesh = " x ".join(f"{axis} {size}" for axis, size in record["mesh"].items())
     at = "" if record["step"] is None else f" at step {record['step']}"
-    table = Table(title=f"{args.path}{at} (mesh {mesh})")
+    table = Table(title=f"{args.path}{at} (mesh {mesh}, windows of {record['seq_len']} tokens)")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in record["metrics"].items():
