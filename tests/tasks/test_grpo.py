@@ -1,4 +1,4 @@
-"""task=grpo's mathematics against TRL 1.x: ``group_advantages`` against the advantage lines of
+"""task=grpo's mathematics against TRL 1.x (and its loss on a Llama against TRL's on transformers'): ``group_advantages`` against the advantage lines of
 ``GRPOTrainer._generate_and_score_completions`` (with TRL's own ``nanstd``), and ``policy_loss``
 and its gradient against ``GRPOTrainer._compute_loss`` run by torch autograd, on handcrafted
 inputs: mu = 2 (old log-probs that differ, so the ratio is not 1), clipping active on both
@@ -11,6 +11,7 @@ the model's forward is replaced, and the log-probs of logits are tested on their
 
 from __future__ import annotations
 
+import contextlib
 import types
 from collections import defaultdict
 
@@ -189,3 +190,60 @@ def test_shuffled_completions_keep_their_advantages(scale_rewards):
         np.testing.assert_array_equal(shuffled, expected[order])
     mixed = advantages_by_prompt(REWARDS, np.roll(ids, 1), G, scale_rewards)  # groups taken by position: wrong
     assert not np.allclose(mixed, expected)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_the_task_loss_on_a_llama_is_trls_on_transformers(tmp_path, loss_type):
+    """The task's loss of completions (log-probs of logits / temperature, from theseus's forward of
+    a Llama) equals ``_compute_loss`` with TRL's own forward of the same weights in transformers
+    (``add_fused_lm_head`` at that temperature), mu = 2 and beta 0.04."""
+    from interop.hf_models import llama_config, save_hf, theseus_model, target_of
+
+    from theseus.interop.hf_config import arch_of
+    from theseus.interop.loading import load_params
+    from theseus.model.source import parse_source
+    from theseus.tasks.grpo import GroupRelativePolicyOptimization
+
+    transformers = pytest.importorskip("transformers")
+    folder = save_hf(transformers.LlamaForCausalLM(llama_config()), tmp_path / "llama", tokenizer=False)
+    model = theseus_model(folder)
+    params = load_params(parse_source(folder, key=None), arch_of(model), target_of(model, 32))
+    n, prompt, width, temperature = 6, 5, 7, 0.7
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(0, 333, (n, prompt))
+    completions = rng.integers(0, 333, (n, width))
+    lengths = np.array([7, 1, 3, 7, 5, 2])
+    mask = (np.arange(width) < lengths[:, None]).astype(np.int64)
+    completions = completions * mask  # 0 after each completion's end, as the rollout lays them out
+    inputs = handcrafted(n, width, seed=2)
+    task = GroupRelativePolicyOptimization(reward="unused:unused", max_completion_length=width,
+                                           temperature=temperature, beta=0.04, num_iterations=2, loss_type=loss_type)
+    window = np.zeros((n, 32 + 1), np.int32)
+    window[:, :prompt], window[:, prompt:prompt + width] = prompts, completions
+    batch = {"tokens": jnp.asarray(window), "prompt": jnp.full(n, prompt, jnp.int32),
+             "completion": jnp.asarray(lengths, jnp.int32), "advantage": jnp.asarray(inputs["advantages"]),
+             "items": jnp.full(n, float(mask.sum()), jnp.float32), "old": jnp.asarray(inputs["old"][:, :width]),
+             "reference": jnp.asarray(inputs["ref"][:, :width])}
+    loss, metrics = task.loss_and_metrics(model, params, batch, None)
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    trl.trainer.utils.add_fused_lm_head(hf, temperature=temperature, outputs=("log_probs", "entropy"))
+    stub = types.SimpleNamespace(
+        aux_loss_enabled=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
+        importance_sampling_level="token", beta=0.04, loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.2,
+        args=types.SimpleNamespace(use_bias_correction_kl=True, delta=None, steps_per_generation=1),
+        use_vllm=False, vllm_importance_sampling_correction=False, model=hf, current_gradient_accumulation_steps=1,
+        accelerator=types.SimpleNamespace(num_processes=1, reduce=lambda x, reduction: x, gather=lambda x: x,
+                                          autocast=contextlib.nullcontext, is_main_process=True),
+        _entropy_bonus_enabled=False, _metrics={"train": defaultdict(list)}, max_completion_length=width)
+    stub._get_per_token_logps_and_entropies = types.MethodType(trl.GRPOTrainer._get_per_token_logps_and_entropies,
+                                                                stub)
+    hf.train()  # TRL's mode, for its "train" metrics (the weights have no dropout)
+    expected = trl.GRPOTrainer._compute_loss(stub, hf, {
+        "prompt_ids": torch.tensor(prompts), "prompt_mask": torch.ones((n, prompt), dtype=torch.long),
+        "completion_ids": torch.tensor(completions), "completion_mask": torch.tensor(mask),
+        "advantages": torch.tensor(inputs["advantages"]), "old_per_token_logps": torch.tensor(inputs["old"][:, :width]),
+        "ref_per_token_logps": torch.tensor(inputs["ref"][:, :width]), "num_items_in_batch": torch.tensor(mask.sum())})
+    np.testing.assert_allclose(float(loss), expected.item(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(metrics["kl"]), stub._metrics["train"]["kl"][-1], rtol=1e-4)
+    np.testing.assert_allclose(float(metrics["clip_ratio"]), stub._metrics["train"]["clip_ratio/region_mean"][-1])
