@@ -24,7 +24,9 @@ minus ``val_reward`` (what a sweep minimises, and what the best checkpoint is ke
 
 from __future__ import annotations
 
+import base64
 import functools
+import io
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -96,6 +98,26 @@ class GRPORollout(Rollout):
         metrics["rollout_time"] = time.perf_counter() - began
         self._reused = (batch, metrics) if self.task.num_iterations > 1 else None
         return batch, metrics
+
+    def get_state(self) -> dict | None:
+        """The completions being reused (``grpo.num_iterations > 1``): a checkpoint taken between
+        their steps resumes with them (every process's, in an npz file's bytes, base64)."""
+        if self._reused is None:
+            return None
+        batch, metrics = self._reused
+        buffer = io.BytesIO()
+        np.savez(buffer, **{key: _gathered(value) for key, value in batch.items()})
+        return {"batch": base64.b64encode(buffer.getvalue()).decode("ascii"), "metrics": metrics}
+
+    def set_state(self, state: dict | None) -> None:
+        if state is None:
+            self._reused = None
+            return
+        saved = np.load(io.BytesIO(base64.b64decode(state["batch"])), allow_pickle=False)
+        index, count = self.layout.share
+        mine = {key: np.split(saved[key], count, axis=1)[index].reshape(-1, *saved[key].shape[2:])
+                for key in saved.files}  # this process's rows of each micro-batch, as it placed them
+        self._reused = (self.layout.place(mine), state["metrics"])
 
     def evaluate(self, params: Any) -> dict[str, float]:
         """One greedy completion of every validation prompt (in batches of ``trainer.batch_size``),

@@ -70,6 +70,14 @@ class Rollout(abc.ABC):
         """A few examples of the latest evaluation (prompts, completions, scores), to show."""
         return []
 
+    def get_state(self) -> Any:
+        """What a checkpoint keeps so that a resumed run makes the batches this one would have
+        (JSON-serialisable, the same on every process; every process calls it); None: nothing."""
+        return None
+
+    def set_state(self, state: Any) -> None:
+        """Continue from ``get_state``'s ``state`` (None: a checkpoint saved none)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Task(Configurable):

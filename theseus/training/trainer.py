@@ -28,6 +28,9 @@ from theseus.training.state import TrainState, n_params
 from theseus.training.summary import describe, record, report_end
 
 
+ROLLOUT = "rollout"  # the entry of a checkpoint's data state holding a rollout's
+
+
 class TrainingError(RuntimeError):
     """A run that cannot go on (non-finite values): reported in one line, like a ConfigError."""
 
@@ -94,6 +97,8 @@ class Trainer:
                                     process_index=index, process_count=count, prefetch=run.prefetch)
         if loader_state is not None:
             loader.set_state(loader_state)
+            if run.rollout is not None:  # the completions it was reusing when the checkpoint was taken
+                run.rollout.set_state(loader_state.get(ROLLOUT))
         params = n_params(state.params)
         if jax.process_index() == 0:
             self.console.show_table("theseus run", describe(run, params))
@@ -145,7 +150,7 @@ class Trainer:
             saved = ""
             if loop.step > 0:
                 if loop.step not in loop.checkpointer.steps():
-                    loop.checkpointer.save(loop.step, loop.state, loop.loader.get_state(), self.parts.record)
+                    loop.checkpointer.save(loop.step, loop.state, self._data_state(loop), self.parts.record)
                 loop.checkpointer.wait()
                 saved = f"; checkpoint step {loop.step} saved: fix it and run the same command to resume"
             raise TrainingError(f"{exc} (making step {loop.step + 1}){saved}") from exc
@@ -192,8 +197,15 @@ class Trainer:
         """Every ``trainer.checkpoint_every`` steps, and when stopping: save (asynchronously)."""
         if loop.due(self.settings.checkpoint_every) or loop.stop:
             self._check_finite(loop.state, loop.checkpointer)
-            loop.checkpointer.save(loop.step, loop.state, loop.loader.get_state(), self.parts.record,
+            loop.checkpointer.save(loop.step, loop.state, self._data_state(loop), self.parts.record,
                                    loop.val_loss if loop.evaluated else None)
+
+    def _data_state(self, loop: LoopState) -> dict:
+        """What a checkpoint keeps of the data: the loader's position and a rollout's state."""
+        state = loop.loader.get_state()
+        if self.parts.rollout is not None:
+            state[ROLLOUT] = self.parts.rollout.get_state()
+        return state
 
     def _check_finite(self, state: TrainState, checkpointer: Checkpointer) -> None:
         """Stop (TrainingError) once a step's loss or gradients were NaN/Inf, unless skipping them."""
