@@ -62,18 +62,18 @@ class Trainer:
             loop.preemption, preemption.step = preemption, loop.step
             hooks = self.hooks()
             with loop.logger:
-                with self._stopping_on_batch_errors(loop):
+                with self._stopping_on_batch_errors(loop, f"evaluating step {loop.step}"):
                     if loop.step >= loop.last_step:
                         loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
                         self._evaluate_now(loop, log=False)
                     elif loop.step == 0 and self.settings.init_from:
                         self._evaluate_now(loop, log=True)  # the baseline: the curve starts from the model given
                 while loop.step < loop.last_step and not loop.stop:
-                    with self._stopping_on_batch_errors(loop):
+                    with self._stopping_on_batch_errors(loop, f"making step {loop.step + 1}"):
                         self.take_step(loop)
-                        with loop.window.pause():  # the hooks' time is not step time
-                            for hook in hooks:
-                                hook(loop)
+                    with loop.window.pause(), self._stopping_on_batch_errors(loop, f"evaluating step {loop.step}"):
+                        for hook in hooks:  # the hooks' time is not step time
+                            hook(loop)
                 loop.profiler.close(loop.state)
                 loop.checkpointer.wait()
                 loop.checkpointer.close()
@@ -141,9 +141,10 @@ class Trainer:
         loop.window.add({**loop.metrics, **made}, loop.loader.last_wait)
 
     @contextlib.contextmanager
-    def _stopping_on_batch_errors(self, loop: LoopState):
+    def _stopping_on_batch_errors(self, loop: LoopState, doing: str):
         """A batch the task cannot make (a reward function that failed: ``BatchError``) stops the
-        run in one line (TrainingError), after a checkpoint of the last step taken."""
+        run in one line (TrainingError, saying what it was ``doing``), after a checkpoint of the
+        last step taken."""
         try:
             yield
         except BatchError as exc:
@@ -153,7 +154,7 @@ class Trainer:
                     loop.checkpointer.save(loop.step, loop.state, self._data_state(loop), self.parts.record)
                 loop.checkpointer.wait()
                 saved = f"; checkpoint step {loop.step} saved: fix it and run the same command to resume"
-            raise TrainingError(f"{exc} (making step {loop.step + 1}){saved}") from exc
+            raise TrainingError(f"{exc} ({doing}){saved}") from exc
 
     def log(self, loop: LoopState) -> None:
         """Every ``trainer.log_every`` steps: log the metrics of the steps since the last log
