@@ -80,8 +80,9 @@ def sample_line(sample: Mapping[str, object]) -> str:
 
 
 def status(metrics: Mapping[str, float], eta: float | None) -> str:
-    """``loss 2.345 tok/s 12.3k mfu 4.1% eta 1m23s``: the fields present, in that order."""
-    parts = [f"{key} {metrics[key]:.4g}" for key in ("loss", "val_loss") if key in metrics]
+    """``loss 2.345 tok/s 12.3k mfu 4.1% eta 1m23s``: the fields present, in that order (a
+    rollout's ``reward`` after the loss)."""
+    parts = [f"{key} {metrics[key]:.4g}" for key in ("loss", "reward", "val_loss") if key in metrics]
     if "tokens_per_s" in metrics:
         parts.append(f"tok/s {format_si(metrics['tokens_per_s'])}")
     if "mfu" in metrics:
