@@ -11,9 +11,11 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
+from e2e import test_readme
 from e2e.test_readme import SECTIONS, project, script
 
 pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
@@ -26,8 +28,9 @@ def folder(tmp_path_factory) -> tuple[Path, dict[str, str], str]:
     """The README's GRPO section run as written, unshortened: ``(folder, environment, output)``."""
     base = tmp_path_factory.mktemp("grpo")
     env = project(base, needs_model=False)
-    proc = subprocess.run(["bash", "-c", script(SECTIONS[TITLE], set())], cwd=base, env=env, capture_output=True,
-                          text=True, timeout=1200)
+    with mock.patch.dict(test_readme.SHORTEN, clear=True):  # as written: test_readme shortens it
+        body = script(SECTIONS[TITLE], set())
+    proc = subprocess.run(["bash", "-c", body], cwd=base, env=env, capture_output=True, text=True, timeout=1200)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Traceback" not in output, output[-6000:]
     return base, env, output

@@ -145,13 +145,14 @@ class Trainer:
         """A batch the task cannot make (a reward function that failed: ``BatchError``) stops the
         run in one line (TrainingError, saying what it was ``doing``), after a checkpoint of the
         last step taken."""
+        position = loop.loader.get_state()  # before the step: a failed rollout has drawn its prompts
         try:
             yield
         except BatchError as exc:
             saved = ""
             if loop.step > 0:
                 if loop.step not in loop.checkpointer.steps():
-                    loop.checkpointer.save(loop.step, loop.state, self._data_state(loop), self.parts.record)
+                    loop.checkpointer.save(loop.step, loop.state, self._data_state(loop, position), self.parts.record)
                 loop.checkpointer.wait()
                 saved = f"; checkpoint step {loop.step} saved: fix it and run the same command to resume"
             raise TrainingError(f"{exc} ({doing}){saved}") from exc
@@ -201,9 +202,10 @@ class Trainer:
             loop.checkpointer.save(loop.step, loop.state, self._data_state(loop), self.parts.record,
                                    loop.val_loss if loop.evaluated else None)
 
-    def _data_state(self, loop: LoopState) -> dict:
-        """What a checkpoint keeps of the data: the loader's position and a rollout's state."""
-        state = loop.loader.get_state()
+    def _data_state(self, loop: LoopState, position: dict | None = None) -> dict:
+        """What a checkpoint keeps of the data: the loader's position (``position``: one taken
+        before) and a rollout's state."""
+        state = dict(position or loop.loader.get_state())
         if self.parts.rollout is not None:
             state[ROLLOUT] = self.parts.rollout.get_state()
         return state
