@@ -117,7 +117,7 @@ def policy_loss(per_token_logps: jax.Array, old_per_token_logps: jax.Array | Non
 
     ``per_token_logps``: ``[completions, completion tokens]``, the policy's log-probs of the
     completions' tokens (differentiated); ``old_per_token_logps``: theirs when sampled (None: the
-    policy's, no gradient: the first of ``grpo.num_iterations`` passes); ``ref_per_token_logps``:
+    policy's own, detached: ``grpo.num_iterations=1``, the ratio 1); ``ref_per_token_logps``:
     the reference's (None when ``beta`` is 0); ``advantages: [completions]``; ``completion_mask``:
     the completions' real tokens (1) and padding (0). ``epsilon_high`` defaults to ``epsilon``;
     ``max_completion_length`` (``dr_grpo``'s constant) to the arrays' width. ``num_items``: the

@@ -40,7 +40,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from theseus.base.axis import BATCH_MESH_AXES
 from theseus.base.mesh import on_devices
-from theseus.data.chat import _as_hf
 from theseus.data.prompts import PROMPT, Prompts
 from theseus.model.generate import complete
 from theseus.model.lora import has_adapters, is_adapter
@@ -59,7 +58,7 @@ class GRPORollout(Rollout):
         self.task, self.layout, self.prompts = task, layout, prompts
         self.group = task.num_generations
         self.seq_len = layout.model.seq_len
-        self.decode = _as_hf(prompts.tokenizer)
+        self.decode = prompts.tokenizer.as_hf()  # made once (byte's is built on each call)
         self.conversational = not isinstance(prompts.rows[prompts.split["train"][0]][PROMPT], str)
         self.rows_sharding = NamedSharding(layout.mesh, PartitionSpec(BATCH_MESH_AXES))
         self._score = jax.jit(functools.partial(_score, model=layout.model, task=task))

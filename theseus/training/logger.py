@@ -41,7 +41,7 @@ import numpy as np
 
 from theseus.config import ConfigError, Configurable, field
 from theseus.training.console import Progress
-from theseus.training.records import RESULT, WANDB_ID, error_line, record_failure
+from theseus.training.records import RESULT, SAMPLES, WANDB_ID, error_line, record_failure
 from theseus.training.tensorboard import TensorBoard, job_hparams
 
 
@@ -225,9 +225,6 @@ SECTIONS = {
     "step_time": "throughput/step_time", "tokens_per_s": "throughput/tokens_per_s",
     "flops_per_s": "throughput/flops_per_s", "mfu": "throughput/mfu", "data_wait": "throughput/data_wait",
 }
-
-
-SAMPLES = "samples.jsonl"  # an evaluation's examples, one JSON line each with its step
 
 
 def section(name: str) -> str:
