@@ -14,6 +14,7 @@ import sys
 import pytest
 from synthetic_runs import append_steps, write_run, write_sweep
 
+from theseus.report.data import document
 from theseus.report.page import render
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -164,5 +165,6 @@ def test_a_grpo_runs_samples_are_shown(tmp_path, browser):
     (run / "samples.jsonl").write_text("".join(json.dumps(row) + "\n" for row in shown))
     browser.get(render(run).resolve().as_uri())
     wait(browser, lambda d: d.find_elements("css selector", "table.samples td"))
-    assert browser.find_element("id", "samples").text.split("\n") == ["grpo: step 200", "prompt completion correct",
+    label = document([run])["runs"][0]["label"]
+    assert browser.find_element("id", "samples").text.split("\n") == [f"{label}: step 200", "prompt completion correct",
                                                                       "reverse abcd dcba 1"]
