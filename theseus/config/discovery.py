@@ -85,15 +85,21 @@ def load_modules() -> Project | None:
     return project
 
 
+def object_spec(spec: str, key: str) -> tuple[str, str]:
+    """``(module, name)`` of ``module:name`` (dotted names); ConfigError naming ``key`` otherwise."""
+    module, _, name = spec.partition(":")
+    if not module or not name or not all(part.isidentifier() for part in (*module.split("."), *name.split("."))):
+        raise ConfigError(f"{key}={spec} is not module:function: e.g. {key}=rewards:correct for the function "
+                          f"correct of rewards.py in the working directory or your project's folder")
+    return module, name
+
+
 def user_object(spec: str, key: str) -> Any:
     """The object ``spec`` (``module:name``, the module dotted) names, imported as a user's modules
     are: from the working directory (a ``rewards.py`` beside the command) or the project's folder
     (``find_project``), both put on ``sys.path``. ConfigError naming ``key`` when ``spec`` is not of
     that form, the module does not import, or it has no such name."""
-    module, _, name = spec.partition(":")
-    if not module or not name or not all(part.isidentifier() for part in (*module.split("."), *name.split("."))):
-        raise ConfigError(f"{key}={spec} is not module:function: e.g. {key}=rewards:correct for the function "
-                          f"correct of rewards.py in the working directory or your project's folder")
+    module, name = object_spec(spec, key)
     project = find_project()
     folders = [str(Path.cwd()), *([str(project.root)] if project else [])]
     for folder in folders:

@@ -227,6 +227,7 @@ class GroupRelativePolicyOptimization(LossTask):
         if self.reward is None:
             raise ConfigError("task=grpo needs grpo.reward: a reward function, e.g. grpo.reward=rewards:correct "
                               "(correct of rewards.py beside the command)")
+        Rewards.check(self.reward, self.reward_weights)  # their form; imported before the run compiles
 
     @cached_property
     def rewards(self) -> Rewards:

@@ -23,7 +23,7 @@ from numbers import Real
 import numpy as np
 
 from theseus.config import ConfigError
-from theseus.config.discovery import user_object
+from theseus.config.discovery import object_spec, user_object
 from theseus.tasks.task import BatchError
 
 
@@ -39,21 +39,30 @@ class Rewards:
     functions: tuple[Callable, ...] = dataclasses.field(repr=False)
     weights: np.ndarray = dataclasses.field(repr=False)  # float32 [functions]
 
-    @classmethod
-    def load(cls, specs: str | Sequence[str], weights: Sequence[float] | None = None) -> Rewards:
-        """Import each ``module:function`` (``user_object``); ConfigError naming the key for one
-        that does not import or is not callable, or weights that do not match the functions."""
+    @staticmethod
+    def check(specs: str | Sequence[str], weights: Sequence[float] | None = None) -> tuple[str, ...]:
+        """The specs of ``grpo.reward`` as a tuple, each ``module:function``, with one weight each
+        (``grpo.reward_weights``) if any: ConfigError naming the key otherwise (nothing imported)."""
         specs = (specs,) if isinstance(specs, str) else tuple(specs)
         if not specs:
             raise ConfigError("grpo.reward is empty: give a reward function, e.g. grpo.reward=rewards:correct")
+        for spec in specs:
+            object_spec(spec, "grpo.reward")
+        if weights is not None and len(weights) != len(specs):
+            raise ConfigError(f"grpo.reward_weights has {len(weights)} weight(s) for {len(specs)} reward function(s) "
+                              f"({', '.join(specs)}): give one each, or leave it unset (1 each)")
+        return specs
+
+    @classmethod
+    def load(cls, specs: str | Sequence[str], weights: Sequence[float] | None = None) -> Rewards:
+        """Import each ``module:function`` (``user_object``) once ``check``ed; ConfigError naming
+        the key for one that does not import or is not callable."""
+        specs = cls.check(specs, weights)
         functions = tuple(user_object(spec, "grpo.reward") for spec in specs)
         for spec, function in zip(specs, functions):
             if not callable(function):
                 raise ConfigError(f"grpo.reward={spec} is not a function (a {type(function).__name__}): name one "
                                   f"taking (prompts, completions, completion_ids, **columns)")
-        if weights is not None and len(weights) != len(specs):
-            raise ConfigError(f"grpo.reward_weights has {len(weights)} weight(s) for {len(specs)} reward function(s) "
-                              f"({', '.join(specs)}): give one each, or leave it unset (1 each)")
         return cls(specs, functions, np.asarray(weights if weights is not None else [1.0] * len(specs), np.float32))
 
     @property
