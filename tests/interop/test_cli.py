@@ -27,10 +27,10 @@ def train_args(folder: Path, tmp: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("architecture.n_layers=3", "architecture.n_layers=3 contradicts trainer.init_from={folder}, whose config.json "
+    ("architecture.n_layers=3", "architecture.n_layers=3 contradicts trainer.init_from={folder}, whose config "
                                 "gives architecture.n_layers=2: drop the override (the architecture follows the "
                                 "checkpoint)"),
-    ("architecture.seq_len=128", "architecture.seq_len=128 contradicts trainer.init_from={folder}, whose config.json "
+    ("architecture.seq_len=128", "architecture.seq_len=128 contradicts trainer.init_from={folder}, whose config "
                                  "gives architecture.seq_len=64: drop the override (the architecture follows the "
                                  "checkpoint)"),
 ])
@@ -57,7 +57,7 @@ def test_a_mixtral_folder_trains_as_model_moe_unless_another_model_is_given(mixt
     proc = run_python(*train_args(mixtral_folder, tmp_path / "b", "model=gpt"), cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"theseus: error: trainer.init_from={mixtral_folder} is a Hugging Face mixtral "
-                                   f"checkpoint, which loads into model=moe, but model=gpt: set model=moe")
+                                   f"model, which loads into model=moe, but model=gpt: set model=moe")
     assert not (tmp_path / "b" / "run").exists()
 
 

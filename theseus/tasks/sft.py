@@ -56,9 +56,10 @@ class SupervisedFineTuning(LossTask):
         for split in ("train", "val"):
             dataset.windows(split, seq_len, batch_size=1, seed=0)
 
-    def longest_window(self, dataset: Conversations) -> None:
-        """Any: conversations are packed or padded into windows of any length."""
-        return None
+    def longest_window(self, dataset: Conversations) -> int:
+        """What the longest conversation fills (one of ``seq_len + 1`` tokens): a longer window
+        holds no more of them whole."""
+        return max(dataset.longest(split) for split in ("train", "val")) - 1
 
     def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
         """``batch: int32 [batch, 3, seq + 1]`` -> the mean loss over the masked targets."""
