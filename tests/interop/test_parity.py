@@ -148,3 +148,18 @@ def test_what_a_family_computes_otherwise_is_refused_in_one_line(entry, message)
     with pytest.raises(ConfigError, match=re.escape(message)) as error:
         architecture(entry, where="config.json")
     assert str(error.value).startswith("config.json: ") and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_gemma_layer_types_round_trip(window):
+    """Gemma 3's sliding_window_pattern (no layer_types) becomes every N-th layer global; export
+    writes transformers' layer_types back (every layer global without a window), read as they were."""
+    given = {"model_type": "gemma3_text", "num_hidden_layers": 5, "sliding_window": window,
+             "sliding_window_pattern": 3, "rope_local_base_freq": 20000.0, "rope_theta": 5e5}
+    arch = architecture(given)
+    assert (arch["global_every"], arch["rope_theta_local"], arch["rope_theta"]) == (3 if window else 0, 20000.0, 5e5)
+    config = hf_config(arch, arch["vocab_size"], {})
+    assert config["layer_types"] == (["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2
+                                     if window else ["full_attention"] * 5)
+    assert config["rope_parameters"]["sliding_attention"] == {"rope_type": "default", "rope_theta": 20000.0}
+    assert architecture(config) == arch

@@ -365,8 +365,8 @@ def hf_config(arch: Mapping[str, Any], vocab_size: int, special: Mapping[str, in
               **{name: values[key] for name, key in fmt.written.items()},
               "vocab_size": vocab_size, **{key: special.get(key) for key in SPECIAL_TOKENS}, "dtype": dtype,
               **_rope_config(values, fmt)}
-    if fmt.layer_types:
-        config["layer_types"] = layer_types(values["n_layers"], values["global_every"])
+    if fmt.layer_types:  # without a window, every layer global
+        config["layer_types"] = layer_types(values["n_layers"], values["global_every"] if values["sliding_window"] else 1)
     if base is None or base.get("model_type") != fmt.model_type:
         return config
     context = fmt.keys["seq_len"][0]
