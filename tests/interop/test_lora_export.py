@@ -218,7 +218,7 @@ def test_adapters_a_phi3_model_does_not_store_are_refused_in_one_line(phi3_folde
         model = configure(type(base))
     params = load_params(phi3_folder, arch_of(model), target_of(model))
     with pytest.raises(ConfigError) as error:
-        export_adapter(model, params, settings_of(model), str(phi3_folder), tmp_path / "out")
+        export_adapter(model, params, settings_of(model), parse_source(phi3_folder), tmp_path / "out")
     assert str(error.value) == (
         "adapter h_0/attn/lora_q has no place in a Hugging Face phi3 model (its adapters: q+k+v (self_attn.qkv_proj), "
         "o (self_attn.o_proj), gate+up (mlp.gate_up_proj), down (mlp.down_proj); architecture.fused_projections "
