@@ -95,7 +95,9 @@ def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert (config["model_type"], config["vocab_size"], config["num_key_value_heads"]) == ("llama", 333, 2)
     assert (config["max_position_embeddings"], config["rope_theta"], config["tie_word_embeddings"]) == \
-        (32, 500000.0, False)  # the lowered context
+        (64, 500000.0, False)  # the base's context, not the fine-tune's lowered architecture.seq_len
+    base = json.loads((llama_folder / "config.json").read_text())
+    assert {key: config[key] for key in base} == base  # every field of the base's config.json kept
 
     from theseus.trained import load_trained
 

@@ -50,6 +50,13 @@ class SupervisedFineTuning(LossTask):
             return HFTokenizer.from_file(data.tokenizer)
         return prepare_chats(data).tokenizer
 
+    def check_model(self, model: nn.Module) -> None:
+        """The model takes ``segments=`` as ``loss`` passes them: its call traced abstractly on a
+        two-token window, so that a layer written without them (a user's attention) is refused
+        in one line before the conversations are rendered."""
+        tokens = jax.ShapeDtypeStruct((1, 2), jnp.int32)
+        jax.eval_shape(lambda t: model.init(jax.random.key(0), t, segments=t), tokens)
+
     def check_data(self, dataset: Conversations, seq_len: int) -> None:
         """ConfigError unless some conversation of each split fits a window (the others are
         dropped, and counted on the console)."""

@@ -42,6 +42,10 @@ class LossTask(Task):
         ``tokenizer``, ``vocab_size`` and ``bytes_per_token``."""
         return open_dataset(data)
 
+    def check_model(self, model: nn.Module) -> None:
+        """ConfigError for a model this task cannot train, before the data is prepared (a
+        model configured with a stand-in vocabulary, unbound). None by default."""
+
     def check_data(self, dataset: Any, seq_len: int) -> None:
         """ConfigError unless ``dataset`` can fill a window of ``seq_len + 1`` in each split (checked
         before compiling): here, each split holds that many tokens."""
