@@ -29,9 +29,10 @@ from trl.trainer.utils import nanstd  # noqa: E402
 G = 4  # completions per prompt
 
 
-def trl_advantages(rewards: np.ndarray, num_generations: int, scale_rewards: str) -> np.ndarray:
+def trl_advantages(rewards: np.ndarray, num_generations: int, scale_rewards: str,
+                   zero_std: bool = False) -> np.ndarray | tuple[np.ndarray, float]:
     """The advantage lines of TRL's ``_generate_and_score_completions`` (one reward function,
-    ``sum_then_normalize``), as written there."""
+    ``sum_then_normalize``), as written there; ``zero_std``: with its ``frac_reward_zero_std``."""
     rewards = torch.tensor(rewards, dtype=torch.float32)
     mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)
     mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(num_generations, dim=0)
@@ -43,7 +44,9 @@ def trl_advantages(rewards: np.ndarray, num_generations: int, scale_rewards: str
     advantages = rewards - mean_grouped_rewards
     if scale_rewards != "none":
         advantages = advantages / (std_rewards + 1e-4)
-    return torch.nan_to_num(advantages, nan=0.0).numpy()
+    is_std_zero = torch.isclose(std_rewards, torch.zeros_like(std_rewards))
+    advantages = torch.nan_to_num(advantages, nan=0.0).numpy()
+    return (advantages, is_std_zero.float().mean().item()) if zero_std else advantages
 
 
 REWARDS = np.array([1.0, 0.0, 0.5, 2.0,               # a group of four
@@ -60,6 +63,17 @@ def test_group_advantages_are_trls(scale_rewards):
     np.testing.assert_allclose(ours, trl_advantages(REWARDS, G, scale_rewards), rtol=1e-5, atol=1e-5)
     assert np.all(ours[8::4] == 0) and np.all(ours[12:] == 0)  # unscorable, alone, none scorable: 0
     assert np.all(ours[4:8] == 0)
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
+def test_the_tasks_advantages_and_zero_std_share_are_trls(scale_rewards):
+    from theseus.tasks.grpo import GroupRelativePolicyOptimization
+
+    task = GroupRelativePolicyOptimization(reward="unused:unused", num_generations=G, scale_rewards=scale_rewards)
+    advantages, zero = task.advantages(REWARDS, np.repeat(np.arange(len(REWARDS) // G), G))
+    expected, expected_zero = trl_advantages(REWARDS, G, scale_rewards, zero_std=True)
+    np.testing.assert_allclose(advantages, expected, rtol=1e-5, atol=1e-5)
+    assert zero == pytest.approx(expected_zero) and (scale_rewards == "batch" or zero == 0.2)  # one group of five
 
 
 def test_group_advantages_use_bessels_std_and_eps():

@@ -48,6 +48,7 @@ from theseus.data.config import DataConfig
 from theseus.data.prompts import Prompts, prompt_tokenizer
 from theseus.data.tokenizer import Tokenizer
 from theseus.model.module import AUXILIARY, auxiliary
+from theseus.tasks.grpo_rollout import GRPORollout
 from theseus.tasks.rewards import Rewards
 from theseus.tasks.task import LossTask, Rollout, StepLayout
 
@@ -296,9 +297,18 @@ class GroupRelativePolicyOptimization(LossTask):
     def loss(self, model: nn.Module, params: Any, batch: dict[str, jax.Array], rng: jax.Array | None) -> jax.Array:
         return self.loss_and_metrics(model, params, batch, rng)[0]
 
-    def rollout(self, layout: StepLayout, dataset: Prompts) -> Rollout:
-        """Completions of the loader's prompts, sampled with the current params and scored
-        (``theseus.tasks.grpo_rollout``, which builds on this module: imported here)."""
-        from theseus.tasks.grpo_rollout import GRPORollout
+    def advantages(self, rewards: np.ndarray, prompt_ids: np.ndarray) -> tuple[np.ndarray, float]:
+        """Each completion's advantage (``advantages_by_prompt`` at ``grpo.scale_rewards``) and
+        TRL's ``frac_reward_zero_std``: the share of completions whose group's rewards (the
+        step's, with ``scale_rewards=batch``) agree to 1e-8, NaN rewards left out."""
+        if self.scale_rewards == "batch":
+            std = np.repeat(np.asarray(_nan_mean_std(jnp.asarray(rewards, jnp.float32), axis=0)[1]), len(rewards))
+        else:
+            order = np.argsort(prompt_ids, kind="stable")
+            std = np.asarray(group_statistics(np.asarray(rewards)[order], self.num_generations)[1])
+        zero = float(np.mean(np.isclose(std, 0.0)))  # torch.isclose's tolerances, as TRL's; NaN never close
+        return advantages_by_prompt(rewards, prompt_ids, self.num_generations, self.scale_rewards), zero
 
+    def rollout(self, layout: StepLayout, dataset: Prompts) -> Rollout:
+        """Completions of the loader's prompts, sampled with the current params and scored."""
         return GRPORollout(self, layout, dataset)

@@ -11,7 +11,7 @@ samples the same completions). Sampling runs on the mesh, with the params where 
 through ``theseus.model.generate.complete`` (batched, a KV cache, stopping at the stop tokens).
 Every process decodes and scores its own completions (``Rewards``); the scores are gathered so
 that every process computes every advantage, each completion's from its own prompt's group,
-found by the prompt's id (``advantages_by_prompt``), not by where the completion lies. Each
+found by the prompt's id (``theseus.tasks.grpo.advantages_by_prompt``), not by where the completion lies. Each
 completion then carries its advantage through the placement on the mesh and the split into
 micro-batches. With ``grpo.num_iterations`` above 1 the completions of a rollout are reused
 for that many steps, against their log-probs when sampled (``old``); with ``grpo.beta`` the
@@ -44,8 +44,7 @@ from theseus.data.prompts import PROMPT, Prompts
 from theseus.model.generate import complete
 from theseus.model.lora import has_adapters, is_adapter
 from theseus.model.sampling import Sampling
-from theseus.tasks.grpo import GroupRelativePolicyOptimization, advantages_by_prompt, group_statistics
-from theseus.tasks.task import Rollout, StepLayout
+from theseus.tasks.task import LossTask, Rollout, StepLayout
 
 SAMPLER = 0x6E9  # folded into trainer.seed: the sampler's keys, apart from dropout's
 SHOWN = 4  # validation prompts shown at each evaluation
@@ -54,7 +53,8 @@ SHOWN = 4  # validation prompts shown at each evaluation
 class GRPORollout(Rollout):
     """Completions of a step's prompts, sampled, scored and laid out (see the module)."""
 
-    def __init__(self, task: GroupRelativePolicyOptimization, layout: StepLayout, prompts: Prompts):
+    def __init__(self, task: LossTask, layout: StepLayout, prompts: Prompts):
+        """``task``: the GRPO task (``theseus.tasks.grpo``), its settings, rewards and advantages."""
         self.task, self.layout, self.prompts = task, layout, prompts
         self.group = task.num_generations
         self.seq_len = layout.model.seq_len
@@ -86,14 +86,14 @@ class GRPORollout(Rollout):
         every = self._everyone(self._scores(rows, tokens, lengths))  # every completion's, in the step's order
         totals = self.task.rewards.total(every)
         prompt_ids, all_lengths = self._everyone(groups), self._everyone(lengths)
-        advantages = advantages_by_prompt(totals, prompt_ids, self.group, self.task.scale_rewards)
+        advantages, zero_std = self.task.advantages(totals, prompt_ids)
         items = float(all_lengths.sum()) / self.layout.grad_accum  # dapo's normaliser
         batch = self.layout.place(self._examples(rows, tokens, lengths, advantages[self._mine(len(rows))], items))
         if self.task.num_iterations > 1:
             batch["old"] = self._score(params, batch)
         if self.task.beta:
             batch["reference"] = self._reference(params, batch)
-        metrics = self._metrics(every, totals, all_lengths, prompt_ids)
+        metrics = self._metrics(every, totals, all_lengths, zero_std)
         metrics["rollout_time"] = time.perf_counter() - began
         self._reused = (batch, metrics) if self.task.num_iterations > 1 else None
         return batch, metrics
@@ -183,19 +183,14 @@ class GRPORollout(Rollout):
                 "advantage": advantages.astype(np.float32), "items": np.full(len(rows), items, np.float32)}
 
     def _metrics(self, scores: np.ndarray, totals: np.ndarray, lengths: np.ndarray,
-                 prompt_ids: np.ndarray) -> dict[str, float]:
+                 zero_std: float) -> dict[str, float]:
         """TRL's: ``reward`` and ``reward_std`` (of the weighted sums, unscorable left out),
-        ``rewards/NAME/mean`` and ``/std``, ``frac_reward_zero_std`` (the completions whose group's
-        rewards, or the batch's with ``scale_rewards=batch``, all agree), ``completion_length``
-        (mean tokens, the stop token included) and ``completions/clipped_ratio`` (the share that
-        reached ``max_completion_length`` without stopping)."""
-        order = np.argsort(prompt_ids, kind="stable")
-        if self.task.scale_rewards == "batch":
-            std = np.full(len(totals), _nan_std(totals))
-        else:
-            std = np.asarray(group_statistics(totals[order], self.group)[1])
+        ``rewards/NAME/mean`` and ``/std``, ``frac_reward_zero_std`` (``zero_std``: the share of
+        completions whose group's rewards, or the batch's, all agree), ``completion_length`` (mean
+        tokens, the stop token included) and ``completions/clipped_ratio`` (the share that reached
+        ``max_completion_length`` without stopping)."""
         metrics = {"reward": _nan_mean(totals), "reward_std": _nan_std(totals),
-                   "frac_reward_zero_std": float(np.mean(np.isclose(std, 0.0))),
+                   "frac_reward_zero_std": zero_std,
                    "completion_length": float(np.mean(lengths)),
                    "completions/clipped_ratio": float(np.mean(lengths >= self.task.max_completion_length))}
         for name, column in zip(self.task.rewards.names, scores.T):
@@ -230,8 +225,7 @@ class GRPORollout(Rollout):
                 for row, text, row_scores in zip(rows, texts, scores)]
 
 
-def _score(params: Any, batch: dict[str, jax.Array], *, model: nn.Module,
-           task: GroupRelativePolicyOptimization) -> jax.Array:
+def _score(params: Any, batch: dict[str, jax.Array], *, model: nn.Module, task: LossTask) -> jax.Array:
     """float32 ``[grad_accum, micro, max_completion_length]``: the log-probs of a step's completions
     under ``params``, a micro-batch at a time (as the step holds them)."""
     return jax.lax.map(lambda micro: task.logps(model, params, micro)[0], batch)
