@@ -126,3 +126,24 @@ def params(run: Path) -> list[np.ndarray]:
     from theseus.trained import load_trained
 
     return [np.asarray(leaf) for leaf in jax.tree.leaves(load_trained(run).params)]
+
+
+def test_a_step_is_the_same_on_any_mesh_and_accumulation(folder):
+    """One device, or two with the batch in two micro-batches: the same completions (each keyed by
+    its place in the step), rewards, advantages and, up to float summation order, losses and
+    gradients (dapo normalised over the step's tokens, as TRL's ``num_items_in_batch``)."""
+    base, env, _ = folder
+    command = [sys.executable, "-m", "theseus.run", "+experiment=grpo_tiny", "trainer.init_from=outputs/reverse-sft",
+               "trainer.batch_size=16", "trainer.max_steps=3", "trainer.log_every=1", "trainer.eval_every=0",
+               "logger.mode=disabled"]
+    logged = {}
+    for name, layout in (("one", ["mesh.cpu_devices=1"]), ("two", ["mesh.cpu_devices=2", "trainer.grad_accum=2"])):
+        proc = subprocess.run([*command, *layout, f"hydra.run.dir=outputs/{name}"], cwd=base, capture_output=True,
+                              text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        logged[name] = [row for row in rows(base / "outputs" / name) if "loss" in row]
+    for one, two in zip(logged["one"], logged["two"], strict=True):
+        for key in ("reward", "rewards/correct/mean", "completion_length", "frac_reward_zero_std"):
+            assert one[key] == two[key], key
+        for key in ("loss", "grad_norm", "clip_ratio"):
+            assert one[key] == pytest.approx(two[key], rel=1e-5, abs=1e-7), key
