@@ -35,7 +35,7 @@ from theseus.data.chat import ChatTemplate, check_messages, tokenize
 from theseus.data.config import DataConfig
 from theseus.data.loader import Loader
 from theseus.data.records import read_batches
-from theseus.data.sources import corpus_files
+from theseus.data.sources import rows_files
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer
 
 PROMPT_SOURCES = ("jsonl", "parquet", "arrow")
@@ -146,12 +146,8 @@ class PromptOrder:
 
 def prompt_files(data: DataConfig) -> list[Path]:
     """The files of ``data``'s prompt rows; ConfigError for another source, or a mixture."""
-    if data.mixture:
-        raise ConfigError("task=grpo reads one source of prompts: drop data.mixture, set data.source and data.path")
-    if data.source not in PROMPT_SOURCES:
-        raise ConfigError(f"task=grpo reads prompt rows, not data.source={data.source}: use data.source=jsonl, "
-                          "parquet or arrow (rows with a prompt: a string or a list of messages)")
-    return corpus_files(data)
+    return rows_files(data, "grpo", "prompt rows", PROMPT_SOURCES,
+                      "jsonl, parquet or arrow (rows with a prompt: a string or a list of messages)")
 
 
 def prompt_tokenizer(data: DataConfig) -> Tokenizer:
