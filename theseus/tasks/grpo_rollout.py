@@ -75,6 +75,7 @@ class GRPORollout(Rollout):
         if step % self.task.num_iterations and self._reused is not None:
             batch, metrics = self._reused
             return batch, {**metrics, "rollout_time": 0.0}
+        jax.block_until_ready(params)  # the previous step's: its time is not the rollout's
         began = time.perf_counter()
         prompts = next(loader)  # this process's prompts
         rows = np.repeat(prompts, self.group)  # its completions' prompts: a group of each, consecutive
