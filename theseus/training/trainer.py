@@ -32,7 +32,8 @@ ROLLOUT = "rollout"  # the entry of a checkpoint's data state holding a rollout'
 
 
 class TrainingError(RuntimeError):
-    """A run that cannot go on (non-finite values): reported in one line, like a ConfigError."""
+    """A run that cannot go on (non-finite values, a batch its task cannot make): reported in one
+    line, like a ConfigError."""
 
 
 class Trainer:
