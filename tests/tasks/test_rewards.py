@@ -65,6 +65,8 @@ def test_functions_in_the_project_folder_are_found_from_below_it(tmp_path, monke
 
 @pytest.mark.parametrize(("spec", "says"), [
     ("rewards", "is not module:function"),
+    (3, "grpo.reward must be module:function or a list of them, got 3"),
+    (["rewards:a", 4], "grpo.reward must be module:function or a list of them"),
     ("rewards:", "is not module:function"),
     ("no_such_module_here:f", "cannot import 'no_such_module_here', asked for by grpo.reward=no_such_module_here:f "
                               r"\(looked for in .*\): ModuleNotFoundError"),

@@ -43,7 +43,10 @@ class Rewards:
     def check(specs: str | Sequence[str], weights: Sequence[float] | None = None) -> tuple[str, ...]:
         """The specs of ``grpo.reward`` as a tuple, each ``module:function``, with one weight each
         (``grpo.reward_weights``) if any: ConfigError naming the key otherwise (nothing imported)."""
-        specs = (specs,) if isinstance(specs, str) else tuple(specs)
+        specs = (specs,) if isinstance(specs, str) else tuple(specs) if isinstance(specs, list | tuple) else specs
+        if not isinstance(specs, tuple) or not all(isinstance(spec, str) for spec in specs):
+            raise ConfigError(f"grpo.reward must be module:function or a list of them, got {specs!r}: e.g. "
+                              f"grpo.reward=rewards:correct or 'grpo.reward=[rewards:correct,rewards:short]'")
         if not specs:
             raise ConfigError("grpo.reward is empty: give a reward function, e.g. grpo.reward=rewards:correct")
         for spec in specs:
