@@ -45,6 +45,7 @@ SHORTEN = {
     "+sweep=lr_optuna": "hydra.sweeper.n_trials=2 trainer.max_steps=10",
     "+sweep=lr": "trainer.max_steps=10",
     "trainer.init_from=$HOME/models/my-llama": "trainer.max_steps=3 trainer.batch_size=4 trainer.eval_batches=1",
+    "trainer.init_from=smollm2": "trainer.max_steps=2 trainer.eval_batches=1",
 }
 
 
@@ -142,6 +143,7 @@ def project(folder: Path, needs_model: bool) -> dict[str, str]:
     # HF_*_OFFLINE: lm-eval's datasets asks the hub before reading a local file, and this machine has no network
     return {**env, "HOME": str(folder), "START": str(folder), "JAX_PLATFORMS": "cpu", "WANDB_SILENT": "true",
             "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+            "PIP_CACHE_DIR": env.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")),  # pip download: once
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
 
 
