@@ -36,8 +36,9 @@ from theseus.trained import is_run_dir, source_config, trained_params
 
 # What an override may set (key prefixes, and how the refusal says it): what is evaluated, not
 # the model; a Hugging Face folder brings no data, so its overrides name that too.
-RUN_KEYS = (("evaluation.", "trainer.eval_batches"),
-            "e.g. evaluation.multiple_choice.NAME=FILE or trainer.eval_batches=N (the model and data are the run's)")
+RUN_KEYS = (("evaluation.", "trainer.eval_batches", "dpo."),
+            "e.g. evaluation.multiple_choice.NAME=FILE, trainer.eval_batches=N or dpo.reference=MODEL (the model and "
+            "data are the run's)")
 FOLDER_KEYS = ((*RUN_KEYS[0], "data.", "trainer.batch_size", "task"),
                "e.g. data.path=FILE, evaluation.multiple_choice.NAME=FILE or trainer.eval_batches=N "
                "(the model is the folder's)")
@@ -68,7 +69,7 @@ def run_evaluations(path: Path, step: int | None, args: list[str]) -> dict:
     require_checkpoint(path)
     run = assemble(source_config(path, overrides(args, RUN_KEYS if is_run_dir(path) else FOLDER_KEYS)), steps="eval")
     params, at = trained_params(path, step, run.model, run.compiled.target, run.base)
-    metrics = run.evaluate(params)
+    metrics = run.evaluate(params, split=run.task.EVALUATE_SPLIT)
     samples = [{"task": task, "index": i, **record}
                for task, records in run.evaluations.samples.items() for i, record in enumerate(records)]
     return {"path": str(path), "step": at, "mesh": dict(run.compiled.mesh.shape), "metrics": metrics,

@@ -37,7 +37,7 @@ from theseus.interop.hf_weights import save, to_hf
 from theseus.interop.peft_adapter import adapter_config, adapter_tensors, save_adapter
 from theseus.model.lora import LoRA, merged, settings_of, without_adapters
 from theseus.model.models.gpt import unstack_layers
-from theseus.tasks.sft import chat_template_of
+from theseus.tasks.task import chat_template_of
 from theseus.trained import is_run_dir, load_trained
 
 
@@ -80,7 +80,7 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None, adapter: bool 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save(tensors, out_dir)
-    template = chat_template_of(run.cfg)  # an sft run's: AutoTokenizer's apply_chat_template renders as it trained
+    template = chat_template_of(run.cfg)  # an sft or dpo run's: AutoTokenizer's apply_chat_template renders as it trained
     export_tokenizer(tokenizer, out_dir, template.settings() if template else None)
 
 

@@ -12,6 +12,8 @@ ConfigError in one line, before the work it guards.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 import sys
 from pathlib import Path
@@ -27,19 +29,19 @@ from theseus.config.compose import with_values
 from theseus.config.registry import chosen
 from theseus.data.dataset import planned_vocab_size
 from theseus.data.tokenizer import Tokenizer
-from theseus.interop.hf_config import arch_of
+from theseus.interop.hf_config import CONFIG_FILE, arch_of
 from theseus.interop.init_from import hf_folder, init_from_values
 from theseus.interop.loading import load_params
 from theseus.model.lora import settings_of
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
 from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
-from theseus.tasks.task import LossTask, task_class
+from theseus.tasks.task import START, LossTask, task_class
 from theseus.training import init_from
 from theseus.training.batches import batch_share
 from theseus.training.checkpoint import read_params, require_base, step_dir
 from theseus.training.compiled import Compiled, Steps, compile_steps
-from theseus.training.frozen_base import FrozenBase, frozen_part
+from theseus.training.frozen_base import FrozenBase, fingerprint, frozen_part
 from theseus.training.logger import LoggerConfig, scrub, secrets
 from theseus.training.parts import Run, prefetch
 from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
@@ -100,6 +102,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
               start=_start(settings, model), target=target, base=_frozen_base(settings, model))
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
+    if dataset is not None and steps is not None and not settings.trainer.dry_run:
+        _score_reference(run)
     return run
 
 
@@ -169,6 +173,60 @@ def _frozen_base(settings: Settings, model) -> FrozenBase | None:
     if folder is not None:
         return FrozenBase(folder.resolve(), lambda hf, layout: load_params(hf, arch_of(model), layout))
     return FrozenBase(step_dir(Path(given).resolve()), lambda step, layout: read_params(step, frozen_part(layout)))
+
+
+def _score_reference(run: Run) -> None:
+    """Have the task's examples scored by its reference model (``LossTask.reference``; ``dpo``'s),
+    once: read back from the data cache when that reference scored them before, else computed on
+    the run's mesh. The run's own start (the default) is made here and kept for the trainer (its
+    params are the reference until the first step); another model is loaded onto the run's
+    layout, used and dropped: while training, its weights are not on the devices."""
+    source = run.task.reference()
+    if source is None:
+        return
+    seq_len, fingerprint = run.model.seq_len, _reference_fingerprint(source, run)
+    if run.dataset.cached_reference(seq_len, fingerprint):
+        return
+    say = functools.partial(print, file=sys.stderr) if jax.process_index() == 0 else lambda text: None
+    if source == START:
+        start = run.start(run.compiled, say)
+        run.start, params = (lambda compiled, say: start), start[0].params
+    else:
+        params = _reference_params(source, run)
+    run.dataset.score_reference(seq_len, fingerprint, functools.partial(run.score_reference, params), run.micro_batch,
+                                *run.batch_share)
+
+
+def _reference_fingerprint(source: str, run: Run) -> str:
+    """What the reference's outputs depend on: its weights (a folder's or checkpoint's fingerprint;
+    the run's start: ``trainer.init_from``'s, or its seed), the model computing them and the backend."""
+    weights = run.settings.trainer.init_from if source == START else source
+    found = weights and _weights_folder(weights)
+    if weights and found is None:
+        raise ConfigError(f"dpo.reference={source} is neither a Hugging Face folder (config.json) nor a theseus run "
+                          f"or checkpoint: give the folder of the reference model")
+    described = {"weights": fingerprint(found.resolve()) if found else f"initialised, seed {run.settings.trainer.seed}",
+                 "model": run.record["choices"]["model"], "architecture": run.record["architecture"],
+                 "backend": jax.default_backend()}
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+
+
+def _weights_folder(given: str) -> Path | None:
+    """The folder of a model's weights: a Hugging Face folder, a theseus checkpoint's step (a run's newest)."""
+    folder = hf_folder(given)
+    return folder if folder is not None and (folder / CONFIG_FILE).is_file() else step_dir(Path(given).expanduser())
+
+
+def _reference_params(source: str, run: Run):
+    """The reference's weights on the run's layout (a LoRA run's adapters zero: the base's function)."""
+    folder, target = _weights_folder(source), run.compiled.target.params
+    try:
+        if (folder / CONFIG_FILE).is_file():
+            return load_params(folder, arch_of(run.model), target)
+        return read_params(folder, target)
+    except ConfigError as exc:
+        raise ConfigError(f"dpo.reference={source}: {exc} (the reference must have the policy's architecture and "
+                          f"vocabulary)") from exc
 
 
 def _from_folder(compiled: Compiled, say, folder: Path, arch) -> tuple[TrainState, dict | None]:

@@ -17,7 +17,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.config import configuration, configure
 from theseus.data.chat import ChatTemplate
 from theseus.data.chat_corpus import prepare_chats
 from theseus.data.config import DataConfig
@@ -25,7 +24,7 @@ from theseus.data.conversations import ROWS, Conversations
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer
 from theseus.model.module import AUXILIARY, auxiliary
 from theseus.tasks.lm import cross_entropy
-from theseus.tasks.task import LossTask, task_class
+from theseus.tasks.task import LossTask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +55,10 @@ class SupervisedFineTuning(LossTask):
         for split in ("train", "val"):
             dataset.windows(split, seq_len, batch_size=1, seed=0)
 
+    def chat_template(self, data: DataConfig) -> ChatTemplate:
+        """``data.chat_template``, the tokenizer's, or theseus's default (``ChatTemplate.find``)."""
+        return ChatTemplate.find(data.tokenizer, data.chat_template)
+
     def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
         """``batch: int32 [batch, 3, seq + 1]`` -> the mean loss over the masked targets."""
         return self._losses(model, params, batch, rng)[0]
@@ -77,13 +80,3 @@ class SupervisedFineTuning(LossTask):
                                    rngs=None if rng is None else {"dropout": rng}, mutable=[AUXILIARY])
         lm_loss = cross_entropy(logits, jnp.where(mask[:, 1:] > 0, tokens[:, 1:], -1))
         return (lm_loss, *auxiliary(sown))
-
-
-def chat_template_of(cfg: Any) -> ChatTemplate | None:
-    """The chat template a composed config's run trains with (``task=sft``: ``data.chat_template``,
-    the tokenizer's, or theseus's default); None for another task."""
-    if not issubclass(task_class(cfg), SupervisedFineTuning):
-        return None
-    with configuration(cfg):
-        data = configure(DataConfig)
-    return ChatTemplate.find(data.tokenizer, data.chat_template)
