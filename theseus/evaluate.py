@@ -9,6 +9,11 @@ change evaluation keys) or a Hugging Face folder (its weights; overrides also na
 
     python -m theseus.evaluate outputs/run evaluation.multiple_choice.toy=toy.jsonl trainer.eval_batches=20
     python -m theseus.evaluate ~/models/my-llama data.source=text data.path=notes.txt
+    python -m theseus.evaluate ~/models/my-llama task=dpo data.source=jsonl data.path=pairs.jsonl dpo.reference=REF
+
+``task=dpo`` scores every pair of the file (``LossTask.EVALUATE_SPLIT``; a run's own evaluations
+score its validation pairs): ``val_loss`` and TRL's ``val_rewards/...``, ``val_logps/...``;
+``dpo.*`` overrides are taken for a run too (another reference, loss or beta).
 
 ``--tasks hellaswag,arc_easy`` adds lm-evaluation-harness tasks (lm-eval's names, or those of
 the task YAMLs under ``--include PATH``; ``--num_fewshot``, ``--limit`` as lm-eval has them):
