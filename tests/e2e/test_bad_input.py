@@ -92,7 +92,7 @@ CASES = [
     _case("dpo_exo_pair_unsmoothed", ["task=dpo", "dpo.loss_type=exo_pair"],
           "dpo.loss_type=exo_pair needs dpo.label_smoothing > 0", "e.g. dpo.label_smoothing=0.001"),
     _case("dpo_reference_missing", ["task=dpo", "dpo.reference={ws}/nope"], "dpo.reference={ws}/nope does not exist",
-          "give a Hugging Face folder, a theseus run or checkpoint, or none"),
+          "give a Hugging Face folder, a theseus run or checkpoint"),
     _case("dpo_of_text", ["task=dpo"], "task=dpo reads preference pairs, not data.source=text", "use data.source=jsonl"),
     _case("dpo_row_without_rejected", ["task=dpo", "data.source=jsonl", "data.path={ws}/pairs.jsonl"],
           "{ws}/pairs.jsonl line 2 has no field 'rejected' (it has 'prompt', 'chosen')",

@@ -117,11 +117,12 @@ def hf_val_loss(folder: Path, overrides: list[str], seq_len: int, batch_size: in
     from theseus.config.compose import with_values
     from theseus.data.config import DataConfig
     from theseus.data.dataset import open_dataset
-    from theseus.interop.init_from import init_from_values
+    from theseus.interop.init_from import init_from_values, init_source
+    from theseus.model.source import parse_source
     from theseus.trained import source_config
 
-    cfg = source_config(folder, overrides)
-    cfg = with_values(cfg, init_from_values(cfg))
+    cfg = source_config(parse_source(folder, key=None), overrides)
+    cfg = with_values(cfg, init_from_values(cfg, init_source(cfg)))
     with configuration(cfg):
         data = configure(DataConfig)
     loader = open_dataset(data).loader("val", seq_len, batch_size, seed=data.seed, prefetch=0)

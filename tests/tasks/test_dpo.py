@@ -82,8 +82,9 @@ def trl_numbers(project: Path, kind: str, loss_type: str, beta: float, smoothing
 def theseus_numbers(project: Path, kind: str, *overrides: str) -> dict[str, float]:
     """What ``python -m theseus.evaluate policy task=dpo ...`` records, run in this process."""
     from theseus.evaluate import run_evaluations
+    from theseus.model.source import parse_source
 
-    record = run_evaluations(project / "policy", None, ["task=dpo", "data.source=jsonl",
+    record = run_evaluations(parse_source(project / "policy", key=None), None, ["task=dpo", "data.source=jsonl",
                                                          f"data.path={project / f'{kind}.jsonl'}",
                                                          f"dpo.reference={project / 'reference'}",
                                                          f"data.cache_dir={project / 'cache'}", "trainer.batch_size=4",
@@ -128,7 +129,7 @@ def test_the_reference_is_scored_once_into_the_cache_as_transformers_scores_it(p
     assert kept.shape == (len(pairs), 2)
 
 
-def test_losses_at_the_reference_and_their_settings():
+def test_losses_at_the_reference_and_their_settings(tmp_path):
     same = jnp.asarray([-3.0, -5.0])
     for loss_type, expected in (("sigmoid", math.log(2)), ("hinge", 1.0), ("sigmoid_norm", math.log(2))):
         losses, metrics = dpo_loss(same, same, same, same, jnp.ones(2), jnp.ones(2), beta=0.1, loss_type=loss_type)
@@ -138,8 +139,8 @@ def test_losses_at_the_reference_and_their_settings():
         DirectPreference(loss_type="exo_pair")
     with pytest.raises(ConfigError, match=r"dpo.label_smoothing must be in \[0, 0.5\)"):
         DirectPreference(loss_type="robust", label_smoothing=0.5)
-    with pytest.raises(ConfigError, match="dpo.reference=nowhere does not exist"):
-        DirectPreference(reference_given="nowhere")
+    with pytest.raises(ConfigError, match="dpo.reference=.*nowhere does not exist: give a Hugging Face folder"):
+        DirectPreference(reference_given=str(tmp_path / "nowhere"))
 
 
 @pytest.mark.parametrize("rows, message", [

@@ -50,7 +50,7 @@ import numpy as np
 from theseus.config import ConfigError
 from theseus.data.cache import building
 from theseus.data.chat import ChatTemplate, check_messages, tokenize
-from theseus.data.chat_corpus import chat_tokenizer, read_chats, rendered_folder
+from theseus.data.chat_corpus import chat_tokenizer, rendered_folder
 from theseus.data.config import DataConfig
 from theseus.data.conversations import Windows, split_rows
 from theseus.data.docstring_chats import stdlib_pairs

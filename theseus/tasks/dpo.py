@@ -28,7 +28,6 @@ sequences of every pair go through the policy in one forward.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -42,6 +41,7 @@ from theseus.data.config import DataConfig
 from theseus.data.preferences import Preferences, pairs_tokenizer, prepare_pairs
 from theseus.data.tokenizer import Tokenizer
 from theseus.model.module import AUXILIARY, auxiliary
+from theseus.model.source import ModelSource, parse_source
 from theseus.tasks.task import START, LossTask
 
 NONE = "none"  # dpo.reference: reference-free, its log-probs 0
@@ -126,15 +126,14 @@ class DirectPreference(LossTask):
                                         "other losses ignore it")
     reference_given: str | None = field("dpo.reference", default=None,
                                         help="the frozen reference: None, the run's starting weights "
-                                             "(trainer.init_from's; LoRA: the base, adapters off); a Hugging Face "
-                                             "folder or a theseus run or checkpoint; none: reference-free")
+                                             "(trainer.init_from's; LoRA: the base, adapters off); a model source (a "
+                                             "Hugging Face folder, a theseus run or checkpoint, a GGUF file, a model "
+                                             "id in the local Hugging Face cache) of the policy's architecture; none: "
+                                             "reference-free")
 
     def __post_init__(self):
         super().__post_init__()
-        given = self.reference_given
-        if given not in (None, NONE) and not os.path.exists(os.path.expanduser(given)):
-            raise ConfigError(f"dpo.reference={given} does not exist: give a Hugging Face folder, a theseus run or "
-                              f"checkpoint, or {NONE} (reference-free); unset, the run's starting weights")
+        self.reference()  # a source that names no model: one line, before any work
         if self.loss_type == "exo_pair" and self.label_smoothing == 0:
             raise ConfigError("dpo.loss_type=exo_pair needs dpo.label_smoothing > 0 (the preferences' flip "
                               "probability; the EXO paper uses 1e-3): e.g. dpo.label_smoothing=0.001")
@@ -159,16 +158,21 @@ class DirectPreference(LossTask):
         except ConfigError:
             return None
 
+    def longest_window(self, dataset: Preferences) -> None:
+        """Any: a pair is padded into a window of any length (one longer is dropped)."""
+        return None
+
     def check_data(self, dataset: Preferences, seq_len: int) -> None:
         """ConfigError unless some pair of each split fits a window (the others are dropped, and
         counted on the console)."""
         for split in ("train", "val"):
             dataset.fitting(split, seq_len)
 
-    def reference(self) -> str | None:
+    def reference(self) -> ModelSource | str | None:
+        """``dpo.reference``'s model (``START``: unset, the run's own start; None: ``none``)."""
         if self.reference_given == NONE:
             return None
-        return START if self.reference_given is None else self.reference_given
+        return START if self.reference_given is None else parse_source(self.reference_given, "dpo.reference")
 
     def reference_outputs(self, model: nn.Module, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
         """The log-probs of each pair's completions under ``params``, float32 ``[batch, 2]`` (chosen, rejected)."""

@@ -55,6 +55,10 @@ class SupervisedFineTuning(LossTask):
         for split in ("train", "val"):
             dataset.windows(split, seq_len, batch_size=1, seed=0)
 
+    def longest_window(self, dataset: Conversations) -> None:
+        """Any: conversations are packed or padded into windows of any length."""
+        return None
+
     def chat_template(self, data: DataConfig) -> ChatTemplate:
         """``data.chat_template``, the tokenizer's, or theseus's default (``ChatTemplate.find``)."""
         return ChatTemplate.find(data.tokenizer, data.chat_template)

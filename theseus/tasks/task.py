@@ -28,6 +28,7 @@ from theseus.data.chat import ChatTemplate
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.data.tokenizer import Tokenizer
+from theseus.model.source import ModelSource
 
 
 START = "start"  # LossTask.reference: the run's own starting weights
@@ -63,6 +64,11 @@ class LossTask(Task):
                                   f"architecture.seq_len+1={seq_len + 1}: lower architecture.seq_len, use more data or "
                                   f"raise data.val_fraction")
 
+    def longest_window(self, dataset: Any) -> int | None:
+        """The longest ``architecture.seq_len`` whose windows ``dataset`` fills in each split (a
+        model's context is shortened to it to evaluate on little data); None: any."""
+        return min(dataset.n_tokens(split) for split in ("train", "val")) - 1
+
     def tokenizer(self, data: DataConfig) -> Tokenizer:
         """The tokenizer of ``dataset(data)`` (what sampling and evaluating a run's checkpoint use)."""
         return self.dataset(data).tokenizer
@@ -89,10 +95,10 @@ class LossTask(Task):
         cross-entropy alone, without a mixture of experts' penalties)."""
         return self.loss(model, params, batch, None), {}
 
-    def reference(self) -> str | None:
+    def reference(self) -> ModelSource | str | None:
         """The model whose outputs each example needs (``reference_outputs``), computed once
         before training: ``START`` (the run's own start: ``trainer.init_from``'s weights, LoRA's
-        adapters still zero), a model source (a path), or None: none (the default)."""
+        adapters still zero), a model source, or None: none (the default)."""
         return None
 
     def reference_outputs(self, model: nn.Module, params: Any, batch: Any) -> Any:

@@ -27,16 +27,18 @@ SAMPLE = 4096  # bytes read at each end of each tensor
 
 
 def fingerprint(folder: Path) -> str:
-    """A digest of the weights in ``folder``, cheap at any size: of a Hugging Face folder, each
-    safetensors file's name, size and header (every tensor's name, dtype, shape and place), and
-    the first and last 4 KiB of every tensor's data; of a theseus checkpoint, each file's path,
-    size and first and last 4 KiB (Orbax names its data files by their content). A copy of the
-    folder matches; other weights (another model, these retrained, a tensor rewritten) do not."""
+    """A digest of the weights in ``folder`` (a folder, or one file), cheap at any size: of a
+    Hugging Face folder, each safetensors file's name, size and header (every tensor's name,
+    dtype, shape and place), and the first and last 4 KiB of every tensor's data; of a theseus
+    checkpoint (Orbax names its data files by their content) or a GGUF file, each file's path,
+    size and first and last 4 KiB. A copy matches; other weights (another model, these
+    retrained, a tensor rewritten) do not."""
     digest = hashlib.sha256()
     tensors = sorted(folder.glob("*.safetensors"))
-    for path in tensors or sorted(path for path in folder.rglob("*") if path.is_file()):
+    files = [folder] if folder.is_file() else sorted(path for path in folder.rglob("*") if path.is_file())
+    for path in tensors or files:
         size = path.stat().st_size
-        digest.update(f"{path.relative_to(folder)}:{size}\n".encode())
+        digest.update(f"{path.relative_to(folder) if path != folder else path.name}:{size}\n".encode())
         with path.open("rb") as file:
             for begin, end in _tensor_spans(file, digest.update) if tensors else [(0, size)]:
                 for offset in sorted({begin, max(end - SAMPLE, begin)}):
@@ -77,8 +79,8 @@ class FrozenBase:
 
 
 def require_folder(folder: Path, holder: Path) -> None:
-    """ConfigError when ``folder``, the base that checkpoints in ``holder`` name, is not there."""
-    if not folder.is_dir():
+    """ConfigError when ``folder`` (or file), the base that checkpoints in ``holder`` name, is not there."""
+    if not folder.exists():
         raise ConfigError(f"{holder} holds LoRA adapters without their base, {folder}, which is not there: put the "
                           f"base folder back at {folder}")
 
