@@ -84,32 +84,39 @@ def prepare_pairs(data: DataConfig, reference_free: bool = False) -> Preferences
     folder = rendered_folder(data, files, None if isinstance(template, ConfigError) else template, "pairs",
                              pairs_format=FORMAT)
     where = "the standard library" if data.source == "stdlib" else f"data.path={data.path}"
-    if not (folder / META).is_file():
-        rows = list(pair_rows(data, files))
-        with progress(f"dpo: rendering the preference pairs of {where}", len(rows), "pairs") as advance:
-            texts = []
-            for row, at in rows:
-                texts.append(pair_texts(check_pair(row, at), template, at))
-                advance(1)
-        if not texts:
-            raise ConfigError(f"{where} holds no preference pairs: give rows of {', '.join(FIELDS)}")
-        if all(chosen == rejected for _, chosen, rejected, _ in texts):
-            raise ConfigError(f"every row of {where} has its chosen completion equal to its rejected one: there is "
-                              "no preference to learn; check the rejected field")
-        tokenizer = given or chat_tokenizer(data, [text for *three, _ in texts for text in three], template)
-        eos = end_of_text(tokenizer)
-        with progress(f"dpo: tokenizing them ({tokenizer.kind})", len(texts), "pairs") as advance:
-            pairs = []
-            for prompt, chosen, rejected, standard in texts:
-                pairs.append(encode_pair(tokenizer, prompt, chosen, rejected, eos if standard else None))
-                advance(1)
-        split = split_rows(len(pairs), data.val_fraction, data.seed, "pairs", where)  # ConfigError before writing
-        with building(folder) as scratch:
-            write_pairs(scratch, tokenizer, pairs)
-    else:
+    if (folder / META).is_file():
         tokenizer, pairs = read_pairs(folder, given)
-        split = split_rows(len(pairs), data.val_fraction, data.seed, "pairs", where)
+        return Preferences(tokenizer, pairs, split_rows(len(pairs), data.val_fraction, data.seed, "pairs", where),
+                           folder.name, folder.parent, data.seed, reference_free)
+    tokenizer, pairs = encode_rows(data, list(pair_rows(data, files)), template, given, where)
+    split = split_rows(len(pairs), data.val_fraction, data.seed, "pairs", where)  # ConfigError before writing
+    with building(folder) as scratch:
+        write_pairs(scratch, tokenizer, pairs)
     return Preferences(tokenizer, pairs, split, folder.name, folder.parent, data.seed, reference_free)
+
+
+def encode_rows(data: DataConfig, rows: list[tuple[Mapping, str]], template: ChatTemplate | ConfigError,
+                given: Tokenizer | None, where: str) -> tuple[Tokenizer, list[Pair]]:
+    """The tokenizer (``given``, else ``data.tokenizer`` fitted to the rows' text) and every row's
+    pair, as TRL tokenizes it (``encode_pair``); ConfigError naming the row for a bad one."""
+    with progress(f"dpo: rendering the preference pairs of {where}", len(rows), "pairs") as advance:
+        texts = []
+        for row, at in rows:
+            texts.append(pair_texts(check_pair(row, at), template, at))
+            advance(1)
+    if not texts:
+        raise ConfigError(f"{where} holds no preference pairs: give rows of {', '.join(FIELDS)}")
+    if all(chosen == rejected for _, chosen, rejected, _ in texts):
+        raise ConfigError(f"every row of {where} has its chosen completion equal to its rejected one: there is "
+                          "no preference to learn; check the rejected field")
+    tokenizer = given or chat_tokenizer(data, [text for *three, _ in texts for text in three], template)
+    eos = end_of_text(tokenizer)
+    with progress(f"dpo: tokenizing them ({tokenizer.kind})", len(texts), "pairs") as advance:
+        pairs = []
+        for prompt, chosen, rejected, standard in texts:
+            pairs.append(encode_pair(tokenizer, prompt, chosen, rejected, eos if standard else None))
+            advance(1)
+    return tokenizer, pairs
 
 
 def pair_files(data: DataConfig) -> list[Path]:
