@@ -99,16 +99,17 @@ def encode_rows(data: DataConfig, rows: list[tuple[Mapping, str]], template: Cha
                 given: Tokenizer | None, where: str) -> tuple[Tokenizer, list[Pair]]:
     """The tokenizer (``given``, else ``data.tokenizer`` fitted to the rows' text) and every row's
     pair, as TRL tokenizes it (``encode_pair``); ConfigError naming the row for a bad one."""
-    with progress(f"dpo: rendering the preference pairs of {where}", len(rows), "pairs") as advance:
-        texts = []
-        for row, at in rows:
-            texts.append(pair_texts(check_pair(row, at), template, at))
-            advance(1)
-    if not texts:
+    checked = [(check_pair(row, at), at) for row, at in rows]  # every row, before any line is shown
+    if not checked:
         raise ConfigError(f"{where} holds no preference pairs: give rows of {', '.join(FIELDS)}")
-    if all(chosen == rejected for _, chosen, rejected, _ in texts):
+    if all(chosen == rejected for (_, chosen, rejected), _ in checked):
         raise ConfigError(f"every row of {where} has its chosen completion equal to its rejected one: there is "
                           "no preference to learn; check the rejected field")
+    with progress(f"dpo: rendering the preference pairs of {where}", len(rows), "pairs") as advance:
+        texts = []
+        for pair, at in checked:
+            texts.append(pair_texts(pair, template, at))
+            advance(1)
     tokenizer = given or chat_tokenizer(data, [text for *three, _ in texts for text in three], template)
     eos = end_of_text(tokenizer)
     with progress(f"dpo: tokenizing them ({tokenizer.kind})", len(texts), "pairs") as advance:
