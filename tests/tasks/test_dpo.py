@@ -117,6 +117,9 @@ def test_the_reference_is_scored_once_into_the_cache_as_transformers_scores_it(p
     assert sorted(cache.glob("reference-*")) == folders
     assert swept[0]["val_logps/chosen"] == swept[1]["val_logps/chosen"]
     assert swept[1]["val_rewards/margins"] == pytest.approx(2 * swept[0]["val_rewards/margins"], rel=1e-5)
+    free = theseus_numbers(project, "standard", "dpo.beta=0.2", "dpo.reference=none")  # reference-free: log-probs 0
+    assert free["val_rewards/chosen"] == pytest.approx(0.2 * free["val_logps/chosen"], rel=1e-5)
+    assert sorted(cache.glob("reference-*")) == folders
 
     data = DataConfig(source="jsonl", path=str(project / "standard.jsonl"),
                       tokenizer=str(project / "policy" / "tokenizer.json"), cache_dir=str(cache))
@@ -127,6 +130,27 @@ def test_the_reference_is_scored_once_into_the_cache_as_transformers_scores_it(p
               and np.allclose(np.load(folder / "logps.npy"), transformers_logps(project / "reference", pairs),
                               rtol=1e-4)]
     assert kept.shape == (len(pairs), 2)
+
+
+def test_parquet_rows_are_jsonl_rows_and_pairs_too_long_are_dropped_or_refused(project, tmp_path, capfd):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in open(project / "conversational.jsonl")]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "pairs.parquet")
+    tokenizer = str(project / "policy" / "tokenizer.json")
+    read = {source: prepare_pairs(DataConfig(source=source, path=str(path), tokenizer=tokenizer,
+                                             cache_dir=str(tmp_path / "cache")))
+            for source, path in (("jsonl", project / "conversational.jsonl"), ("parquet", tmp_path / "pairs.parquet"))}
+    pairs = read["jsonl"].pairs
+    assert [[part.tolist() for part in pair] for pair in read["parquet"].pairs] == [[p.tolist() for p in pair]
+                                                                                    for pair in pairs]
+    needs = sorted(len(prompt) + max(len(chosen), len(rejected)) - 1 for prompt, chosen, rejected in pairs)
+    kept = read["jsonl"].fitting("train", needs[len(needs) // 2])
+    assert 0 < len(kept) < read["jsonl"].n_pairs("train")
+    assert f"dropped {read['jsonl'].n_pairs('train') - len(kept)} of" in capfd.readouterr().err
+    with pytest.raises(ConfigError, match=rf"raise architecture.seq_len to {needs[0]} for the shortest, {needs[-1]}"):
+        read["jsonl"].fitting("all", needs[0] - 1)
 
 
 def test_losses_at_the_reference_and_their_settings(tmp_path):
