@@ -5,7 +5,7 @@ SOURCE is a model source: a theseus run (its newest checkpoint, the step its pat
 cache, whose weights are written as a plain Hugging Face folder (a GGUF file's dequantised).
 
 Writes ``config.json``, ``model.safetensors``, ``tokenizer.json`` and ``tokenizer_config.json``
-(byte and char tokenizers too; an SFT run's chat template in it);
+(byte and char tokenizers too; the chat template in it: an SFT run's, or its tokenizer's own);
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` and
 ``AutoTokenizer.from_pretrained(OUT_DIR)`` load it. GPT-2-style runs export as ``gpt2``,
 Llama-style ones as ``llama``. Only what the format expresses exactly is written
@@ -86,7 +86,7 @@ def export(source: ModelSource, out_dir: Path, step: int | None = None, adapter:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save(tensors, out_dir)
-    template = chat_template_of(run.cfg)  # an sft or dpo run's: AutoTokenizer's apply_chat_template renders as it trained
+    template = chat_template_of(run.cfg)  # the task's (sft, dpo), or its tokenizer's own: apply_chat_template renders it
     export_tokenizer(tokenizer, out_dir, template.settings() if template else None)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from theseus.config import ConfigError
 from theseus.data.tokenizer import JSON_FILE
+from theseus.interop import gguf
 from theseus.interop.hf_config import CONFIG_FILE, read_config
 from theseus.interop.hf_weights import Checkpoint
 from theseus.model.source import ModelSource
@@ -26,8 +27,6 @@ from theseus.training.checkpoint import step_dir
 def hf_config_of(source: ModelSource) -> dict[str, Any]:
     """The config.json ``source`` describes (a Hugging Face folder's or GGUF file's)."""
     if source.kind == "gguf":
-        from theseus.interop import gguf
-
         return gguf.config(source.path)
     if source.kind != "hf":
         raise ValueError(f"{source} is a theseus run, which has no config.json")
@@ -39,12 +38,10 @@ def where(source: ModelSource) -> str:
     return str(source.path / CONFIG_FILE if source.kind == "hf" else source.path)
 
 
-def tensors_of(source: ModelSource) -> Checkpoint:
+def tensors_of(source: ModelSource) -> Checkpoint | gguf.Tensors:
     """A reader of ``source``'s tensors by their Hugging Face names (``read(name)``,
     ``unused()``; a context manager); ConfigError when they are not there."""
     if source.kind == "gguf":
-        from theseus.interop import gguf
-
         return gguf.Tensors(source.path)
     try:
         return Checkpoint(source.path)

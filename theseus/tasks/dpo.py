@@ -114,6 +114,7 @@ class DirectPreference(LossTask):
 
     EVALUATE_SPLIT: ClassVar[str] = "all"  # theseus.evaluate scores every pair of the file it is given
     SEQUENCES: ClassVar[int] = 2  # a pair: its chosen and its rejected sequence
+    CHAT: ClassVar[bool] = True
 
     beta: float = field("dpo.beta", default=0.1, check=Range(gt=0),
                         help="the strength of the reference: rewards are beta x the log-ratios to it "
@@ -152,7 +153,7 @@ class DirectPreference(LossTask):
 
     def chat_template(self, data: DataConfig) -> ChatTemplate | None:
         """The template conversational pairs are rendered with (``ChatTemplate.find``); None when
-        there is none (standard pairs need none)."""
+        there is none (standard pairs need none, and the tokenizer holds none of its own)."""
         try:
             return ChatTemplate.find(data.tokenizer, data.chat_template)
         except ConfigError:

@@ -11,7 +11,7 @@ outside ``assistant_masks`` (``data.train_on=all``: every token from position 1)
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -58,6 +58,8 @@ class SupervisedFineTuning(LossTask):
     def longest_window(self, dataset: Conversations) -> None:
         """Any: conversations are packed or padded into windows of any length."""
         return None
+
+    CHAT: ClassVar[bool] = True
 
     def chat_template(self, data: DataConfig) -> ChatTemplate:
         """``data.chat_template``, the tokenizer's, or theseus's default (``ChatTemplate.find``)."""

@@ -47,6 +47,7 @@ class LossTask(Task):
     # score), or every example of the data (``all``: a file of pairs given to score)
     EVALUATE_SPLIT: ClassVar[str] = "val"
     SEQUENCES: ClassVar[int] = 1  # sequences of seq_len an example puts through the model (tokens, FLOPs per step)
+    CHAT: ClassVar[bool] = False  # trains a chat model (its run's summary samples it with --chat)
 
     def dataset(self, data: DataConfig) -> Any:
         """What the trainer draws batches of ``example`` from: ``open_dataset(data)`` (token
@@ -107,9 +108,10 @@ class LossTask(Task):
         raise NotImplementedError
 
     def chat_template(self, data: DataConfig) -> ChatTemplate | None:
-        """The chat template the task renders its examples with (an export writes it beside the
-        tokenizer, ``theseus.sample --chat`` uses it); None (the default): plain text."""
-        return None
+        """The chat template of the task's model, which an export writes beside its tokenizer: by
+        default the tokenizer's own, if any (a chat model fine-tuned on text stays one); a task of
+        conversations, the one it renders them with."""
+        return ChatTemplate.own(data.tokenizer)
 
     def val_metrics(self, val_loss: float, bytes_per_token: float | None) -> dict[str, float]:
         """The metrics logged at an evaluation, from the mean validation loss."""
@@ -131,8 +133,8 @@ def task_class(cfg: Any) -> type[Task]:
 
 
 def chat_template_of(cfg: Any) -> ChatTemplate | None:
-    """The chat template a composed config's run renders its examples with (``LossTask.chat_template``:
-    ``task=sft``'s, ``task=dpo``'s), None for a task of plain text."""
+    """The chat template of a composed config's run, which its export writes (``LossTask.chat_template``:
+    ``task=sft``'s and ``task=dpo``'s, the one they render with; another's, its tokenizer's own)."""
     with configuration(cfg):
         task, data = configure(task_class(cfg)), configure(DataConfig)
     return task.chat_template(data) if isinstance(task, LossTask) else None
