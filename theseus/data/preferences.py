@@ -254,6 +254,10 @@ class Preferences:
     def n_pairs(self, split: str) -> int:
         return len(self._rows(split))
 
+    def longest(self) -> int:
+        """The tokens of the longest sequence of any pair (its prompt and longer completion)."""
+        return max(len(prompt) + max(len(chosen), len(rejected)) for prompt, chosen, rejected in self.pairs)
+
     def fitting(self, split: str, seq_len: int) -> list[int]:
         """The pairs of ``split`` whose longer sequence fits ``seq_len + 1`` tokens; the others are
         counted on stderr (once); ConfigError when none fits."""

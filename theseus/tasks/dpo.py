@@ -159,9 +159,10 @@ class DirectPreference(LossTask):
         except ConfigError:
             return None
 
-    def longest_window(self, dataset: Preferences) -> None:
-        """Any: a pair is padded into a window of any length (one longer is dropped)."""
-        return None
+    def longest_window(self, dataset: Preferences) -> int:
+        """What the longest pair fills (its longer sequence: ``seq_len + 1`` tokens): a longer
+        window holds no more pairs."""
+        return dataset.longest() - 1
 
     def check_data(self, dataset: Preferences, seq_len: int) -> None:
         """ConfigError unless some pair of each split fits a window (the others are dropped, and
