@@ -255,8 +255,13 @@ class Preferences:
         return len(self._rows(split))
 
     def longest(self) -> int:
-        """The tokens of the longest sequence of any pair (its prompt and longer completion)."""
-        return max(len(prompt) + max(len(chosen), len(rejected)) for prompt, chosen, rejected in self.pairs)
+        """The tokens of the longest sequence of any pair."""
+        return max(map(self.tokens, range(len(self.pairs))))
+
+    def tokens(self, index: int) -> int:
+        """The tokens of pair ``index``'s longer sequence: its prompt and longer completion."""
+        prompt, chosen, rejected = self.pairs[index]
+        return len(prompt) + max(len(chosen), len(rejected))
 
     def fitting(self, split: str, seq_len: int) -> list[int]:
         """The pairs of ``split`` whose longer sequence fits ``seq_len + 1`` tokens; the others are
@@ -264,7 +269,7 @@ class Preferences:
         if (split, seq_len) in self._state:
             return self._state[split, seq_len]
         rows = self._rows(split)
-        needs = {i: len(self.pairs[i][0]) + max(len(self.pairs[i][1]), len(self.pairs[i][2])) for i in rows}
+        needs = {i: self.tokens(i) for i in rows}
         fits = [i for i in rows if needs[i] <= seq_len + 1]
         if not fits:
             raise ConfigError(f"none of the {len(rows)} {split} pairs fits in architecture.seq_len + 1 = {seq_len + 1} "
