@@ -13,6 +13,11 @@ data holds less)::
 
     python -m theseus.evaluate outputs/run evaluation.multiple_choice.toy=toy.jsonl trainer.eval_batches=20
     python -m theseus.evaluate ~/models/my-llama data.source=text data.path=notes.txt
+    python -m theseus.evaluate ~/models/my-llama task=dpo data.source=jsonl data.path=pairs.jsonl dpo.reference=REF
+
+``task=dpo`` scores every pair of the file (``LossTask.EVALUATE_SPLIT``; a run's own evaluations
+score its validation pairs): ``val_loss`` and TRL's ``val_rewards/...``, ``val_logps/...``;
+``dpo.*`` overrides are taken for a run too (another reference, loss or beta).
 
 ``--tasks hellaswag,arc_easy`` adds lm-evaluation-harness tasks (lm-eval's names, or those of
 the task YAMLs under ``--include PATH``; ``--num_fewshot``, ``--limit`` as lm-eval has them):
@@ -47,8 +52,9 @@ from theseus.training.settings import Context, configure_settings
 WINDOW = "architecture.seq_len"
 # What an override may set (key prefixes, and how the refusal says it): what is evaluated, not
 # the model; a Hugging Face folder brings no data, so its overrides name that too.
-RUN_KEYS = (("evaluation.", "trainer.eval_batches"),
-            "e.g. evaluation.multiple_choice.NAME=FILE or trainer.eval_batches=N (the model and data are the run's)")
+RUN_KEYS = (("evaluation.", "trainer.eval_batches", "dpo."),
+            "e.g. evaluation.multiple_choice.NAME=FILE, trainer.eval_batches=N or dpo.reference=MODEL (the model and "
+            "data are the run's)")
 FOLDER_KEYS = ((*RUN_KEYS[0], "data.", "trainer.batch_size", "task", WINDOW),
                "e.g. data.path=FILE, architecture.seq_len=N, evaluation.multiple_choice.NAME=FILE or "
                "trainer.eval_batches=N (the model is the folder's)")
@@ -85,7 +91,7 @@ def run_evaluations(source: ModelSource, step: int | None, args: list[str]) -> d
     params, at = trained_params(source, step, run.model, run.compiled.target, run.base)
     with oom_verdict(f"the evaluation (windows of {run.model.seq_len} tokens, {run.micro_batch} a batch)",
                      advice="lower trainer.batch_size or architecture.seq_len"):
-        metrics = run.evaluate(params)
+        metrics = run.evaluate(params, split=run.task.EVALUATE_SPLIT)
     samples = [{"task": task, "index": i, **record}
                for task, records in run.evaluations.samples.items() for i, record in enumerate(records)]
     return {"path": str(source.given), "step": at, "mesh": dict(run.compiled.mesh.shape),

@@ -45,7 +45,7 @@ from theseus.interop.sources import hf_config_of
 from theseus.model.lora import LoRA, merged, settings_of, without_adapters
 from theseus.model.models.gpt import unstack_layers
 from theseus.model.source import SAVED_CONFIG, ModelSource, parse_source
-from theseus.tasks.sft import chat_template_of
+from theseus.tasks.task import chat_template_of
 from theseus.trained import load_trained
 
 
@@ -89,7 +89,7 @@ def export(source: ModelSource, out_dir: Path, step: int | None = None, adapter:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save(tensors, out_dir)
-    template = chat_template_of(run.cfg)  # an sft run's, or its tokenizer's own: apply_chat_template renders it
+    template = chat_template_of(run.cfg)  # the task's (sft, dpo), or its tokenizer's own: apply_chat_template renders it
     export_tokenizer(tokenizer, out_dir, template.settings() if template else None)
 
 

@@ -12,6 +12,8 @@ ConfigError in one line, before the work it guards.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 import sys
 from pathlib import Path
@@ -36,12 +38,12 @@ from theseus.model.source import ModelSource
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
 from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
-from theseus.tasks.task import LossTask, StepLayout, task_class
+from theseus.tasks.task import START, LossTask, StepLayout, task_class
 from theseus.training import init_from
 from theseus.training.batches import batch_share, global_batch
-from theseus.training.checkpoint import read_params, require_base, step_dir
+from theseus.training.checkpoint import require_base
 from theseus.training.compiled import Compiled, Steps, compile_steps
-from theseus.training.frozen_base import FrozenBase, frozen_part
+from theseus.training.frozen_base import FrozenBase, fingerprint
 from theseus.training.logger import LoggerConfig, scrub, secrets
 from theseus.training.parts import Run, prefetch
 from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
@@ -109,6 +111,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
               start=start, target=target, base=_frozen_base(source, model), rollout=rollout)
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
+    if dataset is not None and steps is not None and not settings.trainer.dry_run:
+        _score_reference(run, source)
     return run
 
 
@@ -183,6 +187,46 @@ def _frozen_base(source: ModelSource | None, model) -> FrozenBase | None:
         return None
     arch = arch_of(model)
     return FrozenBase(base_path(source), lambda path, layout: load_params(path, arch, layout))
+
+
+def _score_reference(run: Run, source: ModelSource | None) -> None:
+    """Have the task's examples scored by its reference model (``LossTask.reference``; ``dpo``'s),
+    once: read back from the data cache when that reference scored them before, else computed on
+    the run's mesh. The run's own start (``source``: ``trainer.init_from``'s, or initialised) is
+    made here and kept for the trainer (its params are the reference until the first step);
+    another model is loaded onto the run's layout, used and dropped: while training, its weights
+    are not on the devices."""
+    reference = run.task.reference()
+    if reference is None:
+        return
+    seq_len, fingerprint = run.model.seq_len, _reference_fingerprint(source if reference == START else reference, run)
+    if run.dataset.cached_reference(seq_len, fingerprint):
+        return
+    say = functools.partial(print, file=sys.stderr) if jax.process_index() == 0 else lambda text: None
+    if reference == START:
+        start = run.start(run.compiled, say)
+        run.start, params = (lambda compiled, say: start), start[0].params
+    else:
+        params = _reference_params(reference, run)
+    run.dataset.score_reference(seq_len, fingerprint, functools.partial(run.score_reference, params), run.micro_batch,
+                                *run.batch_share)
+
+
+def _reference_fingerprint(weights: ModelSource | None, run: Run) -> str:
+    """What a reference's outputs depend on: its weights (``weights``' fingerprint; None: the
+    run's initialisation, its seed), the model computing them and the backend."""
+    described = {"weights": fingerprint(base_path(weights)) if weights else f"initialised, seed {run.settings.trainer.seed}",
+                 "model": run.record["choices"]["model"], "architecture": run.record["architecture"],
+                 "backend": jax.default_backend()}
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+
+
+def _reference_params(source: ModelSource, run: Run):
+    """A reference's weights on the run's layout (a LoRA run's adapters zero: the base's function)."""
+    try:
+        return load_params(source, arch_of(run.model), run.compiled.target.params)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc} (a reference has the policy's architecture and vocabulary)") from exc
 
 
 def _from_weights(compiled: Compiled, say, source: ModelSource, arch) -> tuple[TrainState, dict | None]:

@@ -42,9 +42,12 @@ SKIP = {
 SHORTEN = {
     "+experiment=gpt_small": "trainer.max_steps=2 trainer.eval_batches=1",
     "+experiment=moe_small": "trainer.max_steps=2 trainer.eval_batches=1",
+    "+experiment=sft_tiny": "trainer.max_steps=10",
+    "+experiment=dpo_tiny": "trainer.max_steps=4 trainer.eval_every=2 data.max_files=30",
     "+sweep=lr_optuna": "hydra.sweeper.n_trials=2 trainer.max_steps=10",
     "+sweep=lr": "trainer.max_steps=10",
     "trainer.init_from=$HOME/models/my-llama": "trainer.max_steps=3 trainer.batch_size=4 trainer.eval_batches=1",
+    "trainer.init_from=smollm2": "trainer.max_steps=2 trainer.eval_batches=1",
     "data.path=reverse_chats.jsonl": "trainer.max_steps=20",  # tests/e2e/test_grpo.py runs the GRPO section whole
     "+experiment=grpo_tiny": "trainer.max_steps=4 trainer.eval_every=2",
 }
@@ -144,6 +147,7 @@ def project(folder: Path, needs_model: bool) -> dict[str, str]:
     # HF_*_OFFLINE: lm-eval's datasets asks the hub before reading a local file, and this machine has no network
     return {**env, "HOME": str(folder), "START": str(folder), "JAX_PLATFORMS": "cpu", "WANDB_SILENT": "true",
             "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+            "PIP_CACHE_DIR": env.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")),  # pip download: once
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
 
 

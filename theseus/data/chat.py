@@ -201,9 +201,10 @@ def _tokenizer_config(folder: Path) -> dict:
         raise ConfigError(f"{path} is not JSON ({exc}): fix it or remove it") from exc
 
 
-def tokenize(tokenizer: Tokenizer, text: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """The ids of ``text`` (special tokens recognised, none added) and each token's character span."""
-    encoding = _as_hf(tokenizer).encode(text, add_special_tokens=False)
+def tokenize(tokenizer: Tokenizer, text: str, special: bool = False) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The ids of ``text`` (special tokens recognised; ``special``: those the tokenizer adds, a BOS,
+    added as transformers' ``tokenizer(text)`` adds them) and each token's character span."""
+    encoding = _as_hf(tokenizer).encode(text, add_special_tokens=special)
     return np.asarray(encoding.ids, dtype=np.int32), encoding.offsets
 
 

@@ -11,13 +11,12 @@ outside ``assistant_masks`` (``data.train_on=all``: every token from position 1)
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.config import configuration, configure
 from theseus.data.chat import ChatTemplate
 from theseus.data.chat_corpus import prepare_chats
 from theseus.data.config import DataConfig
@@ -25,13 +24,15 @@ from theseus.data.conversations import ROWS, Conversations
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer
 from theseus.model.module import AUXILIARY, auxiliary
 from theseus.tasks.lm import cross_entropy
-from theseus.tasks.task import LossTask, task_class
+from theseus.tasks.task import LossTask
 
 
 @dataclasses.dataclass(frozen=True)
 class SupervisedFineTuning(LossTask):
     """Next-token loss on the masked tokens of rendered conversations, packed or padded; its
     settings are ``data.chat_field``, ``data.train_on``, ``data.packing``, ``data.chat_template``."""
+
+    CHAT: ClassVar[bool] = True
 
     def example(self, seq_len: int) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((ROWS, seq_len + 1), jnp.int32)
@@ -68,6 +69,10 @@ class SupervisedFineTuning(LossTask):
         holds no more of them whole."""
         return max(dataset.longest(split) for split in ("train", "val")) - 1
 
+    def chat_template(self, data: DataConfig) -> ChatTemplate:
+        """``data.chat_template``, the tokenizer's, or theseus's default (``ChatTemplate.find``)."""
+        return ChatTemplate.find(data.tokenizer, data.chat_template)
+
     def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
         """``batch: int32 [batch, 3, seq + 1]`` -> the mean loss over the masked targets."""
         return self._losses(model, params, batch, rng)[0]
@@ -89,14 +94,3 @@ class SupervisedFineTuning(LossTask):
                                    rngs=None if rng is None else {"dropout": rng}, mutable=[AUXILIARY])
         lm_loss = cross_entropy(logits, jnp.where(mask[:, 1:] > 0, tokens[:, 1:], -1))
         return (lm_loss, *auxiliary(sown))
-
-
-def chat_template_of(cfg: Any) -> ChatTemplate | None:
-    """The chat template of a composed config's run, which its export writes: the one it trains
-    with (``task=sft``: ``data.chat_template``, the tokenizer's, or theseus's default); for another
-    task its tokenizer's own (a chat model fine-tuned on text stays one), if any."""
-    with configuration(cfg):
-        data = configure(DataConfig)
-    if not issubclass(task_class(cfg), SupervisedFineTuning):
-        return ChatTemplate.own(data.tokenizer)
-    return ChatTemplate.find(data.tokenizer, data.chat_template)
