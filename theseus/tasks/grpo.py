@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from theseus.config import NON_NEGATIVE, POSITIVE, ConfigError, Range, field
+from theseus.data.chat import ChatTemplate
 from theseus.data.config import DataConfig
 from theseus.data.prompts import Prompts, prompt_tokenizer
 from theseus.data.tokenizer import Tokenizer
@@ -240,6 +241,12 @@ class GroupRelativePolicyOptimization(LossTask):
 
     def tokenizer(self, data: DataConfig) -> Tokenizer:
         return prompt_tokenizer(data)
+
+    def chat_template(self, data: DataConfig) -> ChatTemplate | None:
+        """The template conversational prompts are rendered with (``ChatTemplate.find``), which an
+        export writes and ``theseus.sample --chat`` uses; None when there is none (string prompts
+        need none, and the tokenizer holds none of its own)."""
+        return ChatTemplate.found(data.tokenizer, data.chat_template)
 
     def check_data(self, dataset: Prompts, seq_len: int) -> None:
         """ConfigError unless some prompt of each split leaves room for a completion, and the
