@@ -27,10 +27,11 @@ from theseus.config.compose import with_values
 from theseus.config.registry import chosen
 from theseus.data.dataset import planned_vocab_size
 from theseus.data.tokenizer import Tokenizer
+from theseus.interop.expressible import expressed_as
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import hf_folder, init_from_values
 from theseus.interop.loading import load_params
-from theseus.model.lora import settings_of
+from theseus.model.lora import settings_of, without_adapters
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
 from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
@@ -97,7 +98,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     run = Run(composed=composed, derived=derived, cfg=cfg, record=scrub(OmegaConf.to_container(cfg, resolve=True),
               secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,
               devices=devices, compiled=compiled, dataset=dataset, evaluations=evaluations, batch_share=share,
-              start=_start(settings, model), target=target, base=_frozen_base(settings, model))
+              start=_start(settings, model), target=target, base=_frozen_base(settings, model),
+              exports=_exports(model))
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
     return run
@@ -169,6 +171,16 @@ def _frozen_base(settings: Settings, model) -> FrozenBase | None:
     if folder is not None:
         return FrozenBase(folder.resolve(), lambda hf, layout: load_params(hf, arch_of(model), layout))
     return FrozenBase(step_dir(Path(given).resolve()), lambda step, layout: read_params(step, frozen_part(layout)))
+
+
+def _exports(model) -> bool:
+    """Whether a Hugging Face config.json expresses the model (merged, a LoRA run's): what
+    ``theseus.export`` needs of its configuration."""
+    try:
+        expressed_as(without_adapters(model))
+    except ConfigError:
+        return False
+    return True
 
 
 def _from_folder(compiled: Compiled, say, folder: Path, arch) -> tuple[TrainState, dict | None]:

@@ -41,16 +41,22 @@ def check_expressible(model: Any, params: Any) -> str:
     """The model_type whose Hugging Face model computes exactly what ``model`` computes with
     ``params`` (its param tree, stacked when it scans its layers); ConfigError in one line
     naming the first thing that has no equivalent."""
-    name = type(model).__name__
-    if not isinstance(model, GPT):
-        raise ConfigError(f"export writes GPT models (theseus.model.models.gpt.GPT and its subclasses); "
-                          f"{type(model).__module__}.{name} is not one")
-    kind = model_type(arch_of(model))
-    _check_keys(model, kind)
+    kind = expressed_as(model)
     stock = _stock(model, kind)
     _check_parameters(model, params, stock, kind)
     if type(model) is not type(stock):
         _check_behaviour(model, params, stock, kind)
+    return kind
+
+
+def expressed_as(model: Any) -> str:
+    """The model_type whose config.json expresses ``model``'s configuration (its parameters and
+    behaviour aside: ``check_expressible`` checks those); ConfigError in one line naming what has none."""
+    if not isinstance(model, GPT):
+        raise ConfigError(f"export writes GPT models (theseus.model.models.gpt.GPT and its subclasses); "
+                          f"{type(model).__module__}.{type(model).__name__} is not one")
+    kind = model_type(arch_of(model))
+    _check_keys(model, kind)
     return kind
 
 
