@@ -15,6 +15,7 @@ import functools
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 from omegaconf import DictConfig, OmegaConf
@@ -103,6 +104,19 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
     return run
+
+
+def derived_before_data(cfg: DictConfig) -> dict[str, Any]:
+    """What a run of ``cfg`` derives before it reads data (``--cfg job`` shows it): trainer.init_from's
+    architecture and tokenizer, and the vocabulary where the tokenizer alone sizes it (byte, a
+    tokenizer.json; char and bpe are fitted to the corpus, a shard folder records its own)."""
+    derived = init_from_values(cfg)
+    data = configure_settings(with_values(cfg, derived)).data
+    sources = [source for source, _ in data.sources().values()] or [data]
+    if data.tokenizer in ("char", "bpe") or any(source.source == "shards" for source in sources):
+        return derived
+    declared = check_model(with_values(cfg, derived))
+    return {**derived, "architecture.vocab_size": vocab_size(planned_vocab_size(data), declared)}
 
 
 def _target(settings: Settings) -> Target | None:

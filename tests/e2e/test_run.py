@@ -50,6 +50,31 @@ def test_cfg_job_prints_the_composed_config():
     proc = run_python("-m", "theseus.run", "+experiment=llama_small", "optimizer.lr=5e-4", "--cfg", "job")
     assert proc.returncode == 0, proc.stderr
     assert "norm: rmsnorm" in proc.stdout and "lr: 0.0005" in proc.stdout and "n_kv_heads: 2" in proc.stdout
+    printed = OmegaConf.create(proc.stdout)
+    assert printed.architecture.vocab_size == 384  # the byte tokenizer's 257, padded: what the run builds
+
+
+@pytest.mark.parametrize("flag_first", [False, True])
+def test_cfg_job_shows_the_architecture_init_from_derives(flag_first, tmp_path):
+    """``--cfg job`` beside ``trainer.init_from=FOLDER``, either side: the folder's 2-layer Llama
+    that will train (and its vocabulary), not the default GPT; ``--package`` selects a part of it."""
+    from interop.hf_models import llama_config, save_hf, transformers
+
+    save_hf(transformers.LlamaForCausalLM(llama_config()), tmp_path / "llama")
+    cfg, given = ["--cfg", "job"], ["trainer.init_from=llama", "optimizer.lr=1e-4"]
+    proc = run_python("-m", "theseus.run", *(cfg + given if flag_first else given + cfg), cwd=tmp_path)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr[-3000:]
+    printed = OmegaConf.create(proc.stdout)
+    assert printed.choices.model == "gpt" and printed.optimizer.lr == 1e-4
+    assert {key: printed.architecture[key] for key in ("n_layers", "d_model", "n_kv_heads", "d_ff", "norm",
+                                                        "activation", "positions", "vocab_size", "rope_theta")} == {
+        "n_layers": 2, "d_model": 64, "n_kv_heads": 2, "d_ff": 96, "norm": "rmsnorm", "activation": "swiglu",
+        "positions": "rope", "vocab_size": 333, "rope_theta": 500000.0}
+    assert printed.data.tokenizer == str((tmp_path / "llama" / "tokenizer.json").resolve())
+    proc = run_python("-m", "theseus.run", *given, "--cfg", "job", "--package", "architecture", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("# @package architecture\n"), proc.stderr[-3000:]
+    assert OmegaConf.create(proc.stdout).n_layers == 2
+    assert not (tmp_path / "outputs").exists()
 
 
 @pytest.mark.parametrize("experiment", [e for e in EXPERIMENTS if e != "pmm_regression"])
