@@ -296,9 +296,15 @@ def hydra_task(run=None):
     ``run``: the preflight's, reused by a single run."""
 
     def task(cfg: DictConfig) -> float:
+        from theseus.sweep import one_line, quiet_jobs
+
         hydra_config = HydraConfig.get()
         parallel = hydra_config.mode == RunMode.MULTIRUN and parallel_jobs(hydra_config.launcher) > 1
-        with prefixed_output(f"[job {hydra_config.job.num}] ") if parallel else contextlib.nullcontext():
+        if quiet_jobs(hydra_config):  # a sweep off a terminal: its run.log gets the run, the console a line
+            shown = one_line(hydra_config)
+        else:
+            shown = prefixed_output(f"[job {hydra_config.job.num}] ") if parallel else contextlib.nullcontext()
+        with shown:
             return job(cfg, hydra_config)
 
     def job(cfg: DictConfig, hydra_config) -> float:

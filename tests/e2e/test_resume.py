@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,12 +117,21 @@ def test_resume_last_continues_only_what_this_command_started(corpus, tmp_path):
 
 
 def test_a_sweep_jobs_printed_resume_is_its_own_single_run(corpus, tmp_path):
-    """Ctrl-C in a sweep's first job: its resume command has the job's own value, not the
-    sweep's list, no -m, its folder as hydra.run.dir; run, it finishes that job there."""
+    """Ctrl-C in a sweep's first job (its output piped: its line says where the resume command
+    is): its resume command has the job's own value, not the sweep's list, no -m, its folder as
+    hydra.run.dir; run, it finishes that job there."""
     cmd = [*command(corpus), "logger.mode=disabled"]
-    code, out = interrupt(tmp_path, ["-m", *cmd, "optimizer.lr=1e-3,3e-3", "hydra.sweep.dir=sweep"], when="step ")
-    assert code == 128 + signal.SIGINT, out[-3000:]
     job = tmp_path / "sweep" / "0"
+    proc = subprocess.Popen([sys.executable, "-m", "theseus.run", "-m", *cmd, "optimizer.lr=1e-3,3e-3",
+                             "hydra.sweep.dir=sweep"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env(), cwd=tmp_path)
+    while not ((job / "metrics.jsonl").is_file() and (job / "metrics.jsonl").read_text()):  # its first step
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 128 + signal.SIGINT, out[-3000:]
+    assert f": interrupted by SIGINT: its run.log ends with the command that resumes it (" in out, out[-3000:]
     (resume,) = [line.split("resume:", 1)[1].strip() for line in (job / "run.log").read_text().splitlines()
                  if "resume:" in line]
     assert resume == shlex.join(["python", "-m", "theseus.run", *cmd, "optimizer.lr=0.001", f"hydra.run.dir={job}"])

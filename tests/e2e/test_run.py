@@ -98,14 +98,19 @@ def test_pmm_regression_reports_both_test_errors(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def sweep(corpus, tmp_path_factory) -> Path:
-    """A two-point sweep of gpt_tiny, logged to offline W&B."""
+def swept(corpus, tmp_path_factory):
+    """A two-point sweep of gpt_tiny, logged to offline W&B: its folder and its process (output piped)."""
     sweep_dir = tmp_path_factory.mktemp("sweep")
     proc = run_python("-m", "theseus.run", "-m", "+experiment=gpt_tiny", *small_data(corpus),
                       "optimizer.lr=1e-3,3e-3", "trainer.max_steps=20", "trainer.eval_every=10",
                       "trainer.eval_batches=2", "trainer.log_every=5", f"hydra.sweep.dir={sweep_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return sweep_dir
+    return sweep_dir, proc
+
+
+@pytest.fixture(scope="module")
+def sweep(swept) -> Path:
+    return swept[0]
 
 
 def test_sweep_runs_each_point_and_summarises(sweep):
@@ -113,6 +118,23 @@ def test_sweep_runs_each_point_and_summarises(sweep):
     assert sorted(float(row["optimizer.lr"]) for row in rows) == [1e-3, 3e-3]
     assert all(row["status"] == "ok" and float(row["val_loss"]) < 5.6 for row in rows)
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+
+
+def test_a_sweep_off_a_terminal_shows_a_line_per_job_and_its_summary(swept):
+    """Piped, each job's banner, progress, tables and next commands go to its run.log alone; the
+    console has Hydra's launch line, one line per job (its overrides and how it ended), the summary."""
+    sweep, proc = swept
+    shown = (proc.stdout + proc.stderr).splitlines()
+    jobs = [line for line in shown if line.startswith("#")]
+    assert len(jobs) == 2 and "theseus run" not in proc.stderr and "next:" not in proc.stderr, shown
+    for job, (lr, row) in enumerate(zip(("0.001", "0.003"), csv.DictReader((sweep / "summary.csv").open()))):
+        assert jobs[job].startswith(f"#{job} +experiment=gpt_tiny ")
+        assert f" optimizer.lr={lr} " in jobs[job] and jobs[job].endswith(f", {sweep / str(job)})")
+        assert f": step 20/20, val_loss {float(row['val_loss']):.4f}, " in jobs[job]
+        log = (sweep / str(job) / "run.log").read_text()
+        assert "theseus: compiling" in log and "step 15/20 " in log and "next:" in log
+    assert any(line.startswith("sweep: 2 jobs, 0 failed") for line in shown)
+    assert len(shown) < 20, shown  # Hydra's line, the jobs', the summary table and its files
 
 
 def test_each_run_logs_every_metric_and_an_offline_wandb_run(sweep):
