@@ -127,6 +127,7 @@ def one_line(hydra_config: DictConfig) -> Iterator[None]:
     (``console_off``); when it ends, one line on the console: its number, its overrides and how
     it ended (its step, val_loss, tokens/s and MFU; its error; the signal that stopped it)."""
     run_dir, start = Path(hydra_config.runtime.output_dir), time.monotonic()
+    shown = run_dir.relative_to(Path.cwd()) if run_dir.is_relative_to(Path.cwd()) else run_dir
     ended = "ended"
     try:
         with console_off(run_dir / TRANSCRIPT):
@@ -142,7 +143,7 @@ def one_line(hydra_config: DictConfig) -> Iterator[None]:
         raise
     finally:
         print(f"#{hydra_config.job.num} {' '.join(hydra_config.overrides.task)}: {ended} "
-              f"({format_duration(time.monotonic() - start)}, {run_dir})", file=sys.stderr, flush=True)
+              f"({format_duration(time.monotonic() - start)}, {shown})", file=sys.stderr, flush=True)
 
 
 def finished(run: Run) -> str:
