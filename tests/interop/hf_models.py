@@ -15,9 +15,11 @@ import pytest
 from support import ROOT
 from theseus.config import configuration, configure
 from theseus.data.tokenizer import HFTokenizer
-from theseus.interop.hf_config import architecture, format_of, read_config
+from theseus.interop.hf_config import architecture, format_of
+from theseus.interop.sources import hf_config_of
 from theseus.model.models.gpt import GPT
 from theseus.model.models.moe_gpt import MoEGPT
+from theseus.model.source import parse_source
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -87,8 +89,9 @@ def save_hf(model, folder: Path, tokenizer: bool = True, max_shard_size: str | N
 
 
 def theseus_model(folder: Path, scan_layers: bool = False) -> GPT:
-    """The GPT (MoEGPT for a mixture of experts) that folder's config.json describes, computing in float32."""
-    hf = read_config(folder)
+    """The GPT (MoEGPT for a mixture of experts) that folder's config.json (or a GGUF file's
+    metadata) describes, computing in float32."""
+    hf = hf_config_of(parse_source(folder, key=None))
     arch = architecture(hf)
     overrides = {f"architecture.{key}": value for key, value in arch.items()}
     with configuration({**overrides, "architecture.dtype.activation": "float32",
@@ -105,27 +108,36 @@ def target_of(model: GPT, seq_len: int = 4) -> dict:
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), shapes)
 
 
+def hf_model(path: Path) -> torch.nn.Module:
+    """transformers' model of a Hugging Face folder, or of a GGUF file (its own GGUF loader's,
+    dequantised to float32)."""
+    if path.suffix == ".gguf":
+        return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                                 dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+
+
 def hf_logits(folder: Path, tokens: np.ndarray) -> np.ndarray:
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf = hf_model(folder)
     with torch.no_grad():
         return hf(torch.from_numpy(tokens)).logits.numpy()
 
 
 def hf_val_loss(folder: Path, overrides: list[str], seq_len: int, batch_size: int, batches: int) -> float:
-    """transformers' mean next-token loss of ``folder`` over the first ``batches`` validation
-    batches a theseus run (or evaluation) with these ``data.*`` overrides reads."""
+    """transformers' mean next-token loss of ``folder`` (or GGUF file) over the first ``batches``
+    validation batches a theseus run (or evaluation) with these ``data.*`` overrides reads."""
     from theseus.config.compose import with_values
     from theseus.data.config import DataConfig
     from theseus.data.dataset import open_dataset
-    from theseus.interop.init_from import init_from_values
+    from theseus.interop.init_from import init_from_values, init_source
     from theseus.trained import source_config
 
-    cfg = source_config(folder, overrides)
-    cfg = with_values(cfg, init_from_values(cfg))
+    cfg = source_config(parse_source(folder, key=None), overrides)
+    cfg = with_values(cfg, init_from_values(cfg, init_source(cfg)))
     with configuration(cfg):
         data = configure(DataConfig)
     loader = open_dataset(data).loader("val", seq_len, batch_size, seed=data.seed, prefetch=0)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf = hf_model(folder)
     losses = []
     for _ in range(batches):
         batch = torch.from_numpy(np.asarray(next(loader), np.int64))

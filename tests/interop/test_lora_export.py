@@ -19,6 +19,7 @@ from support import run_python
 
 from theseus.config import ConfigError, configuration, configure
 from theseus.export import export_adapter
+from theseus.model.source import parse_source
 from theseus.interop.expressible import check_expressible
 from theseus.interop.hf_config import arch_of, read_config
 from theseus.interop.hf_weights import save, to_hf
@@ -131,7 +132,7 @@ def test_a_run_without_adapters_exports_with_the_lora_keys_in_its_config(llama_f
 def test_adapter_export_refuses_a_run_without_adapters_or_base(llama_folder, tmp_path):
     model, params = lora_model(llama_folder, ["q"])
     with pytest.raises(ConfigError) as error:
-        export_adapter(model, params, LoRA(), str(llama_folder), tmp_path / "out")
+        export_adapter(model, params, LoRA(), parse_source(llama_folder), tmp_path / "out")
     assert str(error.value) == ("--adapter: the run has no LoRA adapters (architecture.lora.rank=0): export it "
                                 "without --adapter")
     with pytest.raises(ConfigError) as error:
@@ -195,7 +196,7 @@ def test_expert_adapters_merge_into_the_hugging_face_experts(kind, request, tmp_
     assert np.abs(ours - hf_logits(folder, tokens)).max() > 1e-2  # the adapters change the model ...
     np.testing.assert_allclose(hf_logits(out, tokens), ours, atol=1e-4, rtol=0)  # ... as the merged export computes
     with pytest.raises(ConfigError) as error:
-        export_adapter(model, params, settings_of(model), str(folder), tmp_path / "adapter")
+        export_adapter(model, params, settings_of(model), parse_source(folder), tmp_path / "adapter")
     layer = "h_0" if kind == "mixtral" else "h_1"  # Qwen2-MoE's first layer is dense
     assert str(error.value) == (f"--adapter: adapter {layer}/mlp/lora_expert_down adapts a mixture's experts, which "
                                 f"peft's LoRA format does not hold as theseus trains them (one A and B per expert and "

@@ -110,14 +110,9 @@ SUPPORTED = tuple(FORMATS)
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    """``folder/config.json`` as a dict; ConfigError when the folder or file is missing or broken."""
+    """``folder/config.json`` as a dict (a Hugging Face folder: ``theseus.model.source`` found
+    it); ConfigError when it does not parse as a JSON object."""
     path = folder / CONFIG_FILE
-    if not folder.is_dir():
-        raise ConfigError(f"trainer.init_from={folder} is not a folder: give a local Hugging Face model folder "
-                          f"(config.json and model.safetensors)")
-    if not path.is_file():
-        raise ConfigError(f"trainer.init_from={folder} has no {CONFIG_FILE}: give a Hugging Face model folder "
-                          f"(saved by save_pretrained)")
     try:
         hf = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:

@@ -56,6 +56,10 @@ class SupervisedFineTuning(LossTask):
         for split in ("train", "val"):
             dataset.windows(split, seq_len, batch_size=1, seed=0)
 
+    def longest_window(self, dataset: Conversations) -> None:
+        """Any: conversations are packed or padded into windows of any length."""
+        return None
+
     def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
         """``batch: int32 [batch, 3, seq + 1]`` -> the mean loss over the masked targets."""
         return self._losses(model, params, batch, rng)[0]
@@ -80,10 +84,11 @@ class SupervisedFineTuning(LossTask):
 
 
 def chat_template_of(cfg: Any) -> ChatTemplate | None:
-    """The chat template a composed config's run trains with (``task=sft``: ``data.chat_template``,
-    the tokenizer's, or theseus's default); None for another task."""
-    if not issubclass(task_class(cfg), SupervisedFineTuning):
-        return None
+    """The chat template of a composed config's run, which its export writes: the one it trains
+    with (``task=sft``: ``data.chat_template``, the tokenizer's, or theseus's default); for another
+    task its tokenizer's own (a chat model fine-tuned on text stays one), if any."""
     with configuration(cfg):
         data = configure(DataConfig)
+    if not issubclass(task_class(cfg), SupervisedFineTuning):
+        return ChatTemplate.own(data.tokenizer)
     return ChatTemplate.find(data.tokenizer, data.chat_template)

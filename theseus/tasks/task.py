@@ -51,6 +51,11 @@ class LossTask(Task):
                                   f"architecture.seq_len+1={seq_len + 1}: lower architecture.seq_len, use more data or "
                                   f"raise data.val_fraction")
 
+    def longest_window(self, dataset: Any) -> int | None:
+        """The longest ``architecture.seq_len`` whose windows ``dataset`` fills in each split (a
+        model's context is shortened to it to evaluate on little data); None: any."""
+        return min(dataset.n_tokens(split) for split in ("train", "val")) - 1
+
     def tokenizer(self, data: DataConfig) -> Tokenizer:
         """The tokenizer of ``dataset(data)`` (what sampling and evaluating a run's checkpoint use)."""
         return self.dataset(data).tokenizer

@@ -25,7 +25,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from theseus.config import ConfigError, registry
 from theseus.config.schema import flatten
 from theseus.config.yaml_file import load_yaml
-from theseus.training.checkpoint import Checkpointer, theseus_checkpoint
+from theseus.model.source import theseus_checkpoint
+from theseus.training.checkpoint import Checkpointer
 from theseus.training.metrics import format_apart
 from theseus.training.optimizer import make_schedule
 from theseus.training.settings import Settings

@@ -48,6 +48,14 @@ class Vocabulary(Configurable):
                              help="vocabulary; None: the tokenizer's")
 
 
+@dataclasses.dataclass(frozen=True)
+class Context(Configurable):
+    """The context length as the config declares it, read without building the model."""
+
+    seq_len: int = field("architecture.seq_len", default=1024, check=POSITIVE,
+                         help="context length; data windows use it")
+
+
 def configure_settings(cfg: DictConfig) -> Settings:
     """``cfg``'s trainer, optimizer, data and mesh settings, configured in that order (the first
     bad key is the one reported)."""
