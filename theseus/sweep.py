@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from theseus.config import PLANNING, keys_with
+from theseus.config import PLANNING, ConfigError, keys_with
 from theseus.training.commands import runs_elsewhere
 from theseus.training.config import TrainerConfig
 from theseus.training.console import TRANSCRIPT, console_off
@@ -110,7 +110,7 @@ def quiet_jobs(hydra_config: DictConfig) -> bool:
     multirun run on this machine (a remote launcher's jobs each write files of their own) whose
     console, stderr, is no terminal (a log, a pipe: 176 lines for four tiny jobs, else)."""
     return (hydra_config.mode == RunMode.MULTIRUN and not runs_elsewhere(hydra_config.launcher)
-            and not os.isatty(sys.stderr.fileno()))
+            and not sys.stderr.isatty())
 
 
 class QuietLaunches(logging.Filter):
@@ -118,7 +118,7 @@ class QuietLaunches(logging.Filter):
     terminal): each job's own line (``one_line``) names them, with how the job ended."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return os.isatty(sys.stderr.fileno()) or not record.getMessage().lstrip().startswith("#")
+        return sys.stderr.isatty() or not record.getMessage().lstrip().startswith("#")
 
 
 @contextlib.contextmanager
@@ -132,7 +132,7 @@ def one_line(hydra_config: DictConfig) -> Iterator[None]:
     try:
         with console_off(run_dir / TRANSCRIPT):
             yield
-        ended = finished(Run.load(run_dir))
+        ended = finished(run_dir)
     except SystemExit as exc:  # a signal's 128 + N: stopped after a step, its checkpoint saved
         code = exc.code if isinstance(exc.code, int) else 1
         ended = (f"interrupted by {signal.Signals(code - 128).name}: its run.log ends with the command that "
@@ -146,8 +146,13 @@ def one_line(hydra_config: DictConfig) -> Iterator[None]:
               f"({format_duration(time.monotonic() - start)}, {shown})", file=sys.stderr, flush=True)
 
 
-def finished(run: Run) -> str:
-    """``step 20/20, val_loss 3.6566, 20,366 tokens/s, MFU 8.12%``: a finished job's end."""
+def finished(run_dir: Path) -> str:
+    """``step 20/20, val_loss 3.6566, 20,366 tokens/s, MFU 8.12%``: a finished job's end, as its
+    run directory recorded it (``done`` where it recorded none: a job of its own, a damaged record)."""
+    try:
+        run = Run.load(run_dir)
+    except (ConfigError, OSError):
+        return "done"
     shown = {"val_loss": "val_loss {}", "tokens_per_s": "{} tokens/s", "mfu": "MFU {}"}
     done = [f"step {run.step}/{run.max_steps}"] if run.max_steps else ["done"]
     return ", ".join(done + [shown.get(key, f"{key} {{}}").format(fmt(key, run.last(key))) for key in SUMMARY_METRICS

@@ -181,6 +181,7 @@ def test_a_diverging_sweep_job_fails_in_one_line_and_keeps_its_last_good_checkpo
                       f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and DIVERGED in proc.stderr
+    assert re.search(rf"^#1 .*optimizer.lr=1e\+?30: failed: {re.escape(DIVERGED)}", proc.stderr, re.M), proc.stderr
     rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
     assert [row["status"] for row in rows] == ["ok", "failed"] and rows[1]["error"].startswith(DIVERGED)
     assert [p.name for p in (tmp_path / "1" / "checkpoints").iterdir()] == ["2"]
