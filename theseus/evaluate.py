@@ -33,6 +33,7 @@ from rich.table import Table
 
 from omegaconf import DictConfig
 
+from theseus.base.compile_oom import oom_verdict
 from theseus.config import ConfigError, configuration, configure, registry
 from theseus.config.arguments import NON_NEGATIVE_INT, POSITIVE_INT, Parser
 from theseus.config.compose import undeclared, unknown_key, with_values
@@ -82,7 +83,9 @@ def run_evaluations(source: ModelSource, step: int | None, args: list[str]) -> d
         cfg = source_config(source, [*given, f"{WINDOW}={window(cfg)}"])
     run = assemble(cfg, steps="eval")
     params, at = trained_params(source, step, run.model, run.compiled.target, run.base)
-    metrics = run.evaluate(params)
+    with oom_verdict(f"the evaluation (windows of {run.model.seq_len} tokens, {run.micro_batch} a batch)",
+                     advice="lower trainer.batch_size or architecture.seq_len"):
+        metrics = run.evaluate(params)
     samples = [{"task": task, "index": i, **record}
                for task, records in run.evaluations.samples.items() for i, record in enumerate(records)]
     return {"path": str(source.given), "step": at, "mesh": dict(run.compiled.mesh.shape),
@@ -96,8 +99,7 @@ def window(cfg: DictConfig) -> int:
     derived = with_values(cfg, init_from_values(cfg, init_source(cfg)))
     with configuration(derived):
         task, context = configure(task_class(derived)), configure(Context).seq_len
-    longest = task.longest_window(task.dataset(configure_settings(derived).data))
-    return max(1, min(context, EVAL_WINDOW, longest or context))
+    return max(1, min(context, EVAL_WINDOW, task.longest_window(task.dataset(configure_settings(derived).data))))
 
 
 def lm_eval_overrides(tasks: str | None, include: str | None, fewshot: int | None, limit: int | None) -> list[str]:
@@ -135,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     mesh = " x ".join(f"{axis} {size}" for axis, size in record["mesh"].items())
     at = "" if record["step"] is None else f" at step {record['step']}"
-    table = Table(title=f"{args.path}{at} (mesh {mesh}, windows of {record['seq_len']} tokens)")
+    print(f"{args.path}{at}: mesh {mesh}, windows of {record['seq_len']} tokens")
+    table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in record["metrics"].items():

@@ -8,7 +8,9 @@ Writes ``config.json``, ``model.safetensors``, ``tokenizer.json`` and ``tokenize
 (byte and char tokenizers too; the chat template in it: an SFT run's, or its tokenizer's own);
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` and
 ``AutoTokenizer.from_pretrained(OUT_DIR)`` load it. GPT-2-style runs export as ``gpt2``,
-Llama-style ones as ``llama``. Only what the format expresses exactly is written
+Llama-style ones as ``llama``, a run from a Hugging Face folder as that folder's model_type, its
+config.json's other fields (its ``max_position_embeddings`` with RoPE, rope scaling, token ids)
+kept. Only what the format expresses exactly is written
 (``theseus.interop.expressible``): a config key without an equivalent, a parameter without a
 place or a model class computing something else is refused in one line, and nothing is
 written. The vocabulary keeps a ``trainer.init_from`` checkpoint's own size (import then export
@@ -74,15 +76,16 @@ def export(source: ModelSource, out_dir: Path, step: int | None = None, adapter:
         return
     if lora.rank:  # the adapters merged into their weights: a plain model
         model, params = without_adapters(model), merged(jax.device_get(params), lora.scale)
-    kind = check_expressible(model, params)  # refuses what transformers would not compute, before writing
+    base = hf_config_of(imported) if imported else None  # its config.json's fields kept, where unchanged
+    kind = check_expressible(model, params, (base or {}).get("model_type"))  # refused before writing
     params = unstack_layers(params) if model.scan_layers else params  # Hugging Face's layers are one by one
     arch = arch_of(model)
     vocab_size = model.vocab_size if imported else tokenizer.vocab_size
-    special = hf_config_of(imported) if imported else {"bos_token_id": tokenizer.eot, "eos_token_id": tokenizer.eot}
+    special = base or {"bos_token_id": tokenizer.eot, "eos_token_id": tokenizer.eot}
     flat = {path: np.asarray(value)
             for path, value in traverse_util.flatten_dict(jax.device_get(params), sep="/").items()}
     tensors = to_hf(kind, arch, flat, vocab_size)
-    config = hf_config(arch, vocab_size, special, dtype=str(flat["wte/embedding"].dtype))
+    config = hf_config(arch, vocab_size, special, dtype=str(flat["wte/embedding"].dtype), base=base)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save(tensors, out_dir)
@@ -102,7 +105,8 @@ def export_adapter(model: Any, params: Any, lora: LoRA, base: ModelSource | None
         raise ConfigError(f"--adapter writes adapters against the Hugging Face folder the run started from "
                           f"(trainer.init_from), but it started from {base.given if base else 'no weights'}: "
                           f"export it merged, without --adapter{hint}")
-    kind = check_expressible(without_adapters(model), merged(jax.device_get(params), lora.scale))
+    kind = check_expressible(without_adapters(model), merged(jax.device_get(params), lora.scale),
+                             hf_config_of(base).get("model_type"))
     unrolled = unstack_layers(params) if model.scan_layers else params
     tensors = adapter_tensors(kind, jax.device_get(unrolled))
     save_adapter(out_dir, tensors, adapter_config(kind, lora, tensors, str(base.path)))

@@ -28,7 +28,7 @@ from theseus.config.compose import with_values
 from theseus.config.registry import chosen
 from theseus.data.dataset import planned_vocab_size
 from theseus.data.tokenizer import Tokenizer
-from theseus.interop.expressible import expressed_as
+from theseus.interop.expressible import exportable
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import init_from_values, init_source
 from theseus.interop.loading import load_params
@@ -105,7 +105,7 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
               secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,
               devices=devices, compiled=compiled, dataset=dataset, evaluations=evaluations, batch_share=share,
               start=_start(settings, model, source), target=target, base=_frozen_base(source, model),
-              exports=_exports(model))
+              exports=exportable(without_adapters(model)))  # merged, a LoRA run's
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
     return run
@@ -187,16 +187,6 @@ def _frozen_base(source: ModelSource | None, model) -> FrozenBase | None:
         return None
     arch = arch_of(model)
     return FrozenBase(base_path(source), lambda path, layout: load_params(path, arch, layout))
-
-
-def _exports(model) -> bool:
-    """Whether a Hugging Face config.json expresses the model (merged, a LoRA run's): what
-    ``theseus.export`` needs of its configuration."""
-    try:
-        expressed_as(without_adapters(model))
-    except ConfigError:
-        return False
-    return True
 
 
 def _from_weights(compiled: Compiled, say, source: ModelSource, arch) -> tuple[TrainState, dict | None]:

@@ -199,7 +199,7 @@ def test_files_theseus_cannot_read_are_refused_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     ({"general.architecture": "bloom"}, r"a GGUF model of architecture 'bloom' is not supported; theseus reads llama"),
-    ({"llama.rope.scaling.type": "linear"}, r"RoPE scaling 'linear' is not supported"),
+    ({"llama.rope.scaling.type": "yarn"}, r"RoPE scaling 'yarn' is not supported"),
     ({"tensor": "rope_freqs.weight"}, r"RoPE scaling by frequency factors \(rope_freqs.weight, Llama 3.1's\)"),
     ({"llama.rope.dimension_count": 32}, r"RoPE over 32 of each head's 64 dimensions is not supported"),
     ({"tokenizer.ggml.model": "t5"}, r"a 't5' tokenizer of a llama model is not supported"),

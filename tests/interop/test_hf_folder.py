@@ -109,14 +109,14 @@ def test_a_long_context_folder_is_evaluated_in_a_window_the_data_fills(long_cont
     assert sorted(long_context_folder.iterdir()) == before and sorted(p.name for p in tmp_path.iterdir()) == \
         ["cache", "notes.txt"]
     window = int(re.search(r"windows of (\d+) tokens", proc.stdout).group(1))
-    assert 64 < window < 1024
+    assert 16 < window < 1024
     loss = float(re.search(r"val_loss\s*│\s*([0-9.]+)", proc.stdout).group(1))
     assert loss == pytest.approx(hf_val_loss(long_context_folder, overrides, window, 1, 1), abs=1e-4)
     out = tmp_path / "eval.json"
-    proc = run_python("-m", "theseus.evaluate", str(long_context_folder), *overrides, "architecture.seq_len=64",
+    proc = run_python("-m", "theseus.evaluate", str(long_context_folder), *overrides, "architecture.seq_len=16",
                       "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(out.read_text())["seq_len"] == 64
+    assert json.loads(out.read_text())["seq_len"] == 16
 
 
 def test_a_folder_has_no_checkpoint_steps(gpt2_folder, tmp_path):

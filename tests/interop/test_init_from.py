@@ -63,11 +63,11 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_one_line(gpt2_folder, tmp_pat
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"model_type": "mistral"}, "model_type 'mistral' is not supported; theseus imports gpt2, llama, qwen2"),
+    ({"model_type": "qwen3_moe"}, "model_type 'qwen3_moe' is not supported; theseus imports gpt2, llama, qwen2, qwen3"),
     ({"attention_bias": True}, "attention_bias=True is not supported for model_type llama"),
     ({"model_type": "qwen2", "use_sliding_window": True},
      "use_sliding_window=True is not supported for model_type qwen2"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "RoPE scaling 'llama3' is not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}}, "RoPE scaling 'yarn' is not supported"),
 ])
 def test_what_theseus_does_not_compute_is_refused(llama_folder, tmp_path, changes, message):
     with pytest.raises(ConfigError, match=f"config.json: {message}".replace("(", r"\(").replace(")", r"\)")):

@@ -74,9 +74,14 @@ def _run_model(source: ModelSource) -> list[str]:
 
 
 def command_line_choice(overrides: Sequence[str]) -> list[str]:
-    """``model_choice`` of the model that ``trainer.init_from=SOURCE`` in ``overrides`` names."""
+    """``model_choice`` of the model that ``trainer.init_from=SOURCE`` in ``overrides`` names
+    (``[]`` when it names none: the run's checks say why, a resumed run's missing base first)."""
     given = [o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == KEY]
-    return model_choice(parse_source(given[-1], KEY), overrides) if given and given[-1] else []
+    try:
+        source = parse_source(given[-1], KEY) if given and given[-1] else None
+    except ConfigError:
+        return []
+    return model_choice(source, overrides) if source else []
 
 
 def chooses_model(overrides: Sequence[str]) -> bool:

@@ -50,15 +50,23 @@ class SupervisedFineTuning(LossTask):
             return HFTokenizer.from_file(data.tokenizer)
         return prepare_chats(data).tokenizer
 
+    def check_model(self, model: nn.Module) -> None:
+        """The model takes ``segments=`` as ``loss`` passes them: its call traced abstractly on a
+        two-token window, so that a layer written without them (a user's attention) is refused
+        in one line before the conversations are rendered."""
+        tokens = jax.ShapeDtypeStruct((1, 2), jnp.int32)
+        jax.eval_shape(lambda t: model.init(jax.random.key(0), t, segments=t), tokens)
+
     def check_data(self, dataset: Conversations, seq_len: int) -> None:
         """ConfigError unless some conversation of each split fits a window (the others are
         dropped, and counted on the console)."""
         for split in ("train", "val"):
             dataset.windows(split, seq_len, batch_size=1, seed=0)
 
-    def longest_window(self, dataset: Conversations) -> None:
-        """Any: conversations are packed or padded into windows of any length."""
-        return None
+    def longest_window(self, dataset: Conversations) -> int:
+        """What the longest conversation fills (one of ``seq_len + 1`` tokens): a longer window
+        holds no more of them whole."""
+        return max(dataset.longest(split) for split in ("train", "val")) - 1
 
     def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
         """``batch: int32 [batch, 3, seq + 1]`` -> the mean loss over the masked targets."""

@@ -42,6 +42,10 @@ class LossTask(Task):
         ``tokenizer``, ``vocab_size`` and ``bytes_per_token``."""
         return open_dataset(data)
 
+    def check_model(self, model: nn.Module) -> None:
+        """ConfigError for a model this task cannot train, before the data is prepared (a
+        model configured with a stand-in vocabulary, unbound). None by default."""
+
     def check_data(self, dataset: Any, seq_len: int) -> None:
         """ConfigError unless ``dataset`` can fill a window of ``seq_len + 1`` in each split (checked
         before compiling): here, each split holds that many tokens."""
@@ -51,9 +55,9 @@ class LossTask(Task):
                                   f"architecture.seq_len+1={seq_len + 1}: lower architecture.seq_len, use more data or "
                                   f"raise data.val_fraction")
 
-    def longest_window(self, dataset: Any) -> int | None:
-        """The longest ``architecture.seq_len`` whose windows ``dataset`` fills in each split (a
-        model's context is shortened to it to evaluate on little data); None: any."""
+    def longest_window(self, dataset: Any) -> int:
+        """The longest ``architecture.seq_len`` worth a window of ``dataset`` (a model's context
+        is shortened to it to evaluate on little data): here, what each split's tokens fill."""
         return min(dataset.n_tokens(split) for split in ("train", "val")) - 1
 
     def tokenizer(self, data: DataConfig) -> Tokenizer:

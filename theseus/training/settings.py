@@ -23,6 +23,7 @@ from theseus.base.mesh import MeshConfig
 from theseus.config import POSITIVE, ConfigError, Configurable, configuration, configure, field
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
+from theseus.tasks.task import LossTask, task_class
 from theseus.training.config import TrainerConfig
 from theseus.training.optimizer import optimizer_class
 
@@ -65,9 +66,9 @@ def configure_settings(cfg: DictConfig) -> Settings:
 
 
 def check_model(cfg: DictConfig) -> int | None:
-    """The model's own checks (its keys' ranges, shapes that must divide), raised before the
-    data is prepared, which can take minutes; returns ``architecture.vocab_size`` as declared
-    (None: the tokenizer's).
+    """The model's own checks (its keys' ranges, shapes that must divide) and the task's of it
+    (``LossTask.check_model``), raised before the data is prepared, which can take minutes;
+    returns ``architecture.vocab_size`` as declared (None: the tokenizer's).
 
     The vocabulary is a stand-in here when undeclared (VOCAB_MULTIPLE): the run's own is known
     only once the data is prepared whenever the tokenizer comes from the corpus (``char`` is
@@ -77,7 +78,10 @@ def check_model(cfg: DictConfig) -> int | None:
     """
     with configuration(cfg):
         declared = configure(Vocabulary).size
-        configure(model_class(cfg), vocab_size=declared or VOCAB_MULTIPLE)
+        model = configure(model_class(cfg), vocab_size=declared or VOCAB_MULTIPLE)
+        task = configure(task_class(cfg))
+    if isinstance(task, LossTask):
+        task.check_model(model)  # the model takes what the task passes it (sft: segments=)
     return declared
 
 

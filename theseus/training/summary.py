@@ -89,7 +89,8 @@ def report_end(run: Run, loop: LoopState, console: RunConsole) -> None:
                   f"  evaluate: python -m theseus.evaluate {run_dir}"]
         if run.exports:  # a model a Hugging Face config.json expresses
             lines.append(f"  export:   python -m theseus.export {run_dir} {run_dir}-hf")
-        lines.append(f"  continue: {more} trainer.max_steps=N")
+        if extendable or run.base is None:  # adapters saved without their base start no run (export them merged)
+            lines.append(f"  continue: {more} trainer.max_steps=N")
     sync = sync_command(run_dir)
     if sync:
         lines.append(f"  W&B:      {sync}")
