@@ -17,6 +17,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 from omegaconf import DictConfig, OmegaConf
@@ -29,11 +30,12 @@ from theseus.config.compose import with_values
 from theseus.config.registry import chosen
 from theseus.data.dataset import planned_vocab_size
 from theseus.data.tokenizer import Tokenizer
+from theseus.interop.expressible import exportable
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import init_from_values, init_source
 from theseus.interop.loading import load_params
 from theseus.interop.sources import base_path
-from theseus.model.lora import settings_of
+from theseus.model.lora import settings_of, without_adapters
 from theseus.model.source import ModelSource
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
@@ -108,7 +110,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     run = Run(composed=composed, derived=derived, cfg=cfg, record=scrub(OmegaConf.to_container(cfg, resolve=True),
               secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,
               devices=devices, compiled=compiled, dataset=dataset, evaluations=evaluations, batch_share=share,
-              start=start, target=target, base=_frozen_base(source, model), rollout=rollout)
+              start=start, target=target, base=_frozen_base(source, model), rollout=rollout,
+              exports=exportable(without_adapters(model)))  # merged, a LoRA run's
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
     if dataset is not None and steps is not None and not settings.trainer.dry_run:
@@ -121,6 +124,19 @@ def _layout(settings: Settings, model, mesh, plan, share: tuple[int, int], start
     s = settings.trainer
     return StepLayout(model, mesh, plan.rules(), s.batch_size, s.grad_accum, share, s.seed,
                       place=lambda host: global_batch(host, mesh, s.batch_size, s.grad_accum), start=start)
+
+
+def derived_before_data(cfg: DictConfig) -> dict[str, Any]:
+    """What a run of ``cfg`` derives before it reads data (``--cfg job`` shows it): trainer.init_from's
+    architecture and tokenizer, and the vocabulary where the tokenizer alone sizes it (byte, a
+    tokenizer.json or GGUF file; char and bpe are fitted to the corpus, a shard folder records its own)."""
+    derived = init_from_values(cfg, init_source(cfg))
+    data = configure_settings(with_values(cfg, derived)).data
+    sources = [source for source, _ in data.sources().values()] or [data]
+    if data.tokenizer in ("char", "bpe") or any(source.source == "shards" for source in sources):
+        return derived
+    declared = check_model(with_values(cfg, derived))
+    return {**derived, "architecture.vocab_size": vocab_size(planned_vocab_size(data), declared)}
 
 
 def _target(settings: Settings) -> Target | None:

@@ -153,6 +153,16 @@ class RunLogger:
         if progress:
             self._progress.update(int(step), values)
 
+    @property
+    def live(self) -> bool:
+        """Whether the console shows a live progress bar (``advance`` moves it)."""
+        return self._open and self._progress.live
+
+    def advance(self, step: int) -> None:
+        """``step`` has finished, between logged steps: the progress bar moves to it."""
+        if self._open:
+            self._progress.advance(step)
+
     def samples(self, step: int, samples: list[Mapping[str, Any]]) -> None:
         """Record an evaluation's examples (a rollout's prompts, completions and rewards) at ``step``:
         a JSON line each in ``samples.jsonl``, and a W&B table (``samples``)."""

@@ -50,6 +50,7 @@ class Run:
     start: Callable[[Compiled], tuple[TrainState, dict | None]]  # a new run's state and loader state
     target: Any = None  # mesh.target's theseus.plan.target.Target, for a dry run
     base: FrozenBase | None = None  # a LoRA run's base from trainer.init_from: what its checkpoints name, not hold
+    exports: bool = False  # theseus.export writes its model as a Hugging Face folder (its end offers the command)
     rollout: Rollout | None = None  # what makes the task's batches with the current params (task=grpo)
 
     @property

@@ -85,8 +85,9 @@ def report_end(run: Run, loop: LoopState, console: RunConsole) -> None:
                              [f"trainer.init_from={run_dir}", f"hydra.run.dir={run_dir}-more"]))
         prompt = "--chat" if run.task.CHAT else "--prompt"  # a chat model replies
         lines += [f"  sample:   python -m theseus.sample {run_dir} {prompt} \"...\"",
-                  f"  evaluate: python -m theseus.evaluate {run_dir}",
-                  f"  export:   python -m theseus.export {run_dir} {run_dir}-hf"]
+                  f"  evaluate: python -m theseus.evaluate {run_dir}"]
+        if run.exports:  # a model a Hugging Face config.json expresses
+            lines.append(f"  export:   python -m theseus.export {run_dir} {run_dir}-hf")
         if extendable or run.base is None:  # adapters saved without their base start no run (export them merged)
             lines.append(f"  continue: {more} trainer.max_steps=N")
     sync = sync_command(run_dir)
