@@ -26,7 +26,7 @@ from theseus.data.chat import ChatTemplate, chat_prompt
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.data.gguf_file import open_gguf
-from theseus.data.gguf_tokenizer import _implied_merges
+from theseus.data.gguf_tokenizer import SPLITS, _implied_merges
 from theseus.data.tokenizer import HFTokenizer, export_tokenizer
 from theseus.export import export
 from theseus.interop.gguf import Tensors, config
@@ -108,7 +108,8 @@ def test_logits_equal_transformers(model_file):
     _assert_logits(path, hf_model(path))
 
 
-@pytest.fixture(scope="module", params=list(ORIGINALS))
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=pytest.mark.slow) if name == "gemma3" else name
+                                        for name in ORIGINALS])  # Gemma 3's six layers, one global: ~6 s a test
 def original_file(request, tmp_path_factory):
     """(a model whose file holds what transformers' GGUF loader ignores, that file in float32)."""
     model = random_model(ORIGINALS[request.param]())
@@ -152,11 +153,13 @@ def _assert_logits(path, reference_model):
     np.testing.assert_allclose(logits, reference, atol=1e-4 * scale, rtol=0)
 
 
-VOCABULARIES = {  # byte-level BPE under three pre-tokenizers, SentencePiece with and without merges, Gemma's and
+VOCABULARIES = {  # byte-level BPE under five pre-tokenizers, SentencePiece with and without merges, Gemma's and
     # Phi-3's (in files of their architectures); BOS added or not
     "gpt2-smollm": (lambda: byte_level_vocabulary("smollm", add_bos=False), "llama"),
     "gpt2-llama3-bos": (lambda: byte_level_vocabulary("llama-bpe", add_bos=True), "llama"),
     "gpt2-qwen2-unset": (lambda: byte_level_vocabulary("qwen2", add_bos=None), "qwen2"),
+    "gpt2-tekken": (lambda: byte_level_vocabulary("tekken", add_bos=True), "llama"),  # Mistral Nemo's
+    "gpt2-gpt4o": (lambda: byte_level_vocabulary("gpt-4o", add_bos=False), "phi3"),
     "sentencepiece-scores": (lambda: sentencepiece_vocabulary(merges=False, add_bos=None), "llama"),
     "sentencepiece-merges-nobos": (lambda: sentencepiece_vocabulary(merges=True, add_bos=False), "llama"),
     "gemma2": (gemma_vocabulary, "gemma2"),
@@ -182,6 +185,13 @@ def test_token_ids_equal_transformers(tokenizer_file):
     assert ours.eot == reference.eos_token_id
     added = reference("", add_special_tokens=True)["input_ids"]
     assert ours.prefix_token == (added[0] if added else ours.eot)
+
+
+def test_the_pre_tokenizers_are_transformers():
+    """Each ``tokenizer.ggml.pre`` splits text as transformers' GGUF loader splits it."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+
+    assert SPLITS == GGUF_PRE_TOKENIZER_SPLITS
 
 
 def test_chat_template_renders_as_transformers(tokenizer_file):

@@ -68,8 +68,8 @@ class Architecture:
         """The config.json values no key of the file holds: Gemma's query scale."""
         if self.largest is None:
             return {}
-        wide = hf["num_hidden_layers"] == self.largest
-        return {"query_pre_attn_scalar": hf["hidden_size"] // hf["num_attention_heads"] if wide else head_dim}
+        largest = hf["num_hidden_layers"] == self.largest
+        return {"query_pre_attn_scalar": hf["hidden_size"] // hf["num_attention_heads"] if largest else head_dim}
 
 
 ARCHITECTURES = {
@@ -84,7 +84,8 @@ ARCHITECTURES = {
 }
 ROPE_FACTORS = "rope_freqs.weight"  # Llama 3.1's RoPE scaling, stored as per-frequency divisors
 LONGROPE = "rope_factors_long.weight"  # Phi-3's 128k-context RoPE scaling
-LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_seq_len": 8192}  # the converter's, RoPE's keys
+# the converter's llama3 parameters besides the factor (Llama 3.x's), under theseus's RoPE field names
+LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_seq_len": 8192}
 
 
 def config(path: str | Path) -> dict[str, Any]:
