@@ -34,7 +34,7 @@ from theseus.model.lora import settings_of
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
 from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
-from theseus.tasks.task import LossTask, task_class
+from theseus.tasks.task import LossTask, Task, task_class
 from theseus.training import init_from
 from theseus.training.batches import batch_share
 from theseus.training.checkpoint import read_params, require_base, step_dir
@@ -61,9 +61,7 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
         require_base(run_dir / "checkpoints")
     composed, derived = cfg, init_from_values(cfg)  # trainer.init_from's architecture and tokenizer
     cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
-    settings = configure_settings(cfg)  # trainer, optimizer, data, mesh: each checked
-    with configuration(cfg):
-        task, evaluation, logging = configure(task_class(cfg)), configure(EvaluationConfig), configure(LoggerConfig)
+    settings, task, evaluation, logging = configure_parts(cfg)
     if not isinstance(task, LossTask):
         raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
                           f"run it with python -m theseus.run")
@@ -88,11 +86,10 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
         init_from.check(settings, model)
 
     mesh = make_mesh(settings.mesh, devices)
-    if steps == "train" and announce:
-        _say_compiling(model, devices, settings)
+    say = functools.partial(_say_compiling, model, devices, settings) if steps == "train" and announce else None
     with oom_verdict(f"mesh.target={target.name}: the train step" if target else "the train step",
                      target.hbm if target else None):  # a compile out of device memory: one line
-        compiled = compile_steps(model, task, plan, mesh, settings, steps)
+        compiled = compile_steps(model, task, plan, mesh, settings, steps, announce=say)
     share = (0, 1) if target else batch_share(mesh, settings.trainer.batch_size // settings.trainer.grad_accum)
     run = Run(composed=composed, derived=derived, cfg=cfg, record=scrub(OmegaConf.to_container(cfg, resolve=True),
               secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,
@@ -101,6 +98,14 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
     return run
+
+
+def configure_parts(cfg: DictConfig) -> tuple[Settings, Task, EvaluationConfig, LoggerConfig]:
+    """``cfg``'s settings (trainer, optimizer, data, mesh), task, evaluations and logger, each
+    checked as it is configured: what needs neither devices nor data."""
+    settings = configure_settings(cfg)
+    with configuration(cfg):
+        return settings, configure(task_class(cfg)), configure(EvaluationConfig), configure(LoggerConfig)
 
 
 def _target(settings: Settings) -> Target | None:

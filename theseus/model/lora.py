@@ -69,6 +69,10 @@ class LoRA(Configurable):
         if unknown:
             raise ConfigError(f"architecture.lora.targets has {unknown[0]!r}, which is not a projection: choose "
                               f"among {', '.join(PROJECTIONS)} (e.g. architecture.lora.targets=[q,v])")
+        if self.rank and not self.targets:
+            raise ConfigError(f"architecture.lora.targets=[] adapts no projection, so architecture.lora.rank="
+                              f"{self.rank} would train every weight (a full fine-tune): name the projections "
+                              f"(e.g. architecture.lora.targets=[q,v]), or set architecture.lora.rank=0")
 
     @property
     def scale(self) -> float:
