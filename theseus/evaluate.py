@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N; for a folder data.*")
     args = parser.parse_intermixed_args(argv)
     try:
+        if args.out is not None and args.out.suffix != ".json" and args.out.is_file():
+            raise ConfigError(f"--output_path {args.out} is a file: give a folder, or a .json file to write")
         lm_eval = lm_eval_overrides(args.tasks, args.include, args.num_fewshot, args.limit)
         record = run_evaluations(args.path, args.step, [*args.overrides, *lm_eval])
     except ConfigError as exc:

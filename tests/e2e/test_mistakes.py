@@ -254,6 +254,17 @@ CASES = [
     case("learning_rate", "theseus.run", [*RUN, "optimizer.learning_rate=1e-3"], "did you mean optimizer.lr"),
     case("bare_lr", "theseus.run", [*RUN, "lr=1e-3"], "unknown config key 'lr'; did you mean optimizer.lr"),
     case("hidden_size", "theseus.run", [*RUN, "architecture.hidden_size=128"], "did you mean architecture.d_model"),
+    case("train_for_run", "theseus.__main__", ["train", "+experiment=gpt_tiny"], "unknown command 'train'",
+         "did you mean theseus run?"),
+    # found by trying
+    case("mesh_rule_naming_an_axis_twice", "theseus.run", [*RUN, "+mesh.rules.embed=[fsdp,fsdp]"],
+         "mesh.rules.embed=", "names a mesh axis twice", "mesh.rules.embed=[fsdp]"),
+    case("profile_starting_after_the_last_step", "theseus.run", [*RUN, "trainer.profile_steps=[70,80]"],
+         "starts after the run's last step (trainer.max_steps=60)"),
+    case("lora_rank_past_the_weights", "theseus.run", [*RUN, "architecture.lora.rank=100"],
+         "architecture.lora.rank=100 is more than the rank of the", "at most 64"),
+    case("evaluate_output_path_a_file", "theseus.evaluate", ["run", "--output_path", "corpus.txt"],
+         "--output_path corpus.txt is a file"),
 ]
 
 @pytest.fixture(scope="module")

@@ -70,6 +70,9 @@ class MeshConfig(Configurable):
             if not isinstance(names, list | tuple) or any(axis not in MESH_AXES for axis in names):
                 raise ConfigError(f"mesh.rules.{logical}={axes!r} is not a mesh axis: use one of "
                                   f"{', '.join(MESH_AXES)}, a list of them, or null (replicated)")
+            if len(set(names)) < len(names):
+                raise ConfigError(f"mesh.rules.{logical}={axes!r} names a mesh axis twice: an axis splits an array "
+                                  f"once; give each at most once, e.g. mesh.rules.{logical}=[{names[0]}]")
 
     def apply(self, plan: ShardingPlan) -> ShardingPlan:
         """The run's plan: the model's ``plan``, the batch over ``BATCH_MESH_AXES``, and

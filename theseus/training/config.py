@@ -73,6 +73,10 @@ class TrainerConfig(Configurable):
         if steps is not None and (len(steps) != 2 or not 1 <= steps[0] <= steps[1]):
             raise ConfigError(f"trainer.profile_steps must be [START, END] with 1 <= START <= END (the steps "
                               f"to trace), got {list(steps)}")
+        if steps is not None and steps[0] > self.max_steps:
+            raise ConfigError(f"trainer.profile_steps={list(steps)} starts after the run's last step "
+                              f"(trainer.max_steps={self.max_steps}): nothing would be traced; start it by step "
+                              f"{self.max_steps}")
         if self.plan_file and not self.dry_run:
             raise ConfigError(f"trainer.plan_file={self.plan_file} is written by a dry run: add trainer.dry_run=true")
         if self.plan_file and not Path(self.plan_file).absolute().parent.is_dir():
