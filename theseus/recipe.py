@@ -28,9 +28,11 @@ from theseus.config.registry import chosen
 from theseus.data.dataset import planned_vocab_size
 from theseus.data.tokenizer import Tokenizer
 from theseus.interop.hf_config import arch_of
-from theseus.interop.init_from import hf_folder, init_from_values
+from theseus.interop.init_from import init_from_values, init_source
 from theseus.interop.loading import load_params
+from theseus.interop.sources import base_path
 from theseus.model.lora import settings_of
+from theseus.model.source import ModelSource
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
 from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
@@ -59,9 +61,11 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     """
     if run_dir is not None:  # a LoRA run resumed: its base folder is there
         require_base(run_dir / "checkpoints")
-    composed, derived = cfg, init_from_values(cfg)  # trainer.init_from's architecture and tokenizer
+    source = init_source(cfg)  # where trainer.init_from's model comes from (None: nowhere)
+    composed, derived = cfg, init_from_values(cfg, source)  # its architecture and tokenizer
     cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
     settings, task, evaluation, logging = configure_parts(cfg)
+    init_from.check_asked(settings.trainer, source)
     if not isinstance(task, LossTask):
         raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
                           f"run it with python -m theseus.run")
@@ -78,12 +82,13 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     model, plan = configure_model(cfg, settings.mesh)
     if dataset is not None:
         task.check_data(dataset, model.seq_len)
-    imported = hf_folder(settings.trainer.init_from) is not None  # a folder's weights keep its vocabulary
+    imported = source is not None and source.imported  # a Hugging Face model keeps its vocabulary
     evaluations = (load_evaluations(evaluation, dataset, model, settings.data.seed, prefetch(settings.data), imported)
                    if dataset is not None else None)
     if run_dir is not None:
         check_run_dir(run_dir, composed, settings)
-        init_from.check(settings, model)
+        if source is not None:
+            init_from.check(settings, model, source)
 
     mesh = make_mesh(settings.mesh, devices)
     say = functools.partial(_say_compiling, model, devices, settings) if steps == "train" and announce else None
@@ -94,7 +99,7 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     run = Run(composed=composed, derived=derived, cfg=cfg, record=scrub(OmegaConf.to_container(cfg, resolve=True),
               secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,
               devices=devices, compiled=compiled, dataset=dataset, evaluations=evaluations, batch_share=share,
-              start=_start(settings, model), target=target, base=_frozen_base(settings, model))
+              start=_start(settings, model, source), target=target, base=_frozen_base(source, model))
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
     return run
@@ -151,32 +156,29 @@ def _say_compiling(model, devices: list, settings: Settings) -> None:
           f"device{'s' if n > 1 else ''}" + (f" ({mesh})" if mesh else ""), file=sys.stderr, flush=True)
 
 
-def _start(settings: Settings, model):
+def _start(settings: Settings, model, source: ModelSource | None):
     """How a new run's state is made (``(compiled, say) -> (state, loader state)``): initialised,
-    or with ``trainer.init_from``'s weights (a theseus checkpoint, or a Hugging Face folder's,
-    loaded onto their shards after the initialised params are dropped)."""
-    given = settings.trainer.init_from
-    if given is None:
+    or with ``trainer.init_from``'s weights (a theseus checkpoint's, with its optimizer state and
+    data position when asked; a Hugging Face folder's or GGUF file's, loaded onto their shards
+    after the initialised params are dropped)."""
+    if source is None:
         return lambda compiled, say: (compiled.init(), None)
-    if init_from.source(given) is not None:
-        return functools.partial(init_from.start, settings=settings)
-    return functools.partial(_from_folder, folder=Path(given).expanduser(), arch=arch_of(model))
+    if source.kind == "run":
+        return functools.partial(init_from.start, settings=settings, source=source)
+    return functools.partial(_from_weights, source=source, arch=arch_of(model))
 
 
-def _frozen_base(settings: Settings, model) -> FrozenBase | None:
-    """A LoRA run's base when ``trainer.init_from`` gives one (a Hugging Face folder, or a theseus
-    checkpoint: the step it names, else its newest): its checkpoints then hold the adapters alone
-    (a random base is saved whole)."""
-    given = settings.trainer.init_from
-    if given is None or not settings_of(model).rank:
+def _frozen_base(source: ModelSource | None, model) -> FrozenBase | None:
+    """A LoRA run's base when ``trainer.init_from`` gives one (a Hugging Face folder, a GGUF file,
+    or a theseus checkpoint: the step it names, else its newest): its checkpoints then hold the
+    adapters alone (a random base is saved whole)."""
+    if source is None or not settings_of(model).rank:
         return None
-    folder = hf_folder(given)
-    if folder is not None:
-        return FrozenBase(folder.resolve(), lambda hf, layout: load_params(hf, arch_of(model), layout))
-    return FrozenBase(step_dir(Path(given).resolve()), lambda step, layout: read_params(step, frozen_part(layout)))
+    arch = arch_of(model)
+    return FrozenBase(base_path(source), lambda path, layout: load_params(path, arch, layout))
 
 
-def _from_folder(compiled: Compiled, say, folder: Path, arch) -> tuple[TrainState, dict | None]:
-    say(f"starting from the weights of {folder}")
+def _from_weights(compiled: Compiled, say, source: ModelSource, arch) -> tuple[TrainState, dict | None]:
+    say(f"starting from the weights of {source.given}")
     state = compiled.init().replace(params=None)
-    return state.replace(params=load_params(folder, arch, compiled.target.params)), None
+    return state.replace(params=load_params(source, arch, compiled.target.params)), None

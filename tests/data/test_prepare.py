@@ -145,7 +145,8 @@ BAD_INPUT = [
      "{tmp}/corpus/a.txt does not parse as a Hugging Face tokenizer.json (expected value at line 1 column 1): "
      "point data.tokenizer at a file saved by tokenizers.Tokenizer.save"),
     ({"source": "text", "path": "{tmp}/corpus", "tokenizer": "bytes"},
-     "tokenizer file bytes does not exist: set data.tokenizer to byte, char, bpe or the path of a tokenizer.json"),
+     "tokenizer file bytes does not exist: set data.tokenizer to byte, char, bpe, the path of a tokenizer.json or "
+     "of a GGUF file"),
 ]
 
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from support import ROOT, bare_env
 
 pytestmark = pytest.mark.slow
 
@@ -138,7 +138,7 @@ def project(folder: Path, needs_model: bool) -> dict[str, str]:
                                           pad_token_id=None)
         (folder / "models" / "my-llama").mkdir(parents=True)
         save_hf(transformers.LlamaForCausalLM(config), folder / "models" / "my-llama")
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = {key: value for key, value in bare_env().items() if key != "JAX_PLATFORMS"}
     # HF_*_OFFLINE: lm-eval's datasets asks the hub before reading a local file, and this machine has no network
     return {**env, "HOME": str(folder), "START": str(folder), "JAX_PLATFORMS": "cpu", "WANDB_SILENT": "true",
             "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",

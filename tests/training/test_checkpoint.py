@@ -167,6 +167,21 @@ def test_resume_rules():
         check_resume("RUN", saved, extended, max_steps_problem="the past changes")
 
 
+def test_a_key_declared_since_a_run_was_saved_is_no_change_at_its_default():
+    """A run saved before a layer gained a field (``architecture.qk_norm``) resumes; the field set
+    away from its default is a change."""
+    from omegaconf import OmegaConf
+
+    from theseus.config.compose import compose
+    from theseus.training.resume import unsafe_changes
+
+    new = OmegaConf.to_container(compose(["+experiment=gpt_tiny"]), resolve=True)
+    saved = {**new, "architecture": {k: v for k, v in new["architecture"].items() if k != "qk_norm"}}
+    assert unsafe_changes(saved, new) == []
+    changed = OmegaConf.to_container(compose(["+experiment=gpt_tiny", "architecture.qk_norm=true"]), resolve=True)
+    assert unsafe_changes(saved, changed) == [("architecture.qk_norm", None, True)]
+
+
 @pytest.mark.parametrize(("schedule", "steps", "allowed"), [
     ("constant", 40, True), ("wsd", 40, True), ("wsd", 90, False), ("cosine", 40, False)])
 def test_extension_follows_the_schedule(tmp_path, schedule, steps, allowed):

@@ -73,6 +73,10 @@ class Conversations:
         """Tokens of the split's conversations (all of them, those too long for a window too)."""
         return sum(len(ids) for ids, _ in self._split(split))
 
+    def longest(self, split: str) -> int:
+        """Tokens of the split's longest conversation."""
+        return max((len(ids) for ids, _ in self._split(split)), default=0)
+
     def n_conversations(self, split: str) -> int:
         return len(self._split(split))
 

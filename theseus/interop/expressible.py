@@ -1,6 +1,6 @@
 """Whether a theseus model is exactly what a Hugging Face model_type computes, checked before export writes it.
 
-    kind = check_expressible(model, params)  # "gpt2", "llama" or "qwen2"; ConfigError naming what is not
+    kind = check_expressible(model, params)  # "gpt2", "llama", "gemma2"...; ConfigError naming what is not
 
 A model exports when its config, its parameters and (for a class other than theseus's GPT) its
 behaviour all map:
@@ -37,15 +37,16 @@ PROBE = (2, 32)  # [batch, seq] tokens the behaviour check compares logits on (s
 TOLERANCE = 1e-5  # the largest logit difference allowed, relative to the largest logit (float32)
 
 
-def check_expressible(model: Any, params: Any) -> str:
+def check_expressible(model: Any, params: Any, prefer: str | None = None) -> str:
     """The model_type whose Hugging Face model computes exactly what ``model`` computes with
-    ``params`` (its param tree, stacked when it scans its layers); ConfigError in one line
-    naming the first thing that has no equivalent."""
+    ``params`` (its param tree, stacked when it scans its layers; ``prefer``, when it does: the
+    model_type the run was imported from); ConfigError in one line naming the first thing that
+    has no equivalent."""
     name = type(model).__name__
     if not isinstance(model, GPT):
         raise ConfigError(f"export writes GPT models (theseus.model.models.gpt.GPT and its subclasses); "
                           f"{type(model).__module__}.{name} is not one")
-    kind = model_type(arch_of(model))
+    kind = model_type(arch_of(model), prefer)
     _check_keys(model, kind)
     stock = _stock(model, kind)
     _check_parameters(model, params, stock, kind)

@@ -50,11 +50,23 @@ class SupervisedFineTuning(LossTask):
             return HFTokenizer.from_file(data.tokenizer)
         return prepare_chats(data).tokenizer
 
+    def check_model(self, model: nn.Module) -> None:
+        """The model takes ``segments=`` as ``loss`` passes them: its call traced abstractly on a
+        two-token window, so that a layer written without them (a user's attention) is refused
+        in one line before the conversations are rendered."""
+        tokens = jax.ShapeDtypeStruct((1, 2), jnp.int32)
+        jax.eval_shape(lambda t: model.init(jax.random.key(0), t, segments=t), tokens)
+
     def check_data(self, dataset: Conversations, seq_len: int) -> None:
         """ConfigError unless some conversation of each split fits a window (the others are
         dropped, and counted on the console)."""
         for split in ("train", "val"):
             dataset.windows(split, seq_len, batch_size=1, seed=0)
+
+    def longest_window(self, dataset: Conversations) -> int:
+        """What the longest conversation fills (one of ``seq_len + 1`` tokens): a longer window
+        holds no more of them whole."""
+        return max(dataset.longest(split) for split in ("train", "val")) - 1
 
     def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
         """``batch: int32 [batch, 3, seq + 1]`` -> the mean loss over the masked targets."""
@@ -80,10 +92,11 @@ class SupervisedFineTuning(LossTask):
 
 
 def chat_template_of(cfg: Any) -> ChatTemplate | None:
-    """The chat template a composed config's run trains with (``task=sft``: ``data.chat_template``,
-    the tokenizer's, or theseus's default); None for another task."""
-    if not issubclass(task_class(cfg), SupervisedFineTuning):
-        return None
+    """The chat template of a composed config's run, which its export writes: the one it trains
+    with (``task=sft``: ``data.chat_template``, the tokenizer's, or theseus's default); for another
+    task its tokenizer's own (a chat model fine-tuned on text stays one), if any."""
     with configuration(cfg):
         data = configure(DataConfig)
+    if not issubclass(task_class(cfg), SupervisedFineTuning):
+        return ChatTemplate.own(data.tokenizer)
     return ChatTemplate.find(data.tokenizer, data.chat_template)

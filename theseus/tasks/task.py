@@ -42,6 +42,10 @@ class LossTask(Task):
         ``tokenizer``, ``vocab_size`` and ``bytes_per_token``."""
         return open_dataset(data)
 
+    def check_model(self, model: nn.Module) -> None:
+        """ConfigError for a model this task cannot train, before the data is prepared (a
+        model configured with a stand-in vocabulary, unbound). None by default."""
+
     def check_data(self, dataset: Any, seq_len: int) -> None:
         """ConfigError unless ``dataset`` can fill a window of ``seq_len + 1`` in each split (checked
         before compiling): here, each split holds that many tokens."""
@@ -50,6 +54,11 @@ class LossTask(Task):
                 raise ConfigError(f"the {split} split has {dataset.n_tokens(split)} tokens, fewer than one window of "
                                   f"architecture.seq_len+1={seq_len + 1}: lower architecture.seq_len, use more data or "
                                   f"raise data.val_fraction")
+
+    def longest_window(self, dataset: Any) -> int:
+        """The longest ``architecture.seq_len`` worth a window of ``dataset`` (a model's context
+        is shortened to it to evaluate on little data): here, what each split's tokens fill."""
+        return min(dataset.n_tokens(split) for split in ("train", "val")) - 1
 
     def tokenizer(self, data: DataConfig) -> Tokenizer:
         """The tokenizer of ``dataset(data)`` (what sampling and evaluating a run's checkpoint use)."""

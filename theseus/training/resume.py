@@ -23,7 +23,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from theseus.config import ConfigError, registry
 from theseus.config.schema import flatten
 from theseus.config.yaml_file import load_yaml
-from theseus.training.checkpoint import Checkpointer, theseus_checkpoint
+from theseus.model.source import theseus_checkpoint
+from theseus.training.checkpoint import Checkpointer
 from theseus.training.metrics import format_apart
 from theseus.training.optimizer import make_schedule
 from theseus.training.settings import Settings
@@ -42,16 +43,22 @@ def resumable_keys(*configs: Mapping[str, Any]) -> frozenset[str]:
 def unsafe_changes(saved: Mapping[str, Any], new: Mapping[str, Any],
                    also: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
     """``(key, saved value, new value)`` for every change a resume cannot honour: any but of a
-    resumable key (or of an entry of one: ``mesh.rules.embed``) or of a key in ``also``."""
+    resumable key (or of an entry of one: ``mesh.rules.embed``) or of a key in ``also``. A key
+    the saved config lacks (declared since it was saved) at its default is no change."""
     old, cur = ({**flatten(cfg), **flatten({registry.RECORD: registry.choices_of(cfg)})} for cfg in (saved, new))
     safe = resumable_keys(saved, new) | set(also)
+    schema = registry.chosen_schema(new)
 
     def may_change(key: str) -> bool:
         parts = key.split(".")
         return any(".".join(parts[:n]) in safe for n in range(1, len(parts) + 1))
 
+    def added(key: str) -> bool:
+        return key not in old and key in schema and cur[key] == schema[key].default
+
     keys = sorted(set(old) | set(cur))
-    return [(k, old.get(k), cur.get(k)) for k in keys if old.get(k) != cur.get(k) and not may_change(k)]
+    return [(k, old.get(k), cur.get(k)) for k in keys
+            if old.get(k) != cur.get(k) and not may_change(k) and not added(k)]
 
 
 def check_resume(run_dir: Any, saved: Mapping[str, Any], new: Mapping[str, Any],

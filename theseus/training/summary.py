@@ -87,8 +87,9 @@ def report_end(run: Run, loop: LoopState, console: RunConsole) -> None:
         prompt = "--chat" if isinstance(run.task, SupervisedFineTuning) else "--prompt"  # a chat model replies
         lines += [f"  sample:   python -m theseus.sample {run_dir} {prompt} \"...\"",
                   f"  evaluate: python -m theseus.evaluate {run_dir}",
-                  f"  export:   python -m theseus.export {run_dir} {run_dir}-hf",
-                  f"  continue: {more} trainer.max_steps=N"]
+                  f"  export:   python -m theseus.export {run_dir} {run_dir}-hf"]
+        if extendable or run.base is None:  # adapters saved without their base start no run (export them merged)
+            lines.append(f"  continue: {more} trainer.max_steps=N")
     sync = sync_command(run_dir)
     if sync:
         lines.append(f"  W&B:      {sync}")
