@@ -253,20 +253,44 @@ class MLP(Module):
 class KVCache(Module):
     """Keys and values of the positions seen so far, for decoding a chunk at a time.
 
-    Its variables (collection ``cache``) are ``[batch, max_len, kv_heads, head_dim]``, sized by
-    the call that creates them (``theseus.model.generate`` creates them at prompt + new tokens).
+    Its variables (collection ``cache``) are ``[batch, kv_heads, max_len, head_dim]`` (the
+    layout ``cached_attention``'s products read as they are), sized by the call that creates
+    them (``theseus.model.generate`` creates them at its cache length) and laid out over the
+    mesh as the batch and the kv heads are (``nn.with_logical_constraint``).
     """
 
     @nn.compact
     def __call__(self, k: jax.Array, v: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Write ``k, v: [batch, seq, kv_heads, head_dim]`` at ``positions``; return every cached
-        key and value and the causal mask ``bool[seq, max_len]`` of the queries at ``positions``."""
-        keys = self.variable("cache", "key", jnp.zeros, k.shape, k.dtype)
-        values = self.variable("cache", "value", jnp.zeros, v.shape, v.dtype)
-        keys.value = jax.lax.dynamic_update_slice_in_dim(keys.value, k, positions[0], axis=1)
-        values.value = jax.lax.dynamic_update_slice_in_dim(values.value, v, positions[0], axis=1)
-        mask = positions[:, None] >= jnp.arange(keys.value.shape[1])
-        return keys.value, values.value, mask
+        """Write ``k, v: [batch, seq, kv_heads, head_dim]`` at ``positions`` (``int32[seq]``, every
+        row alike, or ``[batch, seq]``, each row from its own first position); return every cached
+        key and value and the causal mask ``bool[batch, 1, seq, max_len]`` of the queries there."""
+        batch, seq = k.shape[:2]
+        positions = jnp.broadcast_to(positions, (batch, seq))
+        write = jax.vmap(lambda cache, new, at: jax.lax.dynamic_update_slice_in_dim(cache, new, at, axis=1))
+        cached = []
+        for name, new in (("key", k), ("value", v)):
+            new = new.transpose(0, 2, 1, 3)  # [batch, kv_heads, seq, head_dim]
+            variable = self.variable("cache", name, jnp.zeros, new.shape, new.dtype)
+            variable.value = nn.with_logical_constraint(write(variable.value, new, positions[:, 0]),
+                                                        (BATCH, KV_HEADS, None, HEAD_DIM))
+            cached.append(variable.value)
+        mask = positions[:, None, :, None] >= jnp.arange(cached[0].shape[2])
+        return cached[0], cached[1], mask
+
+
+def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Queries ``q: [batch, seq, heads, head_dim]`` attending to a KVCache's ``k, v: [batch,
+    kv_heads, max_len, head_dim]`` where ``mask: bool[batch, 1, seq, max_len]``; query head n
+    reads kv head n // (heads / kv_heads), as ``jax.nn.dot_product_attention`` groups them.
+    Scores and softmax in float32. Written out rather than ``dot_product_attention`` so that
+    both products read the cache in its own layout: no copy of it a step."""
+    batch, seq, heads, head_dim = q.shape
+    kv = k.shape[1]
+    q = q.reshape(batch, seq, kv, heads // kv, head_dim)
+    scores = jnp.einsum("btkgh,bksh->bkgts", q, k, preferred_element_type=jnp.float32) * head_dim**-0.5
+    scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bksh->btkgh", probs, v).reshape(batch, seq, heads, head_dim)
 
 
 class Attention(Module):
@@ -348,9 +372,8 @@ class Attention(Module):
         if self.cache is None:
             same = None if segments is None else (segments[:, None, :, None] == segments[:, None, None, :])
             out = jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True, implementation=self.attention_impl)
-        else:  # a masked step over the cache: XLA's kernel (the flash kernels want whole sequences)
-            k, v, mask = self.cache(k, v, positions)
-            out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+        else:  # a masked step over the cache (the flash kernels want whole sequences)
+            out = cached_attention(q, *self.cache(k, v, positions))
         y = dense("bsnh,nhd->bsd", out, self.wo, self.bo, dtype)
         (y,) = adapt(self.lora, out, {"o": y}, deterministic)
         return self.drop(y, deterministic=deterministic)
