@@ -152,6 +152,7 @@ def test_past_the_context_the_window_keeps_the_last_seq_len_tokens(name, prompt_
     assert len(set(np.asarray(out[:, prompt_len:]).ravel().tolist())) > 1  # not a degenerate repeat
 
 
+@pytest.mark.slow
 def test_past_the_context_rows_of_different_lengths_each_keep_their_own_window():
     model, params, _ = setup("llama")
     rows, padded = ragged([20, 3, 11], seed=6)
@@ -194,6 +195,7 @@ def test_prompts_of_different_lengths_continue_as_each_would_alone(name):
     np.testing.assert_array_equal(cold, greedy)  # temperature -> 0 is greedy
 
 
+@pytest.mark.slow
 def test_rows_end_at_their_first_stop_token_with_the_models_log_probs():
     """Sampled rows (temperature 0.7, top-k 20): each ends at its first stop token (counted in
     its length; 0s after it), draws what it draws without stop tokens up to there, and its

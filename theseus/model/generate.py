@@ -32,8 +32,9 @@ The programs are traced under the caller's mesh and logical-axis rules (``jax.se
 out as the batch is, so that GRPO samples on its training mesh with its current params.
 
 The model: a GPT, or any module with ``seq_len`` and ``vocab_size`` fields and a ``decode``
-one that, true, keeps a KV cache in the ``cache`` collection whose ``index`` is the position
-each row writes next (``int32[batch]``; theseus sets it after the prefill).
+one that, true, keeps its keys and values in ``theseus.model.layers.KVCache``s (collection
+``cache``, created at the width of the first chunk, then ``grown``) and the position each row
+writes next in the collection's ``index`` (``int32[batch]``; theseus sets it after the prefill).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from theseus.model.layers import grown
 from theseus.model.sampling import Sampling, choose
 
 SMALLEST = 16  # the least prompt width and cache length compiled for (powers of two above it)
@@ -69,6 +71,7 @@ class _State(NamedTuple):
     """The decode loop's carry (``batch`` rows, ``new`` = max_new_tokens)."""
 
     cache: Any  # the model's cache collection
+    keys: jax.Array  # key[batch, new]: row i's key of token t at [i, t]
     fed: jax.Array  # int32[batch]: the token each row feeds next (its last)
     tokens: jax.Array  # int32[batch, new]
     logprobs: jax.Array  # float32[batch, new] (float32[batch, 0] when not asked for)
@@ -80,7 +83,6 @@ class _State(NamedTuple):
 class _Choice(NamedTuple):
     """How every step chooses (traced: one program serves every value)."""
 
-    keys: jax.Array  # key[batch, new]: row i's key of token t at [i, t]
     stop: jax.Array  # bool[vocab_size]: the stop tokens
     temperature: jax.Array  # float32
     top_p: jax.Array | None  # float32, None: no nucleus
@@ -105,12 +107,14 @@ def complete(model: nn.Module, params: Any, prompts: Any, lengths: Any, max_new_
     """
     vocab_size = _vocab_size(model, vocab_size)
     sampling.check(vocab_size)
-    prompts, lengths = jnp.asarray(prompts, jnp.int32), jnp.asarray(lengths, jnp.int32)
+    # host arrays stay on the host until the programs take them (no eager op compiled for them)
+    prompts = prompts if isinstance(prompts, jax.Array) else np.asarray(prompts, np.int32)
+    lengths = lengths if isinstance(lengths, jax.Array) else np.asarray(lengths, np.int32)
     batch = prompts.shape[0]
     if prompts.ndim != 2 or lengths.shape != (batch,) or prompts.shape[1] < 1:
         raise ValueError(f"prompts must be [batch, width] with one length a row, got {prompts.shape} and "
                          f"{lengths.shape}")
-    longest, shortest = int(jnp.max(lengths)), int(jnp.min(lengths))
+    longest, shortest = int(lengths.max()), int(lengths.min())
     if shortest < 1 or longest > prompts.shape[1]:
         raise ValueError(f"each prompt length must be between 1 and the width {prompts.shape[1]}, got "
                          f"{shortest} .. {longest}")
@@ -123,33 +127,29 @@ def complete(model: nn.Module, params: Any, prompts: Any, lengths: Any, max_new_
         if not 0 <= token < vocab_size:
             raise ValueError(f"stop token {token} is outside the vocabulary (0..{vocab_size - 1})")
         stop[token] = True
-    keys = jax.vmap(jax.random.key)(jnp.arange(batch)) if keys is None else keys
-    choice = _Choice(jax.vmap(lambda key: jax.random.split(key, max_new_tokens))(keys), jnp.asarray(stop),
-                     jnp.float32(sampling.temperature), None if sampling.nucleus is None else jnp.float32(sampling.nucleus))
+    choice = _Choice(stop, np.float32(sampling.temperature),
+                     None if sampling.nucleus is None else np.float32(sampling.nucleus))
     static = {"model": model, "top_k": sampling.top_k, "vocab_size": vocab_size}
 
     if longest > model.seq_len:  # each row's last seq_len tokens: the window its first token is drawn from
-        prompts, lengths = _last_window(prompts, lengths, model.seq_len), jnp.minimum(lengths, model.seq_len)
+        prompts, lengths = _last_window(prompts, lengths, model.seq_len), lengths.clip(max=model.seq_len)
         longest = model.seq_len
     cache_len = min(model.seq_len, _bucket(longest + max_new_tokens - 1))
-    width = min(_bucket(longest - 1), cache_len)
-    if prompts.shape[1] < width:
-        prompts = jnp.pad(prompts, ((0, 0), (0, width - prompts.shape[1])))
-    state = _prefill(params, prompts[:, :width], prompts, lengths, model=model, cache_len=cache_len,
-                     new=max_new_tokens, logprobs=logprobs)
+    state = _prefill(params, prompts, lengths, keys, model=model, width=min(_bucket(longest - 1), cache_len),
+                     cache_len=cache_len, new=max_new_tokens, logprobs=logprobs)
     cached = min(max_new_tokens, cache_len - longest + 1)  # the steps whose fed positions fit the cache
     if on_tokens is None and cached == max_new_tokens:
-        state = _decode(params, state, choice, jnp.int32(max_new_tokens), **static)
+        state = _decode(params, state, choice, np.int32(max_new_tokens), **static)
     else:
         step, chunk = 0, chunk or (1 if on_tokens else max_new_tokens)
         while step < max_new_tokens:
             run = _decode if step < cached else functools.partial(_windowed, prompts=prompts, lengths=lengths)
             until = min(step + chunk, cached if step < cached else max_new_tokens)
-            state = run(params, state, choice, jnp.int32(until), **static)
+            state = run(params, state, choice, np.int32(until), **static)
             done = int(state.step)
             if on_tokens is not None:
-                on_tokens(np.asarray(state.tokens[:, step:done]))
-            if done < until or bool(jnp.all(state.done)):  # every row has ended
+                on_tokens(np.asarray(state.tokens)[:, step:done])
+            if done < until or np.asarray(state.done).all():  # every row has ended
                 break
             step = done
     return Completions(state.tokens, state.lengths, state.logprobs if logprobs else None)
@@ -193,20 +193,21 @@ def _last_window(prompts: jax.Array, lengths: jax.Array, size: int) -> jax.Array
     return jnp.take_along_axis(prompts, jnp.minimum(start + jnp.arange(size), prompts.shape[1] - 1), axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "cache_len", "new", "logprobs"))
-def _prefill(params, chunk, prompts, lengths, *, model, cache_len, new, logprobs) -> _State:
-    """The loop's first state: ``chunk: int32[batch, width]`` (the prompts' first ``width``
-    positions) written into an empty cache of ``cache_len`` positions, each row's index set to
-    its last prompt position, which it feeds first."""
-    decoder = model.clone(decode=True)
-    batch = chunk.shape[0]
-    shapes = jax.eval_shape(decoder.init, jax.random.key(0), jnp.zeros((batch, cache_len), jnp.int32))["cache"]
-    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    if chunk.shape[1]:
-        cache = decoder.apply({"params": params, "cache": cache}, chunk, mutable=["cache"])[1]["cache"]
-    cache = {**cache, "index": lengths - 1}
+@functools.partial(jax.jit, static_argnames=("model", "width", "cache_len", "new", "logprobs"))
+def _prefill(params, prompts, lengths, keys, *, model, width, cache_len, new, logprobs) -> _State:
+    """The loop's first state: the prompts' first ``width`` positions in a KV cache of
+    ``cache_len`` positions, each row's index set to its last prompt position, which it feeds
+    first (what the prefill wrote there and after is written again); ``keys: key[batch]`` (None:
+    ``key(i)`` for row i) split into each row's key of each token."""
+    batch = prompts.shape[0]
+    chunk = jnp.pad(prompts, ((0, 0), (0, max(0, width - prompts.shape[1]))))[:, :width]
+    # the chunk creates the cache at its own width (one trace of the model, no init's)
+    cache = model.clone(decode=True).apply({"params": params}, chunk, mutable=["cache"])[1]["cache"]
+    cache = {**grown(cache, cache_len), "index": lengths - 1}
+    keys = jax.vmap(jax.random.key)(jnp.arange(batch)) if keys is None else keys
     fed = jnp.take_along_axis(prompts, lengths[:, None] - 1, axis=1)[:, 0]
-    return _State(cache, fed, jnp.zeros((batch, new), jnp.int32), jnp.zeros((batch, new if logprobs else 0)),
+    return _State(cache, jax.vmap(lambda key: jax.random.split(key, new))(keys), fed,
+                  jnp.zeros((batch, new), jnp.int32), jnp.zeros((batch, new if logprobs else 0)),
                   jnp.zeros(batch, jnp.int32), jnp.zeros(batch, bool), jnp.int32(0))
 
 
@@ -251,12 +252,12 @@ def _chosen(state: _State, logits: jax.Array, choice: _Choice, top_k: int | None
     """``state`` after each row still going chooses its token ``state.step`` from ``logits:
     [batch, vocab_size]`` (an ended row writes nothing)."""
     t = state.step
-    tokens, logps = choose(logits, jax.lax.dynamic_index_in_dim(choice.keys, t, axis=1, keepdims=False),
+    tokens, logps = choose(logits, jax.lax.dynamic_index_in_dim(state.keys, t, axis=1, keepdims=False),
                            choice.temperature, top_k, choice.top_p)
     going = ~state.done
     tokens = jnp.where(going, tokens, 0)
     logprobs = state.logprobs
     if logprobs.shape[1]:
         logprobs = jax.lax.dynamic_update_index_in_dim(logprobs, jnp.where(going, logps, 0.0), t, axis=1)
-    return _State(state.cache, tokens, jax.lax.dynamic_update_index_in_dim(state.tokens, tokens, t, axis=1), logprobs,
-                  state.lengths + going, state.done | (going & choice.stop[tokens]), t + 1)
+    return _State(state.cache, state.keys, tokens, jax.lax.dynamic_update_index_in_dim(state.tokens, tokens, t, axis=1),
+                  logprobs, state.lengths + going, state.done | (going & choice.stop[tokens]), t + 1)

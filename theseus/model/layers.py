@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -276,6 +276,17 @@ class KVCache(Module):
             cached.append(variable.value)
         mask = positions[:, None, :, None] >= jnp.arange(cached[0].shape[2])
         return cached[0], cached[1], mask
+
+
+def grown(cache: Any, length: int) -> Any:
+    """A model's ``cache`` collection with every KVCache's keys and values padded with zeros to
+    ``length`` positions: the cache a first chunk created at its own length, given room to go on."""
+    def grow(path, x):
+        if path[-1] not in (DictKey("key"), DictKey("value")):
+            return x
+        return jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, length - x.shape[-2]), (0, 0)])
+
+    return jax.tree_util.tree_map_with_path(grow, cache)
 
 
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
