@@ -262,17 +262,18 @@ class KVCache(Module):
     @nn.compact
     def __call__(self, k: jax.Array, v: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Write ``k, v: [batch, seq, kv_heads, head_dim]`` at ``positions`` (``int32[seq]``, every
-        row alike, or ``[batch, seq]``, each row from its own first position); return every cached
-        key and value and the causal mask ``bool[batch, 1, seq, max_len]`` of the queries there."""
-        batch, seq = k.shape[:2]
+        row alike, or ``[batch, seq]``, each row its own, consecutive); return every cached key and
+        value and the causal mask ``bool[batch, 1, seq, max_len]`` of the queries there."""
+        batch, seq, kv, head_dim = k.shape
         positions = jnp.broadcast_to(positions, (batch, seq))
-        write = jax.vmap(lambda cache, new, at: jax.lax.dynamic_update_slice_in_dim(cache, new, at, axis=1))
+        rows = jnp.arange(batch)[:, None]
         cached = []
         for name, new in (("key", k), ("value", v)):
-            new = new.transpose(0, 2, 1, 3)  # [batch, kv_heads, seq, head_dim]
-            variable = self.variable("cache", name, jnp.zeros, new.shape, new.dtype)
-            variable.value = nn.with_logical_constraint(write(variable.value, new, positions[:, 0]),
-                                                        (BATCH, KV_HEADS, None, HEAD_DIM))
+            variable = self.variable("cache", name, jnp.zeros, (batch, kv, seq, head_dim), new.dtype)
+            # row b at positions[b], in place (no bounds check: the caller sizes the cache)
+            written = variable.value.at[rows, :, positions].set(new, mode="promise_in_bounds", unique_indices=True,
+                                                                 indices_are_sorted=True)
+            variable.value = nn.with_logical_constraint(written, (BATCH, KV_HEADS, None, HEAD_DIM))
             cached.append(variable.value)
         mask = positions[:, None, :, None] >= jnp.arange(cached[0].shape[2])
         return cached[0], cached[1], mask
@@ -293,15 +294,19 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) 
     """Queries ``q: [batch, seq, heads, head_dim]`` attending to a KVCache's ``k, v: [batch,
     kv_heads, max_len, head_dim]`` where ``mask: bool[batch, 1, seq, max_len]``; query head n
     reads kv head n // (heads / kv_heads), as ``jax.nn.dot_product_attention`` groups them.
-    Scores and softmax in float32. Written out rather than ``dot_product_attention`` so that
-    both products read the cache in its own layout: no copy of it a step."""
+    Scores and softmax in float32. Written out, a kv head's queries as the rows of one product,
+    so that both products read the cache in its own layout: nothing larger than the queries is
+    copied at a step (for two rows or more; XLA copies a one-row cache, which measures cheaper
+    than a second row)."""
     batch, seq, heads, head_dim = q.shape
-    kv = k.shape[1]
-    q = q.reshape(batch, seq, kv, heads // kv, head_dim)
-    scores = jnp.einsum("btkgh,bksh->bkgts", q, k, preferred_element_type=jnp.float32) * head_dim**-0.5
-    scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bksh->btkgh", probs, v).reshape(batch, seq, heads, head_dim)
+    kv, length = k.shape[1], k.shape[2]
+    group = heads // kv
+    rows = q.reshape(batch, seq, kv, group, head_dim).transpose(0, 2, 3, 1, 4).reshape(batch, kv, group * seq, head_dim)
+    scores = jnp.einsum("bkqh,bksh->bkqs", rows, k, preferred_element_type=jnp.float32) * head_dim**-0.5
+    mask = jnp.broadcast_to(mask[:, :, None], (batch, 1, group, seq, length)).reshape(batch, 1, group * seq, length)
+    probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkqs,bksh->bkqh", probs, v).reshape(batch, kv, group, seq, head_dim)
+    return out.transpose(0, 3, 1, 2, 4).reshape(batch, seq, heads, head_dim)
 
 
 class Attention(Module):
@@ -385,7 +390,9 @@ class Attention(Module):
             out = jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True, implementation=self.attention_impl)
         else:  # a masked step over the cache (the flash kernels want whole sequences)
             out = cached_attention(q, *self.cache(k, v, positions))
-        y = dense("bsnh,nhd->bsd", out, self.wo, self.bo, dtype)
+        # jnp.einsum contracts its letters in alphabetical order: heads (h) before head_dim (k),
+        # as they lie in memory, or XLA transposes wo and the output at every call
+        y = dense("bshk,hkd->bsd", out, self.wo, self.bo, dtype)
         (y,) = adapt(self.lora, out, {"o": y}, deterministic)
         return self.drop(y, deterministic=deterministic)
 
