@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--chat", nargs="?", const=TALK, default=None, metavar="MESSAGE",
                        help="a user's message to reply to, by the chat template; alone: a conversation")
     parser.add_argument("--system", default=None, metavar="TEXT", help="a system message before the chat's first")
-    parser.add_argument("--max-new-tokens", type=POSITIVE_INT, default=200, help="per reply, with --chat")
+    parser.add_argument("--max-new-tokens", type=POSITIVE_INT, default=200, help="tokens to make (with --chat: a reply's most)")
     parser.add_argument("--temperature", type=NON_NEGATIVE, default=0.8, help="0: greedy")
     parser.add_argument("--top-k", type=POSITIVE_INT, default=None, help="draw from the K likeliest tokens")
     parser.add_argument("--top-p", type=PROBABILITY, default=None,

@@ -12,8 +12,9 @@
 ``prompts: int[batch, width]`` is right-padded: row i's prompt is its first ``lengths[i]`` tokens.
 The rows run in lockstep, each as it would alone: its own positions, its own key (its token t is
 drawn with ``split(keys[i], max_new_tokens)[t]``), no padding ever attended. Two compiled
-programs do the work, each compiled once per shape (the prompt width and the cache length
-rounded up to powers of two, so that prompts of nearby lengths, a conversation's turns, share them):
+programs do the work, each compiled once per batch size, prompt width and budget (the width and
+the cache length rounded up to powers of two, so that nearby widths, a conversation's turns,
+share them; a caller that pads its prompts to one width, as a training step does, compiles once):
 
 - prefill: every prompt position but each row's last through the model at once, filling the
   KV cache (its logits unused, the output head is left out of the program);
@@ -131,11 +132,13 @@ def complete(model: nn.Module, params: Any, prompts: Any, lengths: Any, max_new_
                      None if sampling.nucleus is None else np.float32(sampling.nucleus))
     static = {"model": model, "top_k": sampling.top_k, "vocab_size": vocab_size}
 
-    if longest > model.seq_len:  # each row's last seq_len tokens: the window its first token is drawn from
+    if prompts.shape[1] > model.seq_len:  # each row's last seq_len tokens: the window its first token is drawn from
         prompts, lengths = _last_window(prompts, lengths, model.seq_len), lengths.clip(max=model.seq_len)
-        longest = model.seq_len
-    cache_len = min(model.seq_len, _bucket(longest + max_new_tokens - 1))
-    state = _prefill(params, prompts, lengths, keys, model=model, width=min(_bucket(longest - 1), cache_len),
+        longest = min(longest, model.seq_len)
+    # the shapes follow the caller's width, not the lengths in it: one program for every batch of a width
+    width = prompts.shape[1]
+    cache_len = min(model.seq_len, _bucket(width + max_new_tokens - 1))
+    state = _prefill(params, prompts, lengths, keys, model=model, width=min(_bucket(width - 1), cache_len),
                      cache_len=cache_len, new=max_new_tokens, logprobs=logprobs)
     cached = min(max_new_tokens, cache_len - longest + 1)  # the steps whose fed positions fit the cache
     if on_tokens is None and cached == max_new_tokens:
