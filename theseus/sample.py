@@ -1,7 +1,8 @@
 """``python -m theseus.sample PATH [--prompt TEXT | --chat [MESSAGE]]``: continue a prompt, or talk, with a trained model.
 
 PATH is a run directory (its config, its tokenizer and its newest readable checkpoint, or
-``--step``) or a Hugging Face folder (config.json, safetensors weights, tokenizer.json). The
+``--step``), a Hugging Face folder (config.json, safetensors weights, tokenizer.json), a .gguf
+file or a model id in the local Hugging Face cache (``theseus.model.source``). The
 text is printed as it is made. ``--prompt`` continues TEXT for ``--max-new-tokens`` tokens, any
 number: past the context, each is drawn from the last ``architecture.seq_len``. ``--chat
 MESSAGE`` renders MESSAGE as a user's turn (after ``--system TEXT``, if given) by the chat
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TextIO
 
 import jax
@@ -37,7 +37,8 @@ COMMANDS = "/reset starts over, /exit (or Ctrl-D) leaves"
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m theseus.sample", description=__doc__.splitlines()[0])
-    parser.add_argument("path", type=Path, help="a run directory or a Hugging Face folder")
+    parser.add_argument("path", help="a theseus run or checkpoint, a Hugging Face folder, a .gguf file or a model id in "
+                                     "the local Hugging Face cache")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     group.add_argument("--chat", nargs="?", const=TALK, default=None, metavar="MESSAGE",
