@@ -163,18 +163,28 @@ def in_process(folder: Path, batches: list[int], new: int, rounds: int) -> dict:
     return results
 
 
+# runs a command and writes its seconds and peak resident KiB: the process that forks it is this small
+# one (Linux counts the forking process's resident memory into a child's peak, up to its exec)
+MEASURED = """
+import resource, subprocess, sys, time
+began = time.perf_counter()
+code = subprocess.call(sys.argv[2:])
+seconds = time.perf_counter() - began
+open(sys.argv[1], "w").write(f"{seconds} {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}")
+sys.exit(code)
+"""
+
+
 def timed(args: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     """``(seconds, peak resident MiB, stdout)`` of a fresh process."""
-    with tempfile.TemporaryFile() as out:
-        began = time.perf_counter()
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.DEVNULL, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - began
-        out.seek(0)
-        text = out.read().decode()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(args)} failed")
-    return seconds, usage.ru_maxrss / 1024, text
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "measured"
+        proc = subprocess.run([sys.executable, "-c", MEASURED, str(report), *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, env=env, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed")
+        seconds, peak = report.read_text().split()
+    return float(seconds), int(peak) / 1024, proc.stdout
 
 
 def commands(folder: Path, new: int, rounds: int, message: str) -> dict:

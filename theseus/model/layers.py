@@ -436,7 +436,8 @@ class Attention(Module):
     ``head_dim`` wide (d_model / n_heads unless set), through ``jax.nn.dot_product_attention``
     (``attention_impl=cudnn``: cuDNN flash attention). Dropout applies to the output (the fused
     kernels have none on the probabilities). With ``decode``, keys and values go through a
-    KVCache and queries see every cached position up to their own. With ``segments``, a query
+    KVCache and queries see every cached position up to their own (``cached_attention``, which
+    also computes soft-capped scores, which the fused kernels do not). With ``segments``, a query
     sees only the earlier keys of its own segment (packed sequences stay apart).
 
     What other families add, each a field at a default that changes nothing: ``qk_norm`` (the
