@@ -56,8 +56,8 @@ def test_gpt_is_the_model_option_with_the_architecture_keys():
     assert keys == {
         "vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "dropout", "bias",
         "qkv_bias", "norm", "norm_eps", "activation", "positions", "rope_theta", "tie_embeddings", "init_std",
-        "attention_impl", "remat", "scan_layers", "dtype.param", "dtype.activation", "lora.rank", "lora.alpha",
-        "lora.dropout", "lora.targets",
+        "attention_impl", "remat", "scan_layers", "dtype.param", "dtype.activation", "dtype.matmul", "lora.rank",
+        "lora.alpha", "lora.dropout", "lora.targets",
     }
     defaults = {name: getattr(GPT(vocab_size=1), name) for name in ("n_layers", "d_model", "n_heads", "seq_len")}
     assert defaults == {"n_layers": 12, "d_model": 768, "n_heads": 12, "seq_len": 1024}
