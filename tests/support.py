@@ -97,9 +97,11 @@ def fresh_python(env_dir: Path, site: Path) -> Path:
 
 def bare_env(**extra: str) -> dict[str, str]:
     """This process's environment without what points Python at this checkout or environment
-    (``PYTHONPATH``, ``VIRTUAL_ENV``), on the CPU, plus ``extra``."""
+    (``PYTHONPATH``, ``VIRTUAL_ENV``), on the CPU, plus ``extra``. A ``PYTHONPATH`` that is this
+    checkout stays: a second worktree tested with the first one's environment imports its own code."""
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return {**env, "JAX_PLATFORMS": "cpu", **extra}
+    own = {"PYTHONPATH": str(ROOT)} if os.environ.get("PYTHONPATH") == str(ROOT) else {}
+    return {**env, **own, "JAX_PLATFORMS": "cpu", **extra}
 
 
 def requirement_closure(names: list[str]) -> list[Distribution]:

@@ -8,9 +8,11 @@ After changing an install, regenerate the file: ``python tests/test_constraints.
 
 from __future__ import annotations
 
+import ast
 import re
+import sys
 import tomllib
-from importlib.metadata import distribution, version
+from importlib.metadata import distribution, packages_distributions, version
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -74,6 +76,27 @@ def test_the_main_jobs_install_is_light():
     main = {normal(d.metadata["Name"]) for d in requirement_closure(requirements(None))}
     assert not HEAVY & main, f"the main job's install (pip install -e .) brings {sorted(HEAVY & main)}"
     assert {"jax", "flax", "optax"} <= main and SpecifierSet(">=0.7.1").contains(pins()["jax"])
+
+
+def test_the_readmes_python_needs_the_main_install_or_says_what_to_install():
+    """Every module a README ``python`` block imports is Python's own, theseus's, or one the main
+    install (``pip install -e .``) brings; any other is imported on a line naming its ``pip install``."""
+    main = {normal(d.metadata["Name"]) for d in requirement_closure(requirements(None))}
+    owners = packages_distributions()
+    blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), flags=re.M | re.S)
+    assert any("save_to_disk" in block for block in blocks)
+    missing = []
+    for block in blocks:
+        lines = block.splitlines()
+        for node in ast.walk(ast.parse(block)):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for top in {name.split(".")[0] for name in names}:
+                installed = top in sys.stdlib_module_names or top == "theseus" or main & {
+                    normal(dist) for dist in owners.get(top, [])}
+                if not installed and "pip install" not in lines[node.lineno - 1]:
+                    missing.append(f"{top}: {lines[node.lineno - 1].strip()}")
+    assert not missing, f"README python imports what the main install lacks, without saying how to install it: {missing}"
 
 
 if __name__ == "__main__":

@@ -12,9 +12,12 @@ ConfigError in one line, before the work it guards.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 from omegaconf import DictConfig, OmegaConf
@@ -27,19 +30,22 @@ from theseus.config.compose import with_values
 from theseus.config.registry import chosen
 from theseus.data.dataset import planned_vocab_size
 from theseus.data.tokenizer import Tokenizer
+from theseus.interop.expressible import exportable
 from theseus.interop.hf_config import arch_of
-from theseus.interop.init_from import hf_folder, init_from_values
+from theseus.interop.init_from import init_from_values, init_source
 from theseus.interop.loading import load_params
-from theseus.model.lora import settings_of
+from theseus.interop.sources import base_path
+from theseus.model.lora import settings_of, without_adapters
+from theseus.model.source import ModelSource
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
 from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
-from theseus.tasks.task import LossTask, task_class
+from theseus.tasks.task import START, LossTask, task_class
 from theseus.training import init_from
 from theseus.training.batches import batch_share
-from theseus.training.checkpoint import read_params, require_base, step_dir
+from theseus.training.checkpoint import require_base
 from theseus.training.compiled import Compiled, Steps, compile_steps
-from theseus.training.frozen_base import FrozenBase, frozen_part
+from theseus.training.frozen_base import FrozenBase, fingerprint
 from theseus.training.logger import LoggerConfig, scrub, secrets
 from theseus.training.parts import Run, prefetch
 from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
@@ -59,9 +65,11 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     """
     if run_dir is not None:  # a LoRA run resumed: its base folder is there
         require_base(run_dir / "checkpoints")
-    composed, derived = cfg, init_from_values(cfg)  # trainer.init_from's architecture and tokenizer
+    source = init_source(cfg)  # where trainer.init_from's model comes from (None: nowhere)
+    composed, derived = cfg, init_from_values(cfg, source)  # its architecture and tokenizer
     cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
     settings = configure_settings(cfg)  # trainer, optimizer, data, mesh: each checked
+    init_from.check_asked(settings.trainer, source)
     with configuration(cfg):
         task, evaluation, logging = configure(task_class(cfg)), configure(EvaluationConfig), configure(LoggerConfig)
     if not isinstance(task, LossTask):
@@ -80,12 +88,13 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     model, plan = configure_model(cfg, settings.mesh)
     if dataset is not None:
         task.check_data(dataset, model.seq_len)
-    imported = hf_folder(settings.trainer.init_from) is not None  # a folder's weights keep its vocabulary
+    imported = source is not None and source.imported  # a Hugging Face model keeps its vocabulary
     evaluations = (load_evaluations(evaluation, dataset, model, settings.data.seed, prefetch(settings.data), imported)
                    if dataset is not None else None)
     if run_dir is not None:
         check_run_dir(run_dir, composed, settings)
-        init_from.check(settings, model)
+        if source is not None:
+            init_from.check(settings, model, source)
 
     mesh = make_mesh(settings.mesh, devices)
     if steps == "train" and announce:
@@ -97,10 +106,26 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     run = Run(composed=composed, derived=derived, cfg=cfg, record=scrub(OmegaConf.to_container(cfg, resolve=True),
               secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,
               devices=devices, compiled=compiled, dataset=dataset, evaluations=evaluations, batch_share=share,
-              start=_start(settings, model), target=target, base=_frozen_base(settings, model))
+              start=_start(settings, model, source), target=target, base=_frozen_base(source, model),
+              exports=exportable(without_adapters(model)))  # merged, a LoRA run's
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
+    if dataset is not None and steps is not None and not settings.trainer.dry_run:
+        _score_reference(run, source)
     return run
+
+
+def derived_before_data(cfg: DictConfig) -> dict[str, Any]:
+    """What a run of ``cfg`` derives before it reads data (``--cfg job`` shows it): trainer.init_from's
+    architecture and tokenizer, and the vocabulary where the tokenizer alone sizes it (byte, a
+    tokenizer.json or GGUF file; char and bpe are fitted to the corpus, a shard folder records its own)."""
+    derived = init_from_values(cfg, init_source(cfg))
+    data = configure_settings(with_values(cfg, derived)).data
+    sources = [source for source, _ in data.sources().values()] or [data]
+    if data.tokenizer in ("char", "bpe") or any(source.source == "shards" for source in sources):
+        return derived
+    declared = check_model(with_values(cfg, derived))
+    return {**derived, "architecture.vocab_size": vocab_size(planned_vocab_size(data), declared)}
 
 
 def _target(settings: Settings) -> Target | None:
@@ -146,32 +171,69 @@ def _say_compiling(model, devices: list, settings: Settings) -> None:
           f"device{'s' if n > 1 else ''}" + (f" ({mesh})" if mesh else ""), file=sys.stderr, flush=True)
 
 
-def _start(settings: Settings, model):
+def _start(settings: Settings, model, source: ModelSource | None):
     """How a new run's state is made (``(compiled, say) -> (state, loader state)``): initialised,
-    or with ``trainer.init_from``'s weights (a theseus checkpoint, or a Hugging Face folder's,
-    loaded onto their shards after the initialised params are dropped)."""
-    given = settings.trainer.init_from
-    if given is None:
+    or with ``trainer.init_from``'s weights (a theseus checkpoint's, with its optimizer state and
+    data position when asked; a Hugging Face folder's or GGUF file's, loaded onto their shards
+    after the initialised params are dropped)."""
+    if source is None:
         return lambda compiled, say: (compiled.init(), None)
-    if init_from.source(given) is not None:
-        return functools.partial(init_from.start, settings=settings)
-    return functools.partial(_from_folder, folder=Path(given).expanduser(), arch=arch_of(model))
+    if source.kind == "run":
+        return functools.partial(init_from.start, settings=settings, source=source)
+    return functools.partial(_from_weights, source=source, arch=arch_of(model))
 
 
-def _frozen_base(settings: Settings, model) -> FrozenBase | None:
-    """A LoRA run's base when ``trainer.init_from`` gives one (a Hugging Face folder, or a theseus
-    checkpoint: the step it names, else its newest): its checkpoints then hold the adapters alone
-    (a random base is saved whole)."""
-    given = settings.trainer.init_from
-    if given is None or not settings_of(model).rank:
+def _frozen_base(source: ModelSource | None, model) -> FrozenBase | None:
+    """A LoRA run's base when ``trainer.init_from`` gives one (a Hugging Face folder, a GGUF file,
+    or a theseus checkpoint: the step it names, else its newest): its checkpoints then hold the
+    adapters alone (a random base is saved whole)."""
+    if source is None or not settings_of(model).rank:
         return None
-    folder = hf_folder(given)
-    if folder is not None:
-        return FrozenBase(folder.resolve(), lambda hf, layout: load_params(hf, arch_of(model), layout))
-    return FrozenBase(step_dir(Path(given).resolve()), lambda step, layout: read_params(step, frozen_part(layout)))
+    arch = arch_of(model)
+    return FrozenBase(base_path(source), lambda path, layout: load_params(path, arch, layout))
 
 
-def _from_folder(compiled: Compiled, say, folder: Path, arch) -> tuple[TrainState, dict | None]:
-    say(f"starting from the weights of {folder}")
+def _score_reference(run: Run, source: ModelSource | None) -> None:
+    """Have the task's examples scored by its reference model (``LossTask.reference``; ``dpo``'s),
+    once: read back from the data cache when that reference scored them before, else computed on
+    the run's mesh. The run's own start (``source``: ``trainer.init_from``'s, or initialised) is
+    made here and kept for the trainer (its params are the reference until the first step);
+    another model is loaded onto the run's layout, used and dropped: while training, its weights
+    are not on the devices."""
+    reference = run.task.reference()
+    if reference is None:
+        return
+    seq_len, fingerprint = run.model.seq_len, _reference_fingerprint(source if reference == START else reference, run)
+    if run.dataset.cached_reference(seq_len, fingerprint):
+        return
+    say = functools.partial(print, file=sys.stderr) if jax.process_index() == 0 else lambda text: None
+    if reference == START:
+        start = run.start(run.compiled, say)
+        run.start, params = (lambda compiled, say: start), start[0].params
+    else:
+        params = _reference_params(reference, run)
+    run.dataset.score_reference(seq_len, fingerprint, functools.partial(run.score_reference, params), run.micro_batch,
+                                *run.batch_share)
+
+
+def _reference_fingerprint(weights: ModelSource | None, run: Run) -> str:
+    """What a reference's outputs depend on: its weights (``weights``' fingerprint; None: the
+    run's initialisation, its seed), the model computing them and the backend."""
+    described = {"weights": fingerprint(base_path(weights)) if weights else f"initialised, seed {run.settings.trainer.seed}",
+                 "model": run.record["choices"]["model"], "architecture": run.record["architecture"],
+                 "backend": jax.default_backend()}
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+
+
+def _reference_params(source: ModelSource, run: Run):
+    """A reference's weights on the run's layout (a LoRA run's adapters zero: the base's function)."""
+    try:
+        return load_params(source, arch_of(run.model), run.compiled.target.params)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc} (a reference has the policy's architecture and vocabulary)") from exc
+
+
+def _from_weights(compiled: Compiled, say, source: ModelSource, arch) -> tuple[TrainState, dict | None]:
+    say(f"starting from the weights of {source.given}")
     state = compiled.init().replace(params=None)
-    return state.replace(params=load_params(folder, arch, compiled.target.params)), None
+    return state.replace(params=load_params(source, arch, compiled.target.params)), None

@@ -62,8 +62,8 @@ def usage() -> str:
     return USAGE.format(choices=choices(), listing=listing())
 
 
-def _arguments(argv: Sequence[str]) -> list[str]:
-    """The words of ``argv`` that are not flags or a flag's value."""
+def _positions(argv: Sequence[str]) -> list[int]:
+    """The positions in ``argv`` of its words that are not flags or a flag's value."""
     out, skip = [], False
     for i, arg in enumerate(argv):
         if skip or arg in VALUED:
@@ -71,13 +71,46 @@ def _arguments(argv: Sequence[str]) -> list[str]:
             continue
         optional = i > 0 and argv[i - 1] in OPTIONAL_VALUE and arg in OPTIONAL_VALUE[argv[i - 1]]
         if not arg.startswith("-") and not optional:
-            out.append(arg)
+            out.append(i)
     return out
+
+
+def _arguments(argv: Sequence[str]) -> list[str]:
+    """The words of ``argv`` that are not flags or a flag's value."""
+    return [argv[i] for i in _positions(argv)]
+
+
+def _is_override(word: str) -> bool:
+    return "=" in word or word.startswith("~")
 
 
 def overrides_of(argv: Sequence[str]) -> list[str]:
     """The ``KEY=VALUE`` (and ``~KEY``) overrides in ``argv``, without flags and their values."""
-    return [arg for arg in _arguments(argv) if "=" in arg or arg.startswith("~")]
+    return [arg for arg in _arguments(argv) if _is_override(arg)]
+
+
+def beside_overrides(argv: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """``argv`` with the overrides ``extra`` right after its last override (at its end without
+    one): Hydra reads the overrides as one run of words, and a word after a flag
+    (``... --cfg job model=gpt``) would be refused."""
+    last = max((i for i in _positions(argv) if _is_override(argv[i])), default=len(argv) - 1)
+    return [*argv[:last + 1], *extra, *argv[last + 1:]]
+
+
+def derived_overrides(composed: DictConfig) -> list[str]:
+    """The overrides that lay over ``composed`` (a job's, with its ``hydra`` node) what its run
+    derives before reading data: trainer.init_from's architecture, the vocabulary (``--cfg``
+    prints the config that will run)."""
+    from theseus.config.overrides import cli_value
+    from theseus.config.schema import flatten
+    from theseus.recipe import derived_before_data
+    from theseus.tasks.task import JobTask, task_class
+
+    cfg = _job(composed)[0]
+    if issubclass(task_class(cfg), JobTask):  # it builds its own models
+        return []
+    given = flatten(OmegaConf.to_container(cfg, resolve=True))
+    return [f"{key}={cli_value(value)}" for key, value in derived_before_data(cfg).items() if given.get(key) != value]
 
 
 def check_words(argv: Sequence[str]) -> None:
@@ -263,9 +296,15 @@ def hydra_task(run=None):
     ``run``: the preflight's, reused by a single run."""
 
     def task(cfg: DictConfig) -> float:
+        from theseus.sweep import one_line, quiet_jobs
+
         hydra_config = HydraConfig.get()
         parallel = hydra_config.mode == RunMode.MULTIRUN and parallel_jobs(hydra_config.launcher) > 1
-        with prefixed_output(f"[job {hydra_config.job.num}] ") if parallel else contextlib.nullcontext():
+        if quiet_jobs(hydra_config):  # a sweep off a terminal: its run.log gets the run, the console a line
+            shown = one_line(hydra_config)
+        else:
+            shown = prefixed_output(f"[job {hydra_config.job.num}] ") if parallel else contextlib.nullcontext()
+        with shown:
             return job(cfg, hydra_config)
 
     def job(cfg: DictConfig, hydra_config) -> float:
@@ -392,9 +431,11 @@ def main(argv: list[str] | None = None) -> None:
             from theseus.interop.init_from import command_line_choice
 
             # trainer.init_from=HF_DIR without model=: the model the folder loads into (Mixtral: moe)
-            argv = [*argv, *command_line_choice(overrides_of(argv))]
+            argv = beside_overrides(argv, command_line_choice(overrides_of(argv)))
             with BeforeStart():  # a signal while compiling: one line, the signal's exit code
                 checked = preflight(argv)
+            if checked is not None and {"--cfg", "-c"} & set(argv):  # what will run, derived values included
+                argv = beside_overrides(argv, derived_overrides(checked[0]))
     except ConfigError as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -11,7 +11,6 @@ up to the template's end-of-turn token.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -26,7 +25,8 @@ from theseus.trained import load_trained
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m theseus.sample", description=__doc__.splitlines()[0])
-    parser.add_argument("path", type=Path, help="a run directory or a Hugging Face folder")
+    parser.add_argument("path", help="a theseus run or checkpoint, a Hugging Face folder, a .gguf file or a model id in "
+                                     "the local Hugging Face cache")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     group.add_argument("--chat", default=None, metavar="MESSAGE", help="a user's message to reply to, by the chat template")

@@ -12,13 +12,17 @@ printed.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import csv
 import dataclasses
 import io
 import json
 import logging
 import os
-from collections.abc import Sequence
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +33,13 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from theseus.config import PLANNING, keys_with
+from theseus.config import PLANNING, ConfigError, keys_with
+from theseus.training.commands import runs_elsewhere
 from theseus.training.config import TrainerConfig
-from theseus.training.records import RESULT, SUMMARY_METRICS, Job, collect, error_line, fmt, label, rows, swept
+from theseus.training.console import TRANSCRIPT, console_off
+from theseus.training.metrics import format_duration
+from theseus.training.records import (RESULT, SUMMARY_METRICS, Job, Run, collect, error_line, fmt, label, rows,
+                                      swept)
 from theseus.training.seeds import LEVEL, Group, seed_groups, seed_keys
 
 
@@ -95,6 +103,60 @@ class QuietJoblib(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Joblib.Parallel(")
+
+
+def quiet_jobs(hydra_config: DictConfig) -> bool:
+    """Whether each job of this sweep shows one line (``one_line``) rather than its whole run: a
+    multirun run on this machine (a remote launcher's jobs each write files of their own) whose
+    console, stderr, is no terminal (a log, a pipe: 176 lines for four tiny jobs, else)."""
+    return (hydra_config.mode == RunMode.MULTIRUN and not runs_elsewhere(hydra_config.launcher)
+            and not sys.stderr.isatty())
+
+
+class QuietLaunches(logging.Filter):
+    """Drops a local launcher's ``#N : OVERRIDES`` line when its jobs are quiet (stderr no
+    terminal): each job's own line (``one_line``) names them, with how the job ended."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return sys.stderr.isatty() or not record.getMessage().lstrip().startswith("#")
+
+
+@contextlib.contextmanager
+def one_line(hydra_config: DictConfig) -> Iterator[None]:
+    """A quiet sweep's job (``quiet_jobs``): inside, what it shows goes to its run.log alone
+    (``console_off``); when it ends, one line on the console: its number, its overrides and how
+    it ended (its step, val_loss, tokens/s and MFU; its error; the signal that stopped it)."""
+    run_dir, start = Path(hydra_config.runtime.output_dir), time.monotonic()
+    shown = run_dir.relative_to(Path.cwd()) if run_dir.is_relative_to(Path.cwd()) else run_dir
+    ended = "ended"
+    try:
+        with console_off(run_dir / TRANSCRIPT):
+            yield
+        ended = finished(run_dir)
+    except SystemExit as exc:  # a signal's 128 + N: stopped after a step, its checkpoint saved
+        code = exc.code if isinstance(exc.code, int) else 1
+        ended = (f"interrupted by {signal.Signals(code - 128).name}: its run.log ends with the command that "
+                 f"resumes it" if code > 128 else f"exited ({exc.code})")
+        raise
+    except Exception as exc:
+        ended = f"failed: {error_line(exc)}"
+        raise
+    finally:
+        print(f"#{hydra_config.job.num} {' '.join(hydra_config.overrides.task)}: {ended} "
+              f"({format_duration(time.monotonic() - start)}, {shown})", file=sys.stderr, flush=True)
+
+
+def finished(run_dir: Path) -> str:
+    """``step 20/20, val_loss 3.6566, 20,366 tokens/s, MFU 8.12%``: a finished job's end, as its
+    run directory recorded it (``done`` where it recorded none: a job of its own, a damaged record)."""
+    try:
+        run = Run.load(run_dir)
+    except (ConfigError, OSError):
+        return "done"
+    shown = {"val_loss": "val_loss {}", "tokens_per_s": "{} tokens/s", "mfu": "MFU {}"}
+    done = [f"step {run.step}/{run.max_steps}"] if run.max_steps else ["done"]
+    return ", ".join(done + [shown.get(key, f"{key} {{}}").format(fmt(key, run.last(key))) for key in SUMMARY_METRICS
+                             if run.last(key) is not None])
 
 
 def print_summary(sweep_dir: Path | str) -> list[Job]:

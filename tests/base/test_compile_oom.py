@@ -32,6 +32,7 @@ XLA_GPU = ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 477035423
     (OLDER_LIBTPU, OutOfMemory(round(21.95 * G), round(15.48 * G), "HBM")),
     (XLA_GPU, OutOfMemory(round(14.44 * G), None, "device memory")),
     ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 6291456 bytes.", OutOfMemory(6 * M, None, "device memory")),
+    ("RESOURCE_EXHAUSTED: Out of memory allocating 29613842628 bytes.", OutOfMemory(29613842628, None, "device memory")),
 ])
 def test_each_backends_words_give_what_was_needed_and_what_the_device_has(text, expected):
     assert out_of_memory(RuntimeError(text)) == expected

@@ -32,6 +32,30 @@ def test_gloo_connection_lines_are_dropped_and_the_rest_kept():
     assert sorted(proc.stdout.splitlines()) == ["[Gloo] an error gloo reports", "native line", "python line"]
 
 
+GIT = """
+import os, subprocess, sys, time
+from theseus.base.native_output import native_lines_filtered
+with native_lines_filtered(lambda line: line.startswith(b"fatal: not a git repository")):
+    print("python line first", file=sys.stderr, flush=True)
+    subprocess.run(["git", "describe", "--always"], cwd=sys.argv[1], stdout=subprocess.DEVNULL)
+    os.write(2, b"native line\\n")
+    time.sleep(0.2)  # the reader has forwarded it: it passes as it comes, not at the end
+    print("python line", file=sys.stderr, flush=True)
+print("after", file=sys.stderr, flush=True)
+subprocess.run(["git", "describe", "--always"], cwd=sys.argv[1], stdout=subprocess.DEVNULL)
+"""
+
+
+def test_a_blocks_native_noise_is_dropped_and_the_rest_passes_as_it_comes(tmp_path):
+    """git outside a repository, run inside the block: its line dropped; after the block, not."""
+    proc = subprocess.run([sys.executable, "-c", GIT, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[:4] == ["python line first", "native line", "python line", "after"], lines
+    assert len(lines) == 5 and lines[4].startswith("fatal: not a git repository"), lines
+
+
 NO_DRIVER = (b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
              b"I0000 00:00:1796232931.714563    5524 cudart_stub.cc:31] Could not find cuda drivers on your machine, "
              b"GPU will not be used.\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 
@@ -37,8 +38,16 @@ def same(a, b) -> bool:
 
 
 
-def test_rendering_shows_its_progress_and_reading_the_cache_does_not(chats, capfd):
-    """Off a terminal, a line at the first conversation and every 10% after, rendered, then tokenized."""
+def test_rendering_shows_its_progress_and_reading_the_cache_does_not(chats, capfd, monkeypatch, tmp_path):
+    """Off a terminal, work of a few seconds says nothing; longer work (here: lines as often as
+    they may come) a line at the first conversation and every 10% after, rendered, then tokenized."""
+    import theseus.data.progress
+
+    prepare_chats(chats)
+    assert capfd.readouterr().err == ""
+    for made in (tmp_path / "cache").iterdir():
+        shutil.rmtree(made)
+    monkeypatch.setattr(theseus.data.progress, "PLAIN_SECONDS", 0.0)
     prepare_chats(chats)
     lines = capfd.readouterr().err.splitlines()
     where = f"data.path={chats.path}"

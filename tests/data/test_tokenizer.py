@@ -90,7 +90,7 @@ def test_tokenizer_file_that_does_not_parse(tmp_path):
 
 def test_missing_tokenizer_file(tmp_path):
     with pytest.raises(ConfigError, match=r"^tokenizer file .*nope.json does not exist: set data.tokenizer to "
-                                          r"byte, char, bpe or the path of a tokenizer.json$"):
+                                          r"byte, char, bpe, the path of a tokenizer.json or of a GGUF file$"):
         HFTokenizer.from_file(tmp_path / "nope.json")
 
 

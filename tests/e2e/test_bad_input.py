@@ -89,6 +89,14 @@ CASES = [
     _case("dropout_above_one", ["architecture.dropout=1.5"], "architecture.dropout must be in [0, 1)"),
     _case("val_fraction_above_one", ["data.val_fraction=1.5"], "data.val_fraction must be in (0, 1)"),
     _case("negative_prefetch", ["data.prefetch=-1"], "data.prefetch must be 0 (no thread) or more, got -1"),
+    _case("dpo_exo_pair_unsmoothed", ["task=dpo", "dpo.loss_type=exo_pair"],
+          "dpo.loss_type=exo_pair needs dpo.label_smoothing > 0", "e.g. dpo.label_smoothing=0.001"),
+    _case("dpo_reference_missing", ["task=dpo", "dpo.reference={ws}/nope"], "dpo.reference={ws}/nope does not exist",
+          "give a Hugging Face folder, a theseus run or checkpoint"),
+    _case("dpo_of_text", ["task=dpo"], "task=dpo reads preference pairs, not data.source=text", "use data.source=jsonl"),
+    _case("dpo_row_without_rejected", ["task=dpo", "data.source=jsonl", "data.path={ws}/pairs.jsonl"],
+          "{ws}/pairs.jsonl line 2 has no field 'rejected' (it has 'prompt', 'chosen')",
+          "a preference row holds prompt, chosen, rejected"),
     _case("unknown_experiment", [], "unknown experiment 'gpt_huge'", "available:", "gpt_tiny",
           argv_head=["+experiment=gpt_huge"]),
     _case("experiment_file_not_yaml", [], "experiments/broken.yaml does not parse as YAML", "fix the file",
@@ -174,6 +182,7 @@ def ws(tmp_path_factory) -> Path:
     (ws / "emptydir").mkdir()
     (ws / "binary.dat").write_bytes(b"ok\xff\xfe")
     (ws / "bad_tokenizer.json").write_text("{ this is not json")
+    (ws / "pairs.jsonl").write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n')
     (ws / "experiments").mkdir()
     (ws / "experiments" / "typo.yaml").write_text("# @package _global_\narchitecture:\n  n_layer: 2\n")
     (ws / "experiments" / "broken.yaml").write_text("architecture: [\n")

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from support import ROOT, bare_env
 
 pytestmark = pytest.mark.slow
 
@@ -42,9 +42,12 @@ SKIP = {
 SHORTEN = {
     "+experiment=gpt_small": "trainer.max_steps=2 trainer.eval_batches=1",
     "+experiment=moe_small": "trainer.max_steps=2 trainer.eval_batches=1",
+    "+experiment=sft_tiny": "trainer.max_steps=10",
+    "+experiment=dpo_tiny": "trainer.max_steps=4 trainer.eval_every=2 data.max_files=30",
     "+sweep=lr_optuna": "hydra.sweeper.n_trials=2 trainer.max_steps=10",
     "+sweep=lr": "trainer.max_steps=10",
     "trainer.init_from=$HOME/models/my-llama": "trainer.max_steps=3 trainer.batch_size=4 trainer.eval_batches=1",
+    "trainer.init_from=smollm2": "trainer.max_steps=2 trainer.eval_batches=1",
 }
 
 
@@ -138,10 +141,11 @@ def project(folder: Path, needs_model: bool) -> dict[str, str]:
                                           pad_token_id=None)
         (folder / "models" / "my-llama").mkdir(parents=True)
         save_hf(transformers.LlamaForCausalLM(config), folder / "models" / "my-llama")
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = {key: value for key, value in bare_env().items() if key != "JAX_PLATFORMS"}
     # HF_*_OFFLINE: lm-eval's datasets asks the hub before reading a local file, and this machine has no network
     return {**env, "HOME": str(folder), "START": str(folder), "JAX_PLATFORMS": "cpu", "WANDB_SILENT": "true",
             "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+            "PIP_CACHE_DIR": env.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")),  # pip download: once
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
 
 

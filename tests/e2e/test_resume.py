@@ -1,8 +1,9 @@
 """``trainer.resume=last`` as the README's reader meets it, in one folder: a run of another
 command with its own ``hydra.run.dir`` is left alone; Ctrl-C; the same command without
-``resume=last`` names the unfinished run and the command that continues it; that printed
-command continues it, saying which run and step; run once more, the complete run trains
-nothing and opens no new W&B segment."""
+``resume=last`` names the unfinished run and the command that continues it, and is stopped in
+its turn, two steps in; that printed command continues the furthest run (not the newest),
+saying which run and step, and names the other with the command that continues it, which does;
+run once more, the complete run trains nothing and opens no new W&B segment."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,30 +68,44 @@ def test_resume_last_continues_only_what_this_command_started(corpus, tmp_path):
     own = theseus(tmp_path, *cmd, "trainer.max_steps=10", "logger.mode=disabled", "hydra.run.dir=outputs/own")
     assert own.returncode == 0, own.stderr[-3000:]
 
-    # this command, with resume=last: none of its own yet; Ctrl-C after a step
-    code, out = interrupt(tmp_path, [*cmd, "trainer.resume=last"], when="step ")
+    # this command, with resume=last: none of its own yet; Ctrl-C after step 12
+    code, out = interrupt(tmp_path, [*cmd, "trainer.resume=last"], when="step 12/")
     assert code == 128 + signal.SIGINT, out[-3000:]
     assert "theseus: trainer.resume=last: no run under outputs/ that this command started; starting a new one" in out
     [run_dir] = [p.parent.parent.relative_to(tmp_path) for p in (tmp_path / "outputs").glob("*/*/.hydra/overrides.yaml")]
     stopped = int(out.split("received: stopping after step ", 1)[1].split(":")[0])
-    assert 0 < stopped < STEPS, out[-3000:]
+    assert 12 <= stopped < STEPS, out[-3000:]
 
-    # the same command without resume=last: a new run, naming the unfinished one and its command
-    code, out = interrupt(tmp_path, cmd, when="theseus: a new run")
+    # the same command without resume=last: a new run, naming the unfinished one and its command;
+    # Ctrl-C after its first step
+    code, out = interrupt(tmp_path, cmd, when="step 1/")
     continues = shlex.join(["python", "-m", "theseus.run", *cmd, "trainer.resume=last"])
     assert (f"theseus: a new run; {run_dir}, which this command started, stopped at step {stopped} of {STEPS}: "
             f"to continue it instead, run {continues}\n") in out, out[-3000:]
-    assert code == 128 + signal.SIGINT and "before the first step: nothing saved" in out, out[-3000:]
+    assert code == 128 + signal.SIGINT, out[-3000:]
+    [newer] = [p.parent.parent.relative_to(tmp_path) for p in (tmp_path / "outputs").glob("*/*/.hydra/overrides.yaml")
+               if p.parent.parent.relative_to(tmp_path) != run_dir]
+    early = int(out.split("received: stopping after step ", 1)[1].split(":")[0])
+    assert early < stopped, out[-3000:]
 
-    # the printed command continues it (not outputs/own), saying so
+    # the printed command continues the furthest run (not the newest, nor outputs/own), saying so,
+    # and prints the command that continues the other
     printed = shlex.split(continues)
     done = subprocess.run([sys.executable, *printed[1:]], capture_output=True, text=True, env=env(), cwd=tmp_path,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"theseus: trainer.resume=last: resuming {run_dir} at step {stopped} of {STEPS}\n" in done.stderr
+    other = shlex.join(["python", "-m", "theseus.run", *cmd, f"hydra.run.dir={newer}"])
+    assert (f"theseus: trainer.resume=last: resuming {run_dir} at step {stopped} of {STEPS}, the furthest of the "
+            f"runs this command left unfinished (also {newer} at step {early}: to continue that one instead, run "
+            f"{other})\n") in done.stderr, done.stderr[-3000:]
     assert f"complete: step {STEPS}/{STEPS}" in done.stdout + done.stderr
     assert steps(tmp_path / run_dir) == list(range(1, STEPS + 1))
     assert steps(tmp_path / "outputs" / "own") == list(range(1, 11))  # untouched
+    finished = subprocess.run([sys.executable, *shlex.split(other)[1:]], capture_output=True, text=True, env=env(),
+                              cwd=tmp_path, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert f"resuming from {tmp_path / newer / 'checkpoints' / str(early)} at step {early}" in finished.stderr
+    assert steps(tmp_path / newer) == list(range(1, STEPS + 1))
 
     # once more: complete, nothing to train, and no new W&B segment for latest-run to point at
     before = segments(tmp_path / run_dir)
@@ -101,12 +117,21 @@ def test_resume_last_continues_only_what_this_command_started(corpus, tmp_path):
 
 
 def test_a_sweep_jobs_printed_resume_is_its_own_single_run(corpus, tmp_path):
-    """Ctrl-C in a sweep's first job: its resume command has the job's own value, not the
-    sweep's list, no -m, its folder as hydra.run.dir; run, it finishes that job there."""
+    """Ctrl-C in a sweep's first job (its output piped: its line says where the resume command
+    is): its resume command has the job's own value, not the sweep's list, no -m, its folder as
+    hydra.run.dir; run, it finishes that job there."""
     cmd = [*command(corpus), "logger.mode=disabled"]
-    code, out = interrupt(tmp_path, ["-m", *cmd, "optimizer.lr=1e-3,3e-3", "hydra.sweep.dir=sweep"], when="step ")
-    assert code == 128 + signal.SIGINT, out[-3000:]
     job = tmp_path / "sweep" / "0"
+    proc = subprocess.Popen([sys.executable, "-m", "theseus.run", "-m", *cmd, "optimizer.lr=1e-3,3e-3",
+                             "hydra.sweep.dir=sweep"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env(), cwd=tmp_path)
+    while not ((job / "metrics.jsonl").is_file() and (job / "metrics.jsonl").read_text()):  # its first step
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 128 + signal.SIGINT, out[-3000:]
+    assert f": interrupted by SIGINT: its run.log ends with the command that resumes it (" in out, out[-3000:]
     (resume,) = [line.split("resume:", 1)[1].strip() for line in (job / "run.log").read_text().splitlines()
                  if "resume:" in line]
     assert resume == shlex.join(["python", "-m", "theseus.run", *cmd, "optimizer.lr=0.001", f"hydra.run.dir={job}"])

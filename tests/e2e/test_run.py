@@ -50,6 +50,31 @@ def test_cfg_job_prints_the_composed_config():
     proc = run_python("-m", "theseus.run", "+experiment=llama_small", "optimizer.lr=5e-4", "--cfg", "job")
     assert proc.returncode == 0, proc.stderr
     assert "norm: rmsnorm" in proc.stdout and "lr: 0.0005" in proc.stdout and "n_kv_heads: 2" in proc.stdout
+    printed = OmegaConf.create(proc.stdout)
+    assert printed.architecture.vocab_size == 384  # the byte tokenizer's 257, padded: what the run builds
+
+
+@pytest.mark.parametrize("flag_first", [False, True])
+def test_cfg_job_shows_the_architecture_init_from_derives(flag_first, tmp_path):
+    """``--cfg job`` beside ``trainer.init_from=FOLDER``, either side: the folder's 2-layer Llama
+    that will train (and its vocabulary), not the default GPT; ``--package`` selects a part of it."""
+    from interop.hf_models import llama_config, save_hf, transformers
+
+    save_hf(transformers.LlamaForCausalLM(llama_config()), tmp_path / "llama")
+    cfg, given = ["--cfg", "job"], ["trainer.init_from=llama", "optimizer.lr=1e-4"]
+    proc = run_python("-m", "theseus.run", *(cfg + given if flag_first else given + cfg), cwd=tmp_path)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr[-3000:]
+    printed = OmegaConf.create(proc.stdout)
+    assert printed.choices.model == "gpt" and printed.optimizer.lr == 1e-4
+    assert {key: printed.architecture[key] for key in ("n_layers", "d_model", "n_kv_heads", "d_ff", "norm",
+                                                        "activation", "positions", "vocab_size", "rope_theta")} == {
+        "n_layers": 2, "d_model": 64, "n_kv_heads": 2, "d_ff": 96, "norm": "rmsnorm", "activation": "swiglu",
+        "positions": "rope", "vocab_size": 333, "rope_theta": 500000.0}
+    assert printed.data.tokenizer == str((tmp_path / "llama" / "tokenizer.json").resolve())
+    proc = run_python("-m", "theseus.run", *given, "--cfg", "job", "--package", "architecture", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("# @package architecture\n"), proc.stderr[-3000:]
+    assert OmegaConf.create(proc.stdout).n_layers == 2
+    assert not (tmp_path / "outputs").exists()
 
 
 @pytest.mark.parametrize("experiment", [e for e in EXPERIMENTS if e != "pmm_regression"])
@@ -73,14 +98,19 @@ def test_pmm_regression_reports_both_test_errors(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def sweep(corpus, tmp_path_factory) -> Path:
-    """A two-point sweep of gpt_tiny, logged to offline W&B."""
+def swept(corpus, tmp_path_factory):
+    """A two-point sweep of gpt_tiny, logged to offline W&B: its folder and its process (output piped)."""
     sweep_dir = tmp_path_factory.mktemp("sweep")
     proc = run_python("-m", "theseus.run", "-m", "+experiment=gpt_tiny", *small_data(corpus),
                       "optimizer.lr=1e-3,3e-3", "trainer.max_steps=20", "trainer.eval_every=10",
                       "trainer.eval_batches=2", "trainer.log_every=5", f"hydra.sweep.dir={sweep_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return sweep_dir
+    return sweep_dir, proc
+
+
+@pytest.fixture(scope="module")
+def sweep(swept) -> Path:
+    return swept[0]
 
 
 def test_sweep_runs_each_point_and_summarises(sweep):
@@ -88,6 +118,23 @@ def test_sweep_runs_each_point_and_summarises(sweep):
     assert sorted(float(row["optimizer.lr"]) for row in rows) == [1e-3, 3e-3]
     assert all(row["status"] == "ok" and float(row["val_loss"]) < 5.6 for row in rows)
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+
+
+def test_a_sweep_off_a_terminal_shows_a_line_per_job_and_its_summary(swept):
+    """Piped, each job's banner, progress, tables and next commands go to its run.log alone; the
+    console has Hydra's launch line, one line per job (its overrides and how it ended), the summary."""
+    sweep, proc = swept
+    shown = (proc.stdout + proc.stderr).splitlines()
+    jobs = [line for line in shown if line.startswith("#")]
+    assert len(jobs) == 2 and "theseus run" not in proc.stderr and "next:" not in proc.stderr, shown
+    for job, (lr, row) in enumerate(zip(("0.001", "0.003"), csv.DictReader((sweep / "summary.csv").open()))):
+        assert jobs[job].startswith(f"#{job} +experiment=gpt_tiny ")
+        assert f" optimizer.lr={lr} " in jobs[job] and jobs[job].endswith(f", {sweep / str(job)})")
+        assert f": step 20/20, val_loss {float(row['val_loss']):.4f}, " in jobs[job]
+        log = (sweep / str(job) / "run.log").read_text()
+        assert "theseus: compiling" in log and "step 15/20 " in log and "next:" in log
+    assert any(line.startswith("sweep: 2 jobs, 0 failed") for line in shown)
+    assert len(shown) < 20, shown  # Hydra's line, the jobs', the summary table and its files
 
 
 def test_each_run_logs_every_metric_and_an_offline_wandb_run(sweep):
@@ -134,6 +181,7 @@ def test_a_diverging_sweep_job_fails_in_one_line_and_keeps_its_last_good_checkpo
                       f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and DIVERGED in proc.stderr
+    assert re.search(rf"^#1 .*optimizer.lr=1e\+?30: failed: {re.escape(DIVERGED)}", proc.stderr, re.M), proc.stderr
     rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
     assert [row["status"] for row in rows] == ["ok", "failed"] and rows[1]["error"].startswith(DIVERGED)
     assert [p.name for p in (tmp_path / "1" / "checkpoints").iterdir()] == ["2"]

@@ -143,7 +143,7 @@ def test_lora_fine_tune_of_a_llama_folder_evaluates_samples_and_exports_both_way
 
 
 def test_a_char_run_samples_and_exports_with_the_default_template(tmp_path):
-    """sft_tiny with data.tokenizer=char (GPT-2's layout, so that it exports): the vocabulary is
+    """sft_tiny with data.tokenizer=char (Llama's layout: it exports): the vocabulary is
     fitted to the rendered conversations and kept in the cache, where --chat finds it again; the
     export carries the default template, so transformers renders the same prompt and its greedy
     generation, up to <|endoftext|>, is the reply --chat prints."""
@@ -151,7 +151,7 @@ def test_a_char_run_samples_and_exports_with_the_default_template(tmp_path):
 
     run, out, message = tmp_path / "run", tmp_path / "hf", "What does json.dumps do?"
     proc = run_python("-m", "theseus.run", "+experiment=sft_tiny", "data.tokenizer=char", "data.max_files=40",
-                      "architecture.positions=learned", "trainer.max_steps=3", "trainer.eval_every=3",
+                      "trainer.max_steps=3", "trainer.eval_every=3",
                       "trainer.checkpoint_every=3", f"data.cache_dir={tmp_path}/cache", "logger.mode=disabled",
                       f"hydra.run.dir={run}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -119,8 +119,11 @@ def test_joblib_sweep_over_the_users_key(project, tmp_path):
     assert len(jobs) == 2 and all(job["status"] == "ok" for job in jobs)
     losses = [job["val_loss"] for job in jobs]
     assert losses[0] != losses[1]
-    shown = proc.stdout + proc.stderr  # the parallel jobs' lines, told apart
-    assert "[job 0] step 2/4 " in shown and "[job 1] step 2/4 " in shown and "\nstep " not in shown, shown[-3000:]
+    shown = proc.stdout + proc.stderr  # off a terminal: a line per job, its steps in its run.log
+    for job, scale in enumerate(("0.5", "2")):
+        assert re.search(rf"^#{job} .*architecture.ff_scale={scale} .*: step 4/4, val_loss ", shown, re.M), shown[-3000:]
+        assert "step 2/4 " in (sweep / str(job) / "run.log").read_text()
+    assert "step 2/4 " not in shown and "[job " not in shown, shown[-3000:]
     # a job's printed continue: its single run (its own values, no -m, no launcher), from its own folder
     (more,) = re.findall(r"continue: (.+)", (sweep / "1" / "run.log").read_text())
     expected = shlex.join(["python", "-m", "theseus.run", *TINY[:1], *TINY[2:], "model=scaled_gpt",

@@ -1,11 +1,21 @@
-"""Fixtures: tiny Hugging Face folders (GPT-2, Llama, Qwen2, Mixtral and Qwen2-MoE), saved once per session."""
+"""Fixtures: tiny Hugging Face folders (GPT-2, Llama, Qwen2, Mixtral, Qwen2-MoE and the families of
+hf_models.FAMILIES: Llama 3.x, Qwen3, Mistral, Phi-3, Gemma 2 and 3), saved once per session."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from interop.hf_models import gpt2_config, llama_config, mixtral_config, qwen2_config, qwen2_moe_config, save_hf, transformers
+from interop.hf_models import (
+    FAMILIES,
+    gpt2_config,
+    llama_config,
+    mixtral_config,
+    qwen2_config,
+    qwen2_moe_config,
+    save_hf,
+    transformers,
+)
 
 
 @pytest.fixture(scope="session")
@@ -39,12 +49,27 @@ def qwen2_moe_folder(tmp_path_factory) -> Path:
     return save_hf(transformers.Qwen2MoeForCausalLM(qwen2_moe_config()), tmp_path_factory.mktemp("qwen2_moe"))
 
 
+def _family_folder(name: str):
+    """The session fixture ``<name>_folder`` of one of FAMILIES."""
+
+    @pytest.fixture(scope="session", name=f"{name}_folder")
+    def folder(tmp_path_factory) -> Path:
+        cls, config = FAMILIES[name]
+        return save_hf(getattr(transformers, cls)(config()), tmp_path_factory.mktemp(name))
+
+    return folder
+
+
+for _name in FAMILIES:
+    globals()[f"{_name}_folder"] = _family_folder(_name)
+
+
 @pytest.fixture(params=["gpt2", "llama", "qwen2"])
 def hf_folder(request) -> Path:
     return request.getfixturevalue(f"{request.param}_folder")
 
 
-@pytest.fixture(params=["gpt2", "llama", "qwen2", "mixtral", "qwen2_moe"])
+@pytest.fixture(params=["gpt2", "llama", "qwen2", "mixtral", "qwen2_moe", *FAMILIES])
 def any_hf_folder(request) -> Path:
     """Every supported model_type, mixtures of experts included (model=moe)."""
     return request.getfixturevalue(f"{request.param}_folder")

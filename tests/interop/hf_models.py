@@ -15,9 +15,11 @@ import pytest
 from support import ROOT
 from theseus.config import configuration, configure
 from theseus.data.tokenizer import HFTokenizer
-from theseus.interop.hf_config import architecture, format_of, read_config
+from theseus.interop.hf_config import architecture, format_of
+from theseus.interop.sources import hf_config_of
 from theseus.model.models.gpt import GPT
 from theseus.model.models.moe_gpt import MoEGPT
+from theseus.model.source import parse_source
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -71,6 +73,68 @@ def qwen2_moe_config():
                                        eos_token_id=None, pad_token_id=None)
 
 
+def llama3_config():
+    """Llama 3.x: RoPE scaled as ``llama3`` from a pretraining context of 64 to 128, so that the 8
+    feature pairs of a 16-wide head fall in every band (kept, interpolated, divided by the factor)."""
+    return transformers.LlamaConfig(vocab_size=329, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                     "original_max_position_embeddings": 64},
+                                    tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def qwen3_config():
+    """Qwen3: q/k RMSNorms over heads 32 wide (4 x 32 = 128, twice d_model), grouped-query attention."""
+    return transformers.Qwen3Config(vocab_size=313, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                    max_position_embeddings=64, rope_theta=1000000.0, tie_word_embeddings=True,
+                                    bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def mistral_config():
+    """Mistral: a sliding window of 8 (every layer), grouped-query attention."""
+    return transformers.MistralConfig(vocab_size=319, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      sliding_window=8, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def phi3_config():
+    """Phi-3: q, k, v fused in qkv_proj and gate, up in gate_up_proj; a sliding window of 12."""
+    return transformers.Phi3Config(vocab_size=323, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   original_max_position_embeddings=64, sliding_window=12, bos_token_id=None,
+                                   eos_token_id=None, pad_token_id=None)
+
+
+def gemma2_config():
+    """Gemma 2: a sliding layer then a global one (window 8), heads 32 wide, scores scaled by
+    24 ** -0.5 and soft-capped at 2 (low enough to bend random scores), logits capped at 5."""
+    return transformers.Gemma2Config(vocab_size=337, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                     max_position_embeddings=64, query_pre_attn_scalar=24, sliding_window=8,
+                                     attn_logit_softcapping=2.0, final_logit_softcapping=5.0, bos_token_id=None,
+                                     eos_token_id=None, pad_token_id=None)
+
+
+def gemma3_config():
+    """Gemma 3 (text): q/k norms, a sliding layer (RoPE base 10000) then a global one (base 1e6,
+    scaled ``linear`` by 4), window 8, heads 32 wide, scores scaled by 16 ** -0.5."""
+    return transformers.Gemma3TextConfig(
+        vocab_size=341, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=64, query_pre_attn_scalar=16, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+# the families added beside the first five: each model_type's class and tiny config
+FAMILIES = {"llama3": ("LlamaForCausalLM", llama3_config), "qwen3": ("Qwen3ForCausalLM", qwen3_config),
+            "mistral": ("MistralForCausalLM", mistral_config), "phi3": ("Phi3ForCausalLM", phi3_config),
+            "gemma2": ("Gemma2ForCausalLM", gemma2_config), "gemma3": ("Gemma3ForCausalLM", gemma3_config)}
+
+
 def save_hf(model, folder: Path, tokenizer: bool = True, max_shard_size: str | None = None) -> Path:
     """``model`` with every weight redrawn from N(0, 0.2) (biases and norm scales too, so that
     a mapping that drops or swaps one shows), saved as safetensors (in files of at most
@@ -87,8 +151,9 @@ def save_hf(model, folder: Path, tokenizer: bool = True, max_shard_size: str | N
 
 
 def theseus_model(folder: Path, scan_layers: bool = False) -> GPT:
-    """The GPT (MoEGPT for a mixture of experts) that folder's config.json describes, computing in float32."""
-    hf = read_config(folder)
+    """The GPT (MoEGPT for a mixture of experts) that folder's config.json (or a GGUF file's
+    metadata) describes, computing in float32."""
+    hf = hf_config_of(parse_source(folder, key=None))
     arch = architecture(hf)
     overrides = {f"architecture.{key}": value for key, value in arch.items()}
     with configuration({**overrides, "architecture.dtype.activation": "float32",
@@ -105,27 +170,36 @@ def target_of(model: GPT, seq_len: int = 4) -> dict:
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), shapes)
 
 
+def hf_model(path: Path) -> torch.nn.Module:
+    """transformers' model of a Hugging Face folder, or of a GGUF file (its own GGUF loader's,
+    dequantised to float32)."""
+    if path.suffix == ".gguf":
+        return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                                 dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+
+
 def hf_logits(folder: Path, tokens: np.ndarray) -> np.ndarray:
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf = hf_model(folder)
     with torch.no_grad():
         return hf(torch.from_numpy(tokens)).logits.numpy()
 
 
 def hf_val_loss(folder: Path, overrides: list[str], seq_len: int, batch_size: int, batches: int) -> float:
-    """transformers' mean next-token loss of ``folder`` over the first ``batches`` validation
-    batches a theseus run (or evaluation) with these ``data.*`` overrides reads."""
+    """transformers' mean next-token loss of ``folder`` (or GGUF file) over the first ``batches``
+    validation batches a theseus run (or evaluation) with these ``data.*`` overrides reads."""
     from theseus.config.compose import with_values
     from theseus.data.config import DataConfig
     from theseus.data.dataset import open_dataset
-    from theseus.interop.init_from import init_from_values
+    from theseus.interop.init_from import init_from_values, init_source
     from theseus.trained import source_config
 
-    cfg = source_config(folder, overrides)
-    cfg = with_values(cfg, init_from_values(cfg))
+    cfg = source_config(parse_source(folder, key=None), overrides)
+    cfg = with_values(cfg, init_from_values(cfg, init_source(cfg)))
     with configuration(cfg):
         data = configure(DataConfig)
     loader = open_dataset(data).loader("val", seq_len, batch_size, seed=data.seed, prefetch=0)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf = hf_model(folder)
     losses = []
     for _ in range(batches):
         batch = torch.from_numpy(np.asarray(next(loader), np.int64))

@@ -27,10 +27,10 @@ def train_args(folder: Path, tmp: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("architecture.n_layers=3", "architecture.n_layers=3 contradicts trainer.init_from={folder}, whose config.json "
+    ("architecture.n_layers=3", "architecture.n_layers=3 contradicts trainer.init_from={folder}, whose config "
                                 "gives architecture.n_layers=2: drop the override (the architecture follows the "
                                 "checkpoint)"),
-    ("architecture.seq_len=128", "architecture.seq_len=128 contradicts trainer.init_from={folder}, whose config.json "
+    ("architecture.seq_len=128", "architecture.seq_len=128 contradicts trainer.init_from={folder}, whose config "
                                  "gives architecture.seq_len=64: drop the override (the architecture follows the "
                                  "checkpoint)"),
 ])
@@ -57,7 +57,7 @@ def test_a_mixtral_folder_trains_as_model_moe_unless_another_model_is_given(mixt
     proc = run_python(*train_args(mixtral_folder, tmp_path / "b", "model=gpt"), cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"theseus: error: trainer.init_from={mixtral_folder} is a Hugging Face mixtral "
-                                   f"checkpoint, which loads into model=moe, but model=gpt: set model=moe")
+                                   f"model, which loads into model=moe, but model=gpt: set model=moe")
     assert not (tmp_path / "b" / "run").exists()
 
 
@@ -95,7 +95,9 @@ def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert (config["model_type"], config["vocab_size"], config["num_key_value_heads"]) == ("llama", 333, 2)
     assert (config["max_position_embeddings"], config["rope_theta"], config["tie_word_embeddings"]) == \
-        (32, 500000.0, False)  # the lowered context
+        (64, 500000.0, False)  # the base's context, not the fine-tune's lowered architecture.seq_len
+    base = json.loads((llama_folder / "config.json").read_text())
+    assert {key: config[key] for key in base} == base  # every field of the base's config.json kept
 
     from theseus.trained import load_trained
 

@@ -4,10 +4,11 @@ theseus.sample FOLDER`` and ``python -m theseus.evaluate FOLDER data.*=...``."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
-from interop.hf_models import CORPUS, hf_val_loss, torch, transformers
+from interop.hf_models import CORPUS, hf_val_loss, llama_config, save_hf, torch, transformers
 
 from support import run_python
 from theseus.data.tokenizer import HFTokenizer
@@ -76,16 +77,50 @@ def test_a_folder_without_its_tokenizer_cannot_be_sampled(llama_sharded_folder, 
 
 @pytest.mark.slow
 def test_a_folder_that_is_neither_is_one_line(tmp_path):
-    for command in ("theseus.sample", "theseus.evaluate"):
-        proc = run_python("-m", command, str(tmp_path), cwd=tmp_path)
+    for command in ("theseus.sample", "theseus.evaluate", "theseus.export"):
+        proc = run_python("-m", command, str(tmp_path), *(["out"] if command == "theseus.export" else []),
+                          cwd=tmp_path)
         assert proc.returncode == 2
-        assert proc.stderr.strip() == (f"theseus: error: {tmp_path} is neither a run directory (.hydra/config.yaml) "
-                                       f"nor a Hugging Face folder (config.json): give the folder a run wrote or one "
-                                       f"save_pretrained wrote")
+        assert proc.stderr.strip() == (f"theseus: error: {tmp_path} holds no model (no config.json, no checkpoints): "
+                                       f"give a Hugging Face folder, a theseus run or checkpoint, a .gguf file or a "
+                                       f"model id in the local Hugging Face cache")
+        assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def long_context_folder(tmp_path_factory) -> Path:
+    """A Llama whose context (8192) outruns a small corpus: SmolLM2's, at a tiny width."""
+    config = llama_config()
+    config.max_position_embeddings = 8192
+    return save_hf(transformers.LlamaForCausalLM(config), tmp_path_factory.mktemp("long"))
+
+
+@pytest.mark.slow
+def test_a_long_context_folder_is_evaluated_in_a_window_the_data_fills(long_context_folder, tmp_path):
+    """No window is given: the data's, shorter than the model's 8192 and than 1024; the loss is
+    transformers' on those windows, and nothing is written without --out (not in the folder)."""
+    corpus = tmp_path / "notes.txt"
+    corpus.write_text(CORPUS.read_text()[:6000])
+    overrides = ["data.source=text", f"data.path={corpus}", f"data.cache_dir={tmp_path / 'cache'}",
+                 "trainer.batch_size=1", "trainer.eval_batches=1"]
+    before = sorted(long_context_folder.iterdir())
+    proc = run_python("-m", "theseus.evaluate", str(long_context_folder), *overrides, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(long_context_folder.iterdir()) == before and sorted(p.name for p in tmp_path.iterdir()) == \
+        ["cache", "notes.txt"]
+    window = int(re.search(r"windows of (\d+) tokens", proc.stdout).group(1))
+    assert 16 < window < 1024
+    loss = float(re.search(r"val_loss\s*│\s*([0-9.]+)", proc.stdout).group(1))
+    assert loss == pytest.approx(hf_val_loss(long_context_folder, overrides, window, 1, 1), abs=1e-4)
+    out = tmp_path / "eval.json"
+    proc = run_python("-m", "theseus.evaluate", str(long_context_folder), *overrides, "architecture.seq_len=16",
+                      "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text())["seq_len"] == 16
 
 
 def test_a_folder_has_no_checkpoint_steps(gpt2_folder, tmp_path):
     proc = run_python("-m", "theseus.sample", str(gpt2_folder), "--step", "3", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"theseus: error: --step 3: {gpt2_folder} is a Hugging Face folder, which holds "
-                                   "one set of weights (checkpoint steps are a run directory's)")
+                                   "one set of weights (checkpoint steps are a theseus run's)")

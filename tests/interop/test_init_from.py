@@ -14,13 +14,13 @@ from omegaconf import OmegaConf
 from theseus.config import ConfigError
 from theseus.config.compose import compose, with_values
 from theseus.interop.hf_config import arch_of
-from theseus.interop.init_from import init_from_values
+from theseus.interop.init_from import init_from_values, init_source
 from theseus.interop.loading import load_params
 
 
 def resolved(folder: Path, *overrides: str):
     cfg = compose([f"trainer.init_from={folder}", *overrides])
-    return with_values(cfg, init_from_values(cfg))
+    return with_values(cfg, init_from_values(cfg, init_source(cfg)))
 
 
 def edited(folder: Path, tmp: Path, **changes) -> Path:
@@ -51,23 +51,23 @@ def test_an_explicit_tokenizer_is_kept(llama_folder):
 
 def test_a_config_without_init_from_is_unchanged():
     cfg = compose(["architecture.n_layers=3"])
-    assert init_from_values(cfg) == {}
+    assert init_from_values(cfg, init_source(cfg)) == {}
 
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_one_line(gpt2_folder, tmp_path):
     folder = edited(gpt2_folder, tmp_path, vocab_size=200)
     (folder / "tokenizer.json").unlink()  # so the run's tokenizer is data.tokenizer's default, byte (257)
     with pytest.raises(ConfigError, match=r"^data.tokenizer=byte has 257 tokens, more than the 200 rows of "
-                                          r"trainer.init_from=.*: use the checkpoint's own tokenizer.json$"):
+                                          r"trainer.init_from=.*: use the checkpoint's own tokenizer$"):
         resolved(folder)
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"model_type": "mistral"}, "model_type 'mistral' is not supported; theseus imports gpt2, llama, qwen2"),
+    ({"model_type": "qwen3_moe"}, "model_type 'qwen3_moe' is not supported; theseus imports gpt2, llama, qwen2, qwen3"),
     ({"attention_bias": True}, "attention_bias=True is not supported for model_type llama"),
     ({"model_type": "qwen2", "use_sliding_window": True},
      "use_sliding_window=True is not supported for model_type qwen2"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "RoPE scaling 'llama3' is not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}}, "RoPE scaling 'yarn' is not supported"),
 ])
 def test_what_theseus_does_not_compute_is_refused(llama_folder, tmp_path, changes, message):
     with pytest.raises(ConfigError, match=f"config.json: {message}".replace("(", r"\(").replace(")", r"\)")):
@@ -95,7 +95,7 @@ def test_weights_the_config_does_not_describe_are_refused(gpt2_folder, tmp_path)
 
 
 def test_a_missing_folder_is_one_line(tmp_path):
-    with pytest.raises(ConfigError, match=r"trainer.init_from=.*nowhere is not a folder"):
+    with pytest.raises(ConfigError, match=r"trainer.init_from=.*nowhere does not exist: give a Hugging Face folder"):
         resolved(tmp_path / "nowhere")
 
 
@@ -107,5 +107,5 @@ def test_a_config_that_cannot_build_the_runs_model_is_refused_naming_it(tmp_path
     (tmp_path / "checkpoints" / "5" / "state").mkdir(parents=True)
     with pytest.raises(ConfigError, match=rf"^trainer.init_from={tmp_path} is a run of model=moe \(architecture\.moe\."
                                           r"\w+=\S+\), which model=gpt cannot build: add model=moe$"):
-        init_from_values(compose(["+experiment=gpt_tiny", f"trainer.init_from={tmp_path}"]))
-    assert init_from_values(compose(["model=moe", f"trainer.init_from={tmp_path}"]))["architecture.n_layers"] == 6
+        resolved(tmp_path, "+experiment=gpt_tiny")
+    assert resolved(tmp_path, "model=moe").architecture.n_layers == 6

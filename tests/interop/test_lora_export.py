@@ -19,6 +19,7 @@ from support import run_python
 
 from theseus.config import ConfigError, configuration, configure
 from theseus.export import export_adapter
+from theseus.model.source import parse_source
 from theseus.interop.expressible import check_expressible
 from theseus.interop.hf_config import arch_of, read_config
 from theseus.interop.hf_weights import save, to_hf
@@ -29,7 +30,8 @@ from theseus.model.lora import LoRA, merged, settings_of, without_adapters
 peft = pytest.importorskip("peft")
 
 TARGETS = {"gpt2": ["q", "o", "up", "down"], "llama": ["q", "k", "v", "o", "gate", "up", "down"],
-           "qwen2": ["k", "v", "down"]}
+           "qwen2": ["k", "v", "down"], "phi3": ["q", "o", "up", "down"], "gemma3": ["q", "k", "v", "o", "gate", "up"]}
+KINDS = {"gemma3": "gemma3_text"}  # a fixture's name -> its model_type, where they differ
 
 
 def peft_model(base: Path, adapter: Path):
@@ -66,12 +68,13 @@ def lora_model(folder: Path, targets: list[str]):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen2"])
-def test_peft_loads_the_adapters_onto_the_base_and_computes_the_merged_model(kind, request, tmp_path):
+@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2", "phi3", "gemma3"])
+def test_peft_loads_the_adapters_onto_the_base_and_computes_the_merged_model(name, request, tmp_path):
     """Each model_type's projections: peft's adapted model = theseus's adapted model = the
-    merged weights (through the Hugging Face export's mapping), to 1e-4."""
-    folder = request.getfixturevalue(f"{kind}_folder")
-    model, params = lora_model(folder, TARGETS[kind])
+    merged weights (through the Hugging Face export's mapping), to 1e-4. Phi-3 stores q, k, v and
+    gate, up fused, and its import fuses their adapters (q alone, up alone adapt the fused module)."""
+    folder, kind = request.getfixturevalue(f"{name}_folder"), KINDS.get(name, name)
+    model, params = lora_model(folder, TARGETS[name])
     lora = settings_of(model)
     tensors = adapter_tensors(kind, params)
     save_adapter(tmp_path, tensors, adapter_config(kind, lora, tensors, str(folder)))
@@ -79,6 +82,9 @@ def test_peft_loads_the_adapters_onto_the_base_and_computes_the_merged_model(kin
     assert (config["r"], config["lora_alpha"], config["fan_in_fan_out"]) == (4, 6.0, kind == "gpt2")
     if kind == "gpt2":  # q alone in targets adapts the fused c_attn, as one
         assert config["target_modules"] == ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]
+    if kind == "phi3":
+        assert config["target_modules"] == ["mlp.down_proj", "mlp.gate_up_proj", "self_attn.o_proj",
+                                            "self_attn.qkv_proj"]
     adapted = peft_model(folder, tmp_path)
     check_peft_holds_the_file(adapted, tmp_path)
 
@@ -131,7 +137,7 @@ def test_a_run_without_adapters_exports_with_the_lora_keys_in_its_config(llama_f
 def test_adapter_export_refuses_a_run_without_adapters_or_base(llama_folder, tmp_path):
     model, params = lora_model(llama_folder, ["q"])
     with pytest.raises(ConfigError) as error:
-        export_adapter(model, params, LoRA(), str(llama_folder), tmp_path / "out")
+        export_adapter(model, params, LoRA(), parse_source(llama_folder), tmp_path / "out")
     assert str(error.value) == ("--adapter: the run has no LoRA adapters (architecture.lora.rank=0): export it "
                                 "without --adapter")
     with pytest.raises(ConfigError) as error:
@@ -195,9 +201,26 @@ def test_expert_adapters_merge_into_the_hugging_face_experts(kind, request, tmp_
     assert np.abs(ours - hf_logits(folder, tokens)).max() > 1e-2  # the adapters change the model ...
     np.testing.assert_allclose(hf_logits(out, tokens), ours, atol=1e-4, rtol=0)  # ... as the merged export computes
     with pytest.raises(ConfigError) as error:
-        export_adapter(model, params, settings_of(model), str(folder), tmp_path / "adapter")
+        export_adapter(model, params, settings_of(model), parse_source(folder), tmp_path / "adapter")
     layer = "h_0" if kind == "mixtral" else "h_1"  # Qwen2-MoE's first layer is dense
     assert str(error.value) == (f"--adapter: adapter {layer}/mlp/lora_expert_down adapts a mixture's experts, which "
                                 f"peft's LoRA format does not hold as theseus trains them (one A and B per expert and "
                                 f"projection): export it merged (without --adapter)")
     assert not (tmp_path / "adapter").exists()
+
+
+def test_adapters_a_phi3_model_does_not_store_are_refused_in_one_line(phi3_folder, tmp_path):
+    """A Phi-3 run whose q, k, v adapters were kept apart (architecture.fused_projections=false):
+    peft's qkv_proj holds one adapter, so --adapter refuses, naming what Phi-3's are."""
+    base = theseus_model(phi3_folder)
+    with configuration({**base.own_configuration().to_dict(), "architecture.lora.rank": 4,
+                        "architecture.fused_projections": False}):
+        model = configure(type(base))
+    params = load_params(phi3_folder, arch_of(model), target_of(model))
+    with pytest.raises(ConfigError) as error:
+        export_adapter(model, params, settings_of(model), parse_source(phi3_folder), tmp_path / "out")
+    assert str(error.value) == (
+        "adapter h_0/attn/lora_q has no place in a Hugging Face phi3 model (its adapters: q+k+v (self_attn.qkv_proj), "
+        "o (self_attn.o_proj), gate+up (mlp.gate_up_proj), down (mlp.down_proj); architecture.fused_projections "
+        "fuses them): export it merged (without --adapter)")
+    assert not (tmp_path / "out").exists()

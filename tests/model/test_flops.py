@@ -117,3 +117,16 @@ def test_lora_flops_agree_with_xla_within_5_percent(cfg):
     xla = jax.jit(grad).lower(train, frozen, tokens).compile().cost_analysis()["flops"]
     assert abs(model.flops(seq, trainable=mask) - xla) / xla < 0.05, (model.flops(seq, trainable=mask), xla)
     assert abs(model.flops(seq) - xla) / xla > 0.15  # counting the frozen weights' gradients is far off
+
+
+def test_a_sliding_window_layer_counts_each_query_against_its_window_only():
+    """Attention's seq^2 becomes seq x window in the sliding layers (MaxText's convention for
+    Gemma's local layers); the global ones (every ``global_every``-th) and a window no shorter
+    than the sequence count in full; the projections do not change."""
+    seq, window = 64, 16
+    full = build(GPT, LLAMA).flops(seq)
+    per_layer = 12 * 6 * 32 * seq  # heads x head_dim x seq: each key a query meets
+    assert build(GPT, {**LLAMA, "architecture.sliding_window": window}).flops(seq) == full - 2 * per_layer * (seq - window)
+    mixed = {**LLAMA, "architecture.sliding_window": window, "architecture.global_every": 2}  # layer 1 global
+    assert build(GPT, mixed).flops(seq) == full - per_layer * (seq - window)
+    assert build(GPT, {**LLAMA, "architecture.sliding_window": seq}).flops(seq) == full

@@ -58,6 +58,11 @@ def test_gpt_is_the_model_option_with_the_architecture_keys():
         "qkv_bias", "norm", "norm_eps", "activation", "positions", "rope_theta", "tie_embeddings", "init_std",
         "attention_impl", "remat", "scan_layers", "dtype.param", "dtype.activation", "dtype.matmul", "lora.rank",
         "lora.alpha", "lora.dropout", "lora.targets",
+        # the other families' layouts (each at a default that changes nothing)
+        "head_dim", "qk_norm", "sliding_window", "global_every", "rope_theta_local", "attn_scale_dim", "attn_softcap",
+        "logit_softcap", "post_norms", "scale_embeddings", "fused_projections", "rope_scaling.type",
+        "rope_scaling.factor", "rope_scaling.low_freq_factor", "rope_scaling.high_freq_factor",
+        "rope_scaling.original_seq_len",
     }
     defaults = {name: getattr(GPT(vocab_size=1), name) for name in ("n_layers", "d_model", "n_heads", "seq_len")}
     assert defaults == {"n_layers": 12, "d_model": 768, "n_heads": 12, "seq_len": 1024}
@@ -135,7 +140,7 @@ def test_field_values_reach_the_children():
         ({"architecture.rope_theta": -1.0}, "architecture.rope_theta must be positive, got -1.0"),
         ({"architecture.init_std": -0.02}, "architecture.init_std must be positive, got -0.02"),
         ({"architecture.dropout": 1.0}, r"architecture.dropout must be in \[0, 1\), got 1.0"),
-        ({"architecture.norm": "batchnorm"}, "architecture.norm must be one of layernorm, rmsnorm, got 'batchnorm'"),
+        ({"architecture.norm": "batchnorm"}, "architecture.norm must be one of layernorm, rmsnorm, rmsnorm_offset, got 'batchnorm'"),
     ],
 )
 def test_validation_fails_at_configuration_with_one_line(overrides, message):

@@ -252,7 +252,30 @@ def test_a_folder_of_different_experiments_is_labelled_by_the_keys_typed_that_di
         "plain": "plain"}
     text = next(run for run in data["runs"] if run["path"].endswith("text"))
     assert text["differs"] == {"data.path": corpus, "data.source": "text", "experiment": "gpt_tiny",
-                               "optimizer.lr": "0.01", "trainer.max_steps": ""}  # the table: whole values
+                               "optimizer.lr": "0.01", "trainer.max_steps": "60"}  # the table: whole values,
+    # a key not typed at its config's value (gpt_tiny's 60 steps)
+
+
+def test_a_single_run_of_a_sweeps_config_joins_its_group(tmp_path):
+    """The README's Dashboards commands: a sweep over lr and seeds, and a single run of gpt_tiny
+    that types neither (its config's lr 3e-3 and seed 0): in the report its cells hold those
+    values, it is one more seed of the lr=3e-3 group, and it is named by its folder."""
+    from omegaconf import OmegaConf
+
+    from theseus.config.compose import compose
+
+    for job, (lr, seed) in enumerate((lr, seed) for lr in ("1e-3", "3e-3") for seed in (0, 1)):
+        overrides = ["+experiment=gpt_tiny", f"optimizer.lr={lr}", f"trainer.seed={seed}", "trainer.max_steps=200"]
+        write_run(tmp_path / "seeds" / str(job), float(lr), seed,
+                  composed=(overrides, OmegaConf.to_container(compose(overrides))))
+    single = ["+experiment=gpt_tiny", "logger.tensorboard=true", "trainer.max_steps=200"]
+    write_run(tmp_path / "outputs" / "tb", 3e-3, 0, composed=(single, OmegaConf.to_container(compose(single))))
+    data = document([tmp_path / "seeds", tmp_path / "outputs" / "tb"])
+    assert data["differing"] == ["optimizer.lr", "trainer.seed"]
+    tb = data["runs"][-1]
+    assert tb["differs"] == {"optimizer.lr": "0.003", "trainer.seed": "0"} and tb["label"] == "outputs/tb"
+    groups = {group["label"]: group["n"] for group in data["seeds"]["groups"]}
+    assert groups == {"optimizer.lr=0.003": 3, "optimizer.lr=0.001": 2}
 
 
 def test_a_run_reached_twice_counts_once(tmp_path):

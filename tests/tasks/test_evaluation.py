@@ -110,7 +110,7 @@ def test_each_source_s_loss_equals_that_source_evaluated_alone(files, straight):
 
         def loss(params, tokens):  # an eval step of its own, not the trainer's
             logits = run.model.apply({"params": params}, tokens[:, :-1], deterministic=True)
-            return cross_entropy(logits, tokens[:, 1:])
+            return cross_entropy(logits, tokens[:, 1:]), {}
 
         evaluations = load_evaluations(EvaluationConfig(), dataset, run.model, data.seed, prefetch=0)
         return evaluate(run.params, evaluations, loss=jax.jit(loss), val_metrics=LanguageModeling().val_metrics,

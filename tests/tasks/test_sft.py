@@ -167,7 +167,7 @@ def test_val_loss_is_the_masked_mean_over_the_validation_conversations():
     task = SupervisedFineTuning()
     evaluations = load_evaluations(EvaluationConfig(), data, model, seed=0, prefetch=0)
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-    metrics = evaluate(params, evaluations, loss=jax.jit(lambda p, b: task.loss(model, p, b, None)),
+    metrics = evaluate(params, evaluations, loss=jax.jit(lambda p, b: task.eval_loss_and_metrics(model, p, b)),
                        val_metrics=task.val_metrics, sharding=NamedSharding(mesh, PartitionSpec("data")), rules=(),
                        share=(0, 1), batch_size=2, batches=1)
     alone = Windows(data.splits["val"], [[i] for i in range(data.n_conversations("val"))], seq, 1, 0)

@@ -167,6 +167,21 @@ def test_resume_rules():
         check_resume("RUN", saved, extended, max_steps_problem="the past changes")
 
 
+def test_a_key_declared_since_a_run_was_saved_is_no_change_at_its_default():
+    """A run saved before a layer gained a field (``architecture.qk_norm``) resumes; the field set
+    away from its default is a change."""
+    from omegaconf import OmegaConf
+
+    from theseus.config.compose import compose
+    from theseus.training.resume import unsafe_changes
+
+    new = OmegaConf.to_container(compose(["+experiment=gpt_tiny"]), resolve=True)
+    saved = {**new, "architecture": {k: v for k, v in new["architecture"].items() if k != "qk_norm"}}
+    assert unsafe_changes(saved, new) == []
+    changed = OmegaConf.to_container(compose(["+experiment=gpt_tiny", "architecture.qk_norm=true"]), resolve=True)
+    assert unsafe_changes(saved, changed) == [("architecture.qk_norm", None, True)]
+
+
 @pytest.mark.parametrize(("schedule", "steps", "allowed"), [
     ("constant", 40, True), ("wsd", 40, True), ("wsd", 90, False), ("cosine", 40, False)])
 def test_extension_follows_the_schedule(tmp_path, schedule, steps, allowed):
@@ -219,10 +234,11 @@ def test_a_learning_rate_that_would_change_a_little_is_told_in_digits_that_diffe
     assert [float(would), float(was)] == pytest.approx(list(expected), rel=1e-5)
 
 
-def test_resume_last_finds_the_newest_run_this_command_started(tmp_path, monkeypatch):
+def test_resume_last_finds_the_furthest_unfinished_run_this_command_started(tmp_path, monkeypatch):
     """Among the runs in Hydra's default folders that the same command started (its overrides,
-    up to their order, trainer.resume and trainer.max_steps; none given hydra.run.dir), the
-    newest whose saved config this one may continue."""
+    up to their order, trainer.resume and trainer.max_steps; none given hydra.run.dir) whose
+    saved config this one may continue: the furthest unfinished (the newest of equals), the
+    others unfinished beside it; with none unfinished, the newest."""
     import time
 
     from omegaconf import OmegaConf
@@ -257,8 +273,11 @@ def test_resume_last_finds_the_newest_run_this_command_started(tmp_path, monkeyp
     runs = started_runs(composed)
     assert sorted(runs) == [older, newer, Path("outputs/d2/t2")]
     again = {"optimizer": {"lr": 3e-3}, "trainer": {"max_steps": 90, "resume": "last"}}  # longer: judged later
-    assert last_run(runs, again) == newer
-    assert last_run(runs, {**again, "optimizer": {"lr": 1e-2}}) is None
+    assert last_run(runs, again) == (newer, [older])  # both at step 5: the newest
+    assert last_run(runs, {**again, "optimizer": {"lr": 1e-2}}) == (None, [])
+    (older / "checkpoints" / "50").mkdir()  # further than the newer run: the one a user means
+    assert last_run(runs, again) == (older, [newer])
+    assert last_run(runs, {**again, "trainer": {"max_steps": 5}}) == (older, [])  # none unfinished: the newest
     assert started_runs(compose(["+experiment=gpt_tiny", "optimizer.lr=1e-3"], hydra=True)) == [other]
     assert runs_root(composed) == Path("outputs")
     assert runs_root(compose(["+experiment=gpt_tiny", "hydra.run.dir=runs/a"], hydra=True)) is None

@@ -71,3 +71,60 @@ def test_the_transcript_keeps_what_the_console_showed(tmp_path, capsys):
     assert "another run" not in text and "│ model │ GPT: 10 parameters │" in text
     assert text.endswith("step 2/4 loss 2.5\neval step 2: val_loss 2.25 val_loss/code 1.5 eval/arc/acc 0.3125\n")
     assert "theseus: run directory X" in capsys.readouterr().err
+
+
+def test_the_bar_moves_at_every_finished_step_between_logged_ones(monkeypatch):
+    """On a terminal each finished step moves the bar, with an ETA from the first step shown
+    and the last logged metrics; off one, ``advance`` shows nothing (a line per logged step)."""
+    monkeypatch.delenv("TTY_INTERACTIVE", raising=False)
+    clock, out = Clock(), Terminal()
+    progress = Progress(100, console=Console(file=out, width=120), clock=clock)
+    assert progress.live
+    progress.update(10, {"loss": 2.5})
+    for step in range(11, 15):
+        clock.now += 2.0
+        progress.advance(step)
+    [task] = progress._bar.tasks
+    assert task.completed == 14 and task.fields["status"] == "loss 2.5 eta 2m52s"  # 4 steps in 8 s: 86 to go
+    progress.close()
+    assert "14/100" in out.getvalue()
+
+    plain = io.StringIO()
+    progress = Progress(100, console=Console(file=plain, width=120), clock=clock)
+    assert not progress.live
+    progress.advance(3)
+    progress.update(10, {"loss": 2.5})
+    assert plain.getvalue() == "step 10/100 loss 2.5\n"
+
+
+def test_with_the_console_off_the_transcript_alone_gets_everything(tmp_path, capfd):
+    """A quiet sweep job: its tables, progress and messages, and what else it prints, go to its
+    run.log, once each; nothing reaches the console, a logger's console handler included."""
+    import logging
+    import sys
+
+    from theseus.training.console import RunConsole, console_off
+
+    log, console = tmp_path / "run" / "run.log", RunConsole()
+    handler = logging.StreamHandler(sys.stderr)
+    logging.root.addHandler(handler)
+    try:
+        with console_off(log), console.transcript(log):
+            print("theseus: compiling GPT's train step")  # printed outside the run's console
+            console.show("theseus: run directory X")
+            console.show_table("theseus run", [("model", "GPT: 10 parameters")])
+            progress = Progress(4, record=console.record)
+            progress.update(2, {"loss": 2.5})
+            progress.print("eval step 2: val_loss 2.25")
+            logging.getLogger("probe").warning("a library's warning")
+            progress.close()
+    finally:
+        logging.root.removeHandler(handler)
+    shown = capfd.readouterr()
+    assert shown.out == shown.err == ""
+    text = log.read_text()
+    assert text.startswith("theseus: compiling GPT's train step\ntheseus: run directory X\n")
+    assert text.count("│ model │ GPT: 10 parameters │") == 1 and "a library's warning" not in text
+    assert text.endswith("step 2/4 loss 2.5\neval step 2: val_loss 2.25\n")
+    console.show("after")
+    assert "after" in capfd.readouterr().err

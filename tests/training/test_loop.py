@@ -75,3 +75,27 @@ def test_a_windows_step_time_leaves_out_its_pauses():
         time.sleep(0.3)
     window.add({"loss": jnp.float32(4.0)}, waited=0.0)
     assert 0 <= window.close()["step_time"] < 0.05
+
+
+def test_a_window_counts_its_finished_steps_without_waiting_for_them():
+    """The loop dispatches steps ahead of the device: ``finished`` asks each step's metrics
+    whether they are ready, and does not wait for one that is not."""
+    import jax
+
+    @jax.jit
+    def slow(x):  # a second or more of work on a CPU
+        return jax.lax.fori_loop(0, 60, lambda _, y: jnp.tanh(y @ y), x).sum()
+
+    x = jnp.ones((1024, 1024)) / 1024
+    slow(x).block_until_ready()  # compiled
+    window = LogWindow()
+    window.add({"loss": jnp.float32(1.0)}, waited=0.0)
+    window.steps[0]["loss"].block_until_ready()
+    pending = slow(x)
+    window.add({"loss": pending}, waited=0.0)
+    began = time.perf_counter()
+    assert window.finished() == 1 and time.perf_counter() - began < 0.05  # the first has run; the second is asked, not awaited
+    pending.block_until_ready()
+    assert window.finished() == 2
+    window.close()
+    assert window.finished() == 0  # a new window

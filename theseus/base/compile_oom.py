@@ -11,6 +11,7 @@ words (the texts below are real ones)::
                     space hbm. Used 21.95G of 15.48G hbm. Exceeded hbm capacity by 6.47G. ...
     XLA GPU/CPU     RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4770354232 bytes.
                     BufferAssignment OOM Debugging. ... total allocation: 14.44GiB ...
+    XLA CPU, run    RESOURCE_EXHAUSTED: Out of memory allocating 29613842628 bytes.
 
 ``out_of_memory(exc)`` reads what the step needs and what the device has from any of them (bytes;
 G is GiB, as libtpu counts); ``oom_verdict`` turns such an exception, where a step is compiled,
@@ -32,7 +33,7 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
 # each: the size needed, the size available (groups of two: number, unit) and the memory's name
 _REQUIRED = re.compile(rf"memory required for [\w ]+? \({_SIZE}\) exceeds available (?P<memory>\w+) \({_SIZE}\)")
 _USED = re.compile(rf"Ran out of memory in memory space (?P<memory>\w+)\. Used {_SIZE} of {_SIZE} ")
-_ALLOCATE = re.compile(r"Out of memory while trying to allocate (?P<bytes>\d+) bytes")
+_ALLOCATE = re.compile(r"Out of memory (?:while trying to allocate|allocating) (?P<bytes>\d+) bytes")
 _TOTAL = re.compile(rf"total allocation:\s*{_SIZE}")
 ADVICE = ("lower trainer.batch_size or architecture.seq_len, raise trainer.grad_accum, set architecture.remat=full, "
           "or shard over more devices (mesh.fsdp, mesh.tensor)")

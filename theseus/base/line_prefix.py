@@ -1,5 +1,6 @@
 """Every line this process writes through Python starting with a label: parallel sweep jobs,
-whose worker processes share one console, told apart (``[job 3] step 10/100 loss 2.3``).
+whose worker processes share one console, told apart (``[job 3] step 10/100 loss 2.3``); or
+sent elsewhere (``replaced_output``: a sweep job's lines to its own transcript).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import contextlib
 import io
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 
@@ -48,18 +49,25 @@ class Prefixed(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def prefixed_output(prefix: str) -> Iterator[None]:
-    """Inside, ``sys.stdout``, ``sys.stderr`` and the logging handlers writing to them put
-    ``prefix`` before each line; restored after (a reused worker's next job has its own)."""
+def replaced_output(replace: Callable[[TextIO], TextIO], handlers_to: TextIO | None = None) -> Iterator[None]:
+    """Inside, ``sys.stdout`` and ``sys.stderr`` write to ``replace(stream)`` (one per stream), and
+    so do the logging handlers writing to them, or to ``handlers_to`` when given; restored after
+    (a reused worker's next job has its own)."""
     saved = sys.stdout, sys.stderr
-    wrapped = {id(stream): Prefixed(stream, prefix) for stream in saved}
+    replaced = {id(stream): replace(stream) for stream in saved}
     handlers = [handler for handler in logging.root.handlers
-                if isinstance(handler, logging.StreamHandler) and id(handler.stream) in wrapped]
-    sys.stdout, sys.stderr = (wrapped[id(stream)] for stream in saved)
-    olds = [handler.setStream(wrapped[id(handler.stream)]) for handler in handlers]
+                if isinstance(handler, logging.StreamHandler) and id(handler.stream) in replaced]
+    sys.stdout, sys.stderr = (replaced[id(stream)] for stream in saved)
+    olds = [handler.setStream(handlers_to or replaced[id(handler.stream)]) for handler in handlers]
     try:
         yield
     finally:
         sys.stdout, sys.stderr = saved
         for handler, old in zip(handlers, olds):
             handler.setStream(old)
+
+
+def prefixed_output(prefix: str) -> contextlib.AbstractContextManager[None]:
+    """Inside, ``sys.stdout``, ``sys.stderr`` and the logging handlers writing to them put
+    ``prefix`` before each line; restored after."""
+    return replaced_output(lambda stream: Prefixed(stream, prefix))

@@ -4,7 +4,8 @@ C++ libraries write to file descriptors 1 and 2 directly: gloo, the CPU collecti
 multi-process run, prints ``[Gloo] Rank 0 is connected to 1 peer ranks. ...`` for each
 communicator it builds. ``drop_native_lines`` points descriptor 1 at a pipe whose reader
 forwards every other line to the real output, while ``sys.stdout`` writes to the real output
-itself (a terminal stays a terminal for the live progress bar).
+itself (a terminal stays a terminal for the live progress bar); ``native_lines_filtered`` does
+the same for a block (a subprocess a library starts, ``git`` run outside a repository).
 
 JAX's CUDA plugin (the ``plan`` extra, which compiles for GPUs this machine lacks) loads its
 libraries on ``import jax`` and again when JAX's backends start, and each load on a machine
@@ -28,6 +29,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from types import ModuleType
+from typing import TextIO
 
 ABSL_PREAMBLE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 NO_CUDA_DRIVER = re.compile(rb"[IWE]\d{4} [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine")
@@ -40,14 +42,13 @@ NO_TPU_VM = re.compile(rb"Failed to find host bounds for accelerator type: WARNI
                        rb"|=== Source Location Trace: ===\s*$|learning/\S+/libtpu_init_utils\.cc:\d+\s*$")
 NVIDIA_DRIVER = "/proc/driver/nvidia"  # present where the driver is loaded: the plugin then has nothing to say
 
-def drop_native_lines(noise: Callable[[bytes], bool]) -> None:
-    """From now on, drop each line written to descriptor 1 natively for which ``noise(line)``."""
-    sys.stdout.flush()
-    real = os.dup(1)
+def _filtered(fd: int, noise: Callable[[bytes], bool]) -> tuple[int, Callable[[], None]]:
+    """Point descriptor ``fd`` at a pipe whose reader forwards each line but noise to where ``fd``
+    pointed; returns a descriptor of that place (for Python's own writes) and what restores ``fd``."""
+    real = os.dup(fd)
     read, write = os.pipe()
-    os.dup2(write, 1)
+    os.dup2(write, fd)
     os.close(write)
-    sys.stdout = open(real, "w", buffering=1, encoding=sys.stdout.encoding, errors=sys.stdout.errors, closefd=False)
 
     def forward() -> None:
         with open(read, "rb") as pipe:
@@ -58,11 +59,42 @@ def drop_native_lines(noise: Callable[[bytes], bool]) -> None:
     reader = threading.Thread(target=forward, name="native-output", daemon=True)
     reader.start()
 
-    def restore() -> None:  # the pipe's last lines reach the output before the process ends
-        os.dup2(real, 1)  # closes the pipe's write end: the reader drains it and stops
+    def restore() -> None:  # the pipe's last lines reach the output first
+        os.dup2(real, fd)  # closes the pipe's write end: the reader drains it and stops
         reader.join(timeout=2)
 
+    return real, restore
+
+
+def _direct(stream: TextIO, fd: int) -> TextIO:
+    """A text stream like ``stream`` writing to descriptor ``fd`` (not closing it)."""
+    return open(fd, "w", buffering=1, encoding=stream.encoding, errors=stream.errors, closefd=False)
+
+
+def drop_native_lines(noise: Callable[[bytes], bool]) -> None:
+    """From now on, drop each line written to descriptor 1 natively for which ``noise(line)``."""
+    sys.stdout.flush()
+    real, restore = _filtered(1, noise)
+    sys.stdout = _direct(sys.stdout, real)
     atexit.register(restore)
+
+
+@contextlib.contextmanager
+def native_lines_filtered(noise: Callable[[bytes], bool]) -> Iterator[None]:
+    """Within the block, drop each line written to descriptor 2 natively (a C library, a
+    subprocess) for which ``noise(line)``; the others pass as they come. ``sys.stderr`` writes to
+    the real output meanwhile (a terminal stays one for progress bars)."""
+    sys.stderr.flush()
+    real, restore = _filtered(2, noise)
+    saved = sys.stderr
+    sys.stderr = direct = _direct(saved, real)
+    try:
+        yield
+    finally:
+        sys.stderr = saved
+        direct.close()  # flushed; the descriptor stays open
+        restore()
+        os.close(real)
 
 
 GLOO_WORDS = frozenset(b"[Gloo] Rank R is connected to N peer ranks. Expected number of connected peer ranks is : N".split())

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from theseus.data.config import DataConfig
+from theseus.data.gguf_file import is_gguf, open_gguf
 from theseus.data.records import SOURCES as RECORDS
 from theseus.data.tokenizer import NAMES, TRANSFORMERS_CONFIG
 
@@ -26,14 +27,15 @@ FORMAT = 1  # bump when the shard layout or the tokenization changes
 def settings(cfg: DataConfig, files: list[Path]) -> dict:
     """What a prepared corpus depends on; ``fingerprint`` covers each file's path, size and mtime,
     and the content of a tokenizer.json (and of the tokenizer_config.json beside it, which names
-    its end-of-document token); a record source's text_field and split."""
+    its end-of-document token) or a GGUF file's header (its metadata: the tokenizer; not its
+    weights); a record source's text_field and split."""
     tokenizer = cfg.tokenizer if cfg.tokenizer in NAMES else str(Path(cfg.tokenizer).expanduser().resolve())
     fingerprint = hashlib.sha256()
     for path in files:
         stat = path.stat()
         fingerprint.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     if cfg.tokenizer not in NAMES:
-        fingerprint.update(Path(tokenizer).read_bytes())
+        fingerprint.update(_tokenizer_bytes(Path(tokenizer)))
         beside = Path(tokenizer).with_name(TRANSFORMERS_CONFIG)
         if beside.is_file():
             fingerprint.update(beside.read_bytes())
@@ -49,6 +51,14 @@ def settings(cfg: DataConfig, files: list[Path]) -> dict:
         "files": len(files),
         "fingerprint": fingerprint.hexdigest(),
     }
+
+
+def _tokenizer_bytes(path: Path) -> bytes:
+    """What of a tokenizer file tokenizes: a tokenizer.json whole, a GGUF file's header."""
+    if not is_gguf(path):
+        return path.read_bytes()
+    with path.open("rb") as file:
+        return file.read(open_gguf(path).header_size)
 
 
 def cache_folder(cfg: DataConfig, recorded: dict) -> Path:

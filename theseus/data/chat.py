@@ -40,6 +40,8 @@ import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from theseus.config import ConfigError
+from theseus.data import gguf_tokenizer
+from theseus.data.gguf_file import is_gguf, open_gguf
 from theseus.data.tokenizer import EOT, NAMES, TRANSFORMERS_CONFIG, Tokenizer
 
 TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5's save_pretrained writes the template
@@ -74,27 +76,42 @@ class ChatTemplate:
     @classmethod
     def find(cls, tokenizer: str, given: str | None = None) -> ChatTemplate:
         """The template a run uses: ``given`` (``data.chat_template``, a Jinja file) if set, else
-        the tokenizer's (``chat_template.jinja`` beside its tokenizer.json, else its
-        tokenizer_config.json's ``chat_template``), else, for theseus's byte, char and bpe
-        tokenizers, ``DEFAULT_TEMPLATE``. ConfigError when there is none or a file does not read."""
-        folder = None if tokenizer in NAMES else Path(tokenizer).expanduser().parent
-        special = tokenizer_special_tokens(folder) if folder else {"eos_token": EOT}
+        the tokenizer's (``own``), else, for theseus's byte, char and bpe tokenizers,
+        ``DEFAULT_TEMPLATE``. ConfigError when there is none or a file does not read."""
         if given is not None:
             path = Path(given).expanduser()
             if not path.is_file():
                 raise ConfigError(f"data.chat_template={given} does not exist: give the path of a Jinja chat template")
-            return cls(path.read_text(encoding="utf-8"), special, str(path))
-        if folder is None:
-            return cls(DEFAULT_TEMPLATE, special, "theseus's default template")
-        if (folder / TEMPLATE_FILE).is_file():
-            return cls((folder / TEMPLATE_FILE).read_text(encoding="utf-8"), special, str(folder / TEMPLATE_FILE))
-        source = _tokenizer_config(folder).get("chat_template")
+            return cls(path.read_text(encoding="utf-8"), _special_tokens(tokenizer), str(path))
+        own = cls.own(tokenizer)
+        if own is not None:
+            return own
+        if tokenizer in NAMES:
+            return cls(DEFAULT_TEMPLATE, _special_tokens(tokenizer), "theseus's default template")
+        where = ("tokenizer.chat_template in its metadata" if is_gguf(tokenizer)
+                 else f"{TEMPLATE_FILE} or a chat_template in {TRANSFORMERS_CONFIG} beside it")
+        raise ConfigError(f"the tokenizer {tokenizer} has no chat template ({where}): set data.chat_template to a "
+                          f"Jinja file")
+
+    @classmethod
+    def own(cls, tokenizer: str) -> ChatTemplate | None:
+        """The template the tokenizer ``data.tokenizer`` names holds: a GGUF file's
+        ``tokenizer.chat_template``; ``chat_template.jinja`` beside a tokenizer.json, else its
+        tokenizer_config.json's ``chat_template``. None for theseus's own tokenizers and one without."""
+        if tokenizer in NAMES:
+            return None
+        special = _special_tokens(tokenizer)
+        if is_gguf(tokenizer):
+            file = open_gguf(tokenizer)
+            source, origin = gguf_tokenizer.chat_template(file), f"{file.path}'s tokenizer.chat_template"
+        else:
+            folder = Path(tokenizer).expanduser().parent
+            if (folder / TEMPLATE_FILE).is_file():
+                return cls((folder / TEMPLATE_FILE).read_text(encoding="utf-8"), special, str(folder / TEMPLATE_FILE))
+            source, origin = _tokenizer_config(folder).get("chat_template"), str(folder / TRANSFORMERS_CONFIG)
         if isinstance(source, list):  # transformers' named templates: [{"name": ..., "template": ...}]
             source = {entry.get("name"): entry.get("template") for entry in source}.get("default")
-        if not isinstance(source, str):
-            raise ConfigError(f"the tokenizer {tokenizer} has no chat template ({TEMPLATE_FILE} or a chat_template in "
-                              f"{TRANSFORMERS_CONFIG} beside it): set data.chat_template to a Jinja file")
-        return cls(source, special, str(folder / TRANSFORMERS_CONFIG))
+        return cls(source, special, origin) if isinstance(source, str) else None
 
     def settings(self) -> dict[str, str]:
         """What transformers reads from a tokenizer_config.json to render as this template renders:
@@ -151,6 +168,16 @@ class ChatTemplate:
         return int(ids[inside[-1]])
 
 
+def _special_tokens(tokenizer: str) -> dict[str, str]:
+    """The named special tokens a template sees with ``data.tokenizer``: a GGUF file's, those of
+    the tokenizer_config.json beside a tokenizer.json, or theseus's <|endoftext|> as eos."""
+    if tokenizer in NAMES:
+        return {"eos_token": EOT}
+    if is_gguf(tokenizer):
+        return gguf_tokenizer.special_tokens(open_gguf(tokenizer))
+    return tokenizer_special_tokens(Path(tokenizer).expanduser().parent)
+
+
 def tokenizer_special_tokens(folder: Path) -> dict[str, str]:
     """The named special tokens of the tokenizer_config.json in ``folder`` (as transformers'
     ``special_tokens_map``: the set ones, as strings)."""
@@ -174,9 +201,10 @@ def _tokenizer_config(folder: Path) -> dict:
         raise ConfigError(f"{path} is not JSON ({exc}): fix it or remove it") from exc
 
 
-def tokenize(tokenizer: Tokenizer, text: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """The ids of ``text`` (special tokens recognised, none added) and each token's character span."""
-    encoding = _as_hf(tokenizer).encode(text, add_special_tokens=False)
+def tokenize(tokenizer: Tokenizer, text: str, special: bool = False) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The ids of ``text`` (special tokens recognised; ``special``: those the tokenizer adds, a BOS,
+    added as transformers' ``tokenizer(text)`` adds them) and each token's character span."""
+    encoding = _as_hf(tokenizer).encode(text, add_special_tokens=special)
     return np.asarray(encoding.ids, dtype=np.int32), encoding.offsets
 
 

@@ -74,12 +74,21 @@ def prepare_chats(data: DataConfig) -> Conversations:
 
 def chats_folder(data: DataConfig, files: list[Path], template: ChatTemplate) -> Path:
     """The cache folder of ``data``'s conversations rendered by ``template`` (see the module)."""
-    recorded = {key: value for key, value in settings(data, files).items() if key not in NOT_KEYS}
-    shown = json.dumps({"source": template.source, "special": dict(template.special)}, sort_keys=True)
-    recorded.update(chat_format=FORMAT, chat_field=data.chat_field, train_on=data.train_on,
-                    template=hashlib.sha256(shown.encode()).hexdigest())
+    return rendered_folder(data, files, template, "chats", chat_format=FORMAT, chat_field=data.chat_field,
+                           train_on=data.train_on)
+
+
+def rendered_folder(data: DataConfig, files: list[Path], template: ChatTemplate | None, prefix: str,
+                    **recorded) -> Path:
+    """``data.cache_dir/PREFIX-SOURCE-TOKENIZER-DIGEST``: the cache folder of rows of ``data``'s
+    files rendered by ``template`` (None: none found) and tokenized, keyed by the files, the
+    tokenizer, the template's text and special tokens and what ``recorded`` adds (the split
+    and the windows are drawn after reading: not keys)."""
+    recorded = {**{key: value for key, value in settings(data, files).items() if key not in NOT_KEYS}, **recorded}
+    shown = template and json.dumps({"source": template.source, "special": dict(template.special)}, sort_keys=True)
+    recorded["template"] = shown and hashlib.sha256(shown.encode()).hexdigest()
     folder = cache_folder(data, recorded)
-    return folder.with_name(f"chats-{folder.name}")
+    return folder.with_name(f"{prefix}-{folder.name}")
 
 
 def chat_files(data: DataConfig) -> list[Path]:

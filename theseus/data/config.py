@@ -27,7 +27,8 @@ class DataConfig(Configurable):
     text_field: str = field("data.text_field", default="text",
                             help="the field (jsonl) or column (parquet, arrow) holding each document's text")
     split: str = field("data.split", default="train", help="the split of a DatasetDict's save_to_disk folder (arrow)")
-    tokenizer: str = field("data.tokenizer", default="byte", help="byte, char, bpe, or a path to a tokenizer.json")
+    tokenizer: str = field("data.tokenizer", default="byte",
+                           help="byte, char, bpe, or a path to a tokenizer.json or a GGUF file")
     val_fraction: float = field(
         "data.val_fraction", default=0.01,
         check=Range(gt=0, lt=1, fix="runs evaluate on that held-out part, e.g. data.val_fraction=0.01"),

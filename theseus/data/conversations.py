@@ -26,7 +26,7 @@ import numpy as np
 
 from theseus.config import ConfigError
 from theseus.data.chat import ChatTemplate, check_messages, encode_rendered
-from theseus.data.loader import Loader
+from theseus.data.loader import Loader, in_batches, stack
 from theseus.data.shards import SPLITS
 from theseus.data.tokenizer import Tokenizer
 
@@ -59,12 +59,7 @@ class Conversations:
               seed: int = 0, packing: bool = True, where: str = "the corpus") -> Conversations:
         """The ``encoded`` conversations (in row order), ``val_fraction`` of them (at least one,
         drawn by ``seed``) held out for validation; ConfigError for fewer than two."""
-        if len(encoded) < 2:
-            raise ConfigError(f"{where} holds {len(encoded)} conversation(s): task=sft needs at least two "
-                              "(one is held out for validation)")
-        order = np.random.default_rng(seed).permutation(len(encoded))
-        n_val = min(len(encoded) - 1, max(1, round(val_fraction * len(encoded))))
-        rows = {"val": sorted(map(int, order[:n_val])), "train": sorted(map(int, order[n_val:]))}
+        rows = split_rows(len(encoded), val_fraction, seed, "conversations", where)
         return cls(tokenizer, {split: [encoded[i] for i in held] for split, held in rows.items()}, rows, packing, seed)
 
     @property
@@ -74,6 +69,10 @@ class Conversations:
     def n_tokens(self, split: str) -> int:
         """Tokens of the split's conversations (all of them, those too long for a window too)."""
         return sum(len(ids) for ids, _ in self._split(split))
+
+    def longest(self, split: str) -> int:
+        """Tokens of the split's longest conversation."""
+        return max((len(ids) for ids, _ in self._split(split)), default=0)
 
     def n_conversations(self, split: str) -> int:
         return len(self._split(split))
@@ -113,24 +112,31 @@ class Conversations:
         windows = self.windows(split, seq_len, batch_size, seed, process_index, process_count)
         return Loader.over(windows, split=split, prefetch=prefetch)
 
-    def validation(self, seq_len: int, batch_size: int, process_index: int = 0,
-                   process_count: int = 1) -> Iterator[tuple[np.ndarray, int]]:
-        """Every validation window once: ``(batch, n)`` per global batch of ``batch_size``
+    def validation(self, seq_len: int, batch_size: int, process_index: int = 0, process_count: int = 1,
+                   split: str = "val") -> Iterator[tuple[np.ndarray, int]]:
+        """Every window of ``split`` (the validation split) once: ``(batch, n)`` per global batch of ``batch_size``
         windows, ``batch`` this process's share (int32 ``[batch_size / process_count, 3, seq_len
         + 1]``, the last padded with empty windows), ``n`` the targets of the whole global batch:
         the mean of the batches' losses weighted by ``n`` is the masked mean over the conversations."""
-        windows = self.windows("val", seq_len, batch_size // process_count, self.seed)
-        empty = np.zeros((ROWS, seq_len + 1), np.int32)
-        share = batch_size // process_count
-        for start in range(0, windows.per_epoch, batch_size):
-            rows = [windows.row(i) if i < windows.per_epoch else empty for i in range(start, start + batch_size)]
-            yield (np.stack(rows[process_index * share:(process_index + 1) * share]),
-                   int(sum(row[1, 1:].sum() for row in rows)))
+        windows = self.windows(split, seq_len, batch_size // process_count, self.seed)
+        for batch, held in in_batches(range(windows.per_epoch), windows.row, np.zeros((ROWS, seq_len + 1), np.int32),
+                                      batch_size, process_index, process_count):
+            yield batch, int(sum(windows.row(i)[1, 1:].sum() for i in held))
 
     def _split(self, split: str) -> list[tuple[np.ndarray, np.ndarray]]:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         return self.splits[split]
+
+
+def split_rows(n: int, val_fraction: float, seed: int, what: str, where: str) -> dict[str, list[int]]:
+    """``{"val": [...], "train": [...]}``: ``val_fraction`` of ``n`` rows (at least one, drawn by
+    ``seed``) held out for validation, each split's rows in order; ConfigError for fewer than two."""
+    if n < 2:
+        raise ConfigError(f"{where} has fewer than two {what} ({n}): one is held out for validation")
+    order = np.random.default_rng(seed).permutation(n)
+    n_val = min(n - 1, max(1, round(val_fraction * n)))
+    return {"val": sorted(map(int, order[:n_val])), "train": sorted(map(int, order[n_val:]))}
 
 
 def pack(lengths: list[int], size: int) -> list[list[int]]:
@@ -181,7 +187,7 @@ class Windows:
         index = position + self.first + np.arange(self.batch_size)
         epochs, within = np.divmod(index, self.per_epoch)
         orders = {int(e): self.order(int(e)) for e in np.unique(epochs)}
-        return np.stack([self.row(int(orders[int(e)][w])) for e, w in zip(epochs, within)])
+        return stack([self.row(int(orders[int(e)][w])) for e, w in zip(epochs, within)])
 
     def row(self, window: int) -> np.ndarray:
         """int32 ``[3, seq_len + 1]``: window ``window``'s tokens, loss mask and segment ids."""

@@ -1,9 +1,13 @@
 """A chat corpus every machine has: questions about the standard library's public functions and
 classes, answered by the first paragraph of their docstrings (``data.source=stdlib`` under
-``task=sft``).
+``task=sft``), and preference pairs of the same answers (under ``task=dpo``): the answer chosen,
+its words scrambled rejected.
 
     {"messages": [{"role": "user", "content": "What does json.dumps do?"},
                   {"role": "assistant", "content": "Serialize ``obj`` to a JSON formatted ``str``."}]}
+    {"prompt": [{"role": "user", "content": "What does json.dumps do?"}],
+     "chosen": [{"role": "assistant", "content": "Serialize ``obj`` to a JSON formatted ``str``."}],
+     "rejected": [{"role": "assistant", "content": "JSON ``str``. to formatted a Serialize ``obj``"}]}
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
 from theseus.data.sources import stdlib_files
 
 MAX_ANSWER = 400  # characters of a docstring's first paragraph kept (whole sentences are not sought)
+MIN_WORDS = 4  # words of an answer a preference pair scrambles, at least
 
 
 def stdlib_chats(max_files: int | None = None) -> Iterator[dict]:
@@ -28,6 +35,18 @@ def stdlib_chats(max_files: int | None = None) -> Iterator[dict]:
         for name, answer in documented(path):
             yield {"messages": [{"role": "user", "content": f"What does {module}.{name} do?"},
                                 {"role": "assistant", "content": answer}]}
+
+
+def stdlib_pairs(max_files: int | None = None, seed: int = 0) -> Iterator[dict]:
+    """One preference pair per conversation of ``stdlib_chats`` whose answer has at least
+    ``MIN_WORDS`` words: the answer chosen, the same words in an order drawn from ``(seed, its
+    index)`` rejected (a fluent answer preferred to a scrambled one of the same tokens)."""
+    for index, chat in enumerate(stdlib_chats(max_files)):
+        question, answer = chat["messages"]
+        words = answer["content"].split(" ")
+        scrambled = " ".join(np.random.default_rng((seed, index)).permutation(words))
+        if len(words) >= MIN_WORDS and scrambled != answer["content"]:
+            yield {"prompt": [question], "chosen": [answer], "rejected": [{"role": "assistant", "content": scrambled}]}
 
 
 def documented(path: Path) -> Iterator[tuple[str, str]]:

@@ -16,6 +16,8 @@ import collections
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -136,6 +138,25 @@ class Loader:
         self._position = position
         self._producer = _Producer(self.windows, position, self.prefetch) if self.prefetch else _Inline(self.windows)
         self._finalizer = weakref.finalize(self, self._producer.stop)
+
+
+def stack(examples: Sequence[Any]) -> Any:
+    """Examples (arrays, or dicts of arrays: a task's pytree) stacked on a new leading batch axis."""
+    if isinstance(examples[0], Mapping):
+        return {key: np.stack([example[key] for example in examples]) for key in examples[0]}
+    return np.stack(examples)
+
+
+def in_batches(rows: Sequence[int], example: Callable[[int], Any], empty: Any, batch_size: int,
+               process_index: int = 0, process_count: int = 1) -> Iterator[tuple[Any, Sequence[int]]]:
+    """Every one of ``rows`` once, in order: ``(batch, held)`` per global batch of ``batch_size``
+    examples (``example(row)``; the last batch padded with ``empty``), ``batch`` this process's
+    share of it (``stack``ed), ``held`` the rows of the whole global batch."""
+    share = batch_size // process_count
+    for start in range(0, len(rows), batch_size):
+        held = rows[start:start + batch_size]
+        mine = range(process_index * share, (process_index + 1) * share)
+        yield stack([example(held[i]) if i < len(held) else empty for i in mine]), held
 
 
 class _Inline:

@@ -1,5 +1,6 @@
 """Tokenizers: ``byte``, ``char`` (built from the corpus), ``bpe`` (trained locally with Hugging
-Face ``tokenizers``), or any local ``tokenizer.json``.
+Face ``tokenizers``), any local ``tokenizer.json``, or the tokenizer a GGUF file's metadata holds
+(``theseus.data.gguf_tokenizer``).
 
 Every tokenizer round-trips: ``decode(encode(text)) == text``. Each one also exists as a
 Hugging Face ``tokenizers.Tokenizer`` (``as_hf``) that encodes and decodes the same:
@@ -18,6 +19,9 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from theseus.config import ConfigError
+from theseus.data import gguf_tokenizer
+from theseus.data.byte_alphabet import BYTE_SYMBOLS
+from theseus.data.gguf_file import is_gguf, open_gguf
 
 EOT = "<|endoftext|>"  # the end-of-document token of byte and bpe
 NAMES = ("byte", "char", "bpe")  # data.tokenizer values that are not a tokenizer.json path
@@ -85,7 +89,7 @@ class ByteTokenizer(Tokenizer):
     def as_hf(self) -> tokenizers.Tokenizer:
         """GPT-2's byte-level alphabet with no merges: byte ``b`` is id ``b``; <|endoftext|> is the
         special token 256 (so, as in GPT-2's tokenizer, that literal text encodes as id 256)."""
-        tokenizer = tokenizers.Tokenizer(models.BPE(vocab=dict(zip(_BYTE_SYMBOLS, range(256))), merges=[]))
+        tokenizer = tokenizers.Tokenizer(models.BPE(vocab=dict(zip(BYTE_SYMBOLS, range(256))), merges=[]))
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         tokenizer.decoder = decoders.ByteLevel()
         tokenizer.add_special_tokens([EOT])
@@ -177,13 +181,17 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def from_file(cls, path: str | Path, kind: str = "json") -> HFTokenizer:
-        """Read a tokenizer.json; ConfigError naming the file when it is missing or does not parse.
-        Its end-of-document token is the ``eos_token`` of a ``tokenizer_config.json`` beside it (as
-        transformers reads a folder), else ``<|endoftext|>``."""
+        """Read a tokenizer.json, or a GGUF file's tokenizer; ConfigError naming the file when it
+        is missing or does not parse. Its end-of-document token is the ``eos_token`` of a
+        ``tokenizer_config.json`` beside it (as transformers reads a folder), or the GGUF file's
+        own, else ``<|endoftext|>``."""
         path = Path(path).expanduser()
         if not path.is_file():
             raise ConfigError(f"tokenizer file {path} does not exist: set data.tokenizer to "
-                              f"{', '.join(NAMES)} or the path of a tokenizer.json")
+                              f"{', '.join(NAMES)}, the path of a tokenizer.json or of a GGUF file")
+        if is_gguf(path):
+            file = open_gguf(path)
+            return cls(gguf_tokenizer.build(file), kind, gguf_tokenizer.special_tokens(file).get("eos_token", EOT))
         try:
             return cls(tokenizers.Tokenizer.from_file(str(path)), kind, _eos_token(path.parent / TRANSFORMERS_CONFIG))
         except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
@@ -267,16 +275,6 @@ def _checked(ids: Sequence[int], vocab_size: int) -> np.ndarray:
     if bad.size:
         raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
     return ids
-
-
-def _byte_symbols() -> list[str]:
-    """The printable character GPT-2's byte-level alphabet gives each byte 0..255, in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    others = iter(range(256, 512))
-    return [chr(b if b in printable else next(others)) for b in range(256)]
-
-
-_BYTE_SYMBOLS = _byte_symbols()
 
 
 def _code_points(text: str) -> np.ndarray:

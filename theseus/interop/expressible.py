@@ -1,6 +1,6 @@
 """Whether a theseus model is exactly what a Hugging Face model_type computes, checked before export writes it.
 
-    kind = check_expressible(model, params)  # "gpt2", "llama" or "qwen2"; ConfigError naming what is not
+    kind = check_expressible(model, params)  # "gpt2", "llama", "gemma2"...; ConfigError naming what is not
 
 A model exports when its config, its parameters and (for a class other than theseus's GPT) its
 behaviour all map:
@@ -37,21 +37,41 @@ PROBE = (2, 32)  # [batch, seq] tokens the behaviour check compares logits on (s
 TOLERANCE = 1e-5  # the largest logit difference allowed, relative to the largest logit (float32)
 
 
-def check_expressible(model: Any, params: Any) -> str:
+def check_expressible(model: Any, params: Any, prefer: str | None = None) -> str:
     """The model_type whose Hugging Face model computes exactly what ``model`` computes with
-    ``params`` (its param tree, stacked when it scans its layers); ConfigError in one line
-    naming the first thing that has no equivalent."""
-    name = type(model).__name__
-    if not isinstance(model, GPT):
-        raise ConfigError(f"export writes GPT models (theseus.model.models.gpt.GPT and its subclasses); "
-                          f"{type(model).__module__}.{name} is not one")
-    kind = model_type(arch_of(model))
-    _check_keys(model, kind)
+    ``params`` (its param tree, stacked when it scans its layers; ``prefer``, when it does: the
+    model_type the run was imported from); ConfigError in one line naming the first thing that
+    has no equivalent."""
+    kind = expressed_as(model, prefer)
     stock = _stock(model, kind)
     _check_parameters(model, params, stock, kind)
     if type(model) is not type(stock):
         _check_behaviour(model, params, stock, kind)
     return kind
+
+
+def expressed_as(model: Any, prefer: str | None = None) -> str:
+    """The model_type whose config.json expresses ``model``'s configuration (``prefer`` where
+    several do; its parameters and behaviour aside: ``check_expressible`` checks those);
+    ConfigError in one line naming what has none."""
+    if not isinstance(model, GPT):
+        raise ConfigError(f"export writes GPT models (theseus.model.models.gpt.GPT and its subclasses); "
+                          f"{type(model).__module__}.{type(model).__name__} is not one")
+    kind = model_type(arch_of(model), prefer)
+    _check_keys(model, kind)
+    return kind
+
+
+def exportable(model: Any) -> bool:
+    """Whether some model_type's config.json expresses ``model``'s configuration (the one a run was
+    imported from, or any other): what ``theseus.export`` needs before it reads the parameters."""
+    for kind in FORMATS:
+        try:
+            expressed_as(model, kind)
+        except ConfigError:
+            continue
+        return True
+    return False
 
 
 def _check_keys(model: GPT, kind: str) -> None:

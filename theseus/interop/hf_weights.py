@@ -35,7 +35,8 @@ WEIGHTS_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 IGNORED = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")  # buffers older transformers saved
 GPT2_PREFIX = "transformer."
-LLAMA_LIKE = ("llama", "qwen2", "mixtral", "qwen2_moe")  # Llama's layout; the last two: mixtures of experts
+# Llama's layout, Phi-3's with its projections fused; the last two: mixtures of experts
+LLAMA_LIKE = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "mixtral", "qwen2_moe")
 # each MoE model_type's names: its feed-forward module, then each expert's (gate, up, down) projections
 EXPERTS = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2")),
            "qwen2_moe": ("mlp", ("gate_proj", "up_proj", "down_proj"))}
@@ -203,31 +204,55 @@ def _gpt2(model_type: str, arch: Mapping[str, Any], vocab_size: int) -> list[Rul
 
 
 def _llama(model_type: str, arch: Mapping[str, Any], vocab_size: int) -> list[Rule]:
-    """Llama's layout (and Qwen2's, Mixtral's, Qwen2-MoE's): ``nn.Linear`` weights ``[out, in]``,
-    RMSNorm scales, a SwiGLU MLP or a mixture of experts."""
+    """Llama's layout (and its descendants'): ``nn.Linear`` weights ``[out, in]``, RMSNorm scales,
+    a SwiGLU (GeGLU) MLP or a mixture of experts; Phi-3's q, k, v and gate, up fused; q/k norms
+    (Qwen3, Gemma 3) and norms after attention and MLP (Gemma's) where the architecture has them."""
     d, heads, kv, hd = _heads(arch)
     table = [Rule(("wte/embedding",), ("model.embed_tokens.weight",), lambda x: (x,), lambda w: (w[:vocab_size],))]
     for i in range(arch["n_layers"]):
         p, t = f"model.layers.{i}", f"h_{i}"
         table += [
-            _same(f"{t}/ln_1/scale", f"{p}.input_layernorm.weight"),
-            _linear(f"{t}/attn/wq", f"{p}.self_attn.q_proj.weight", (d, heads, hd)),
-            _linear(f"{t}/attn/wk", f"{p}.self_attn.k_proj.weight", (d, kv, hd)),
-            _linear(f"{t}/attn/wv", f"{p}.self_attn.v_proj.weight", (d, kv, hd)),
+            *(_fused_qkv(t, p, d, heads, kv, hd) if model_type in FUSED else
+              [_linear(f"{t}/attn/w{w}", f"{p}.self_attn.{w}_proj.weight", (d, n, hd))
+               for w, n in (("q", heads), ("k", kv), ("v", kv))]),
             _linear(f"{t}/attn/wo", f"{p}.self_attn.o_proj.weight", (heads, hd, d), n_in=2),
-            _same(f"{t}/ln_2/scale", f"{p}.post_attention_layernorm.weight"),
             *_mlp(model_type, arch, i, f"{t}/mlp", p),
         ]
+        norms = NORM_NAMES[bool(arch.get("post_norms"))]
+        table += [_same(f"{t}/{norm}/scale", f"{p}.{name}.weight") for norm, name in norms.items()]
+        if arch.get("qk_norm"):
+            table += [_same(f"{t}/attn/{w}_norm/scale", f"{p}.self_attn.{w}_norm.weight") for w in "qk"]
         if arch["qkv_bias"]:
             table += [_reshaped(f"{t}/attn/b{w}", f"{p}.self_attn.{w}_proj.bias", (n, hd), (n * hd,))
                       for w, n in (("q", heads), ("k", kv), ("v", kv))]
     return [*table, _same("ln_f/scale", "model.norm.weight")]
 
 
+# theseus's norms of a block -> their Hugging Face modules: Llama's two, or Gemma's four around
+# attention and MLP (where post_attention_layernorm is the attention's output norm, not the MLP's input)
+NORM_NAMES = {False: {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm"},
+              True: {"ln_1": "input_layernorm", "ln_1_post": "post_attention_layernorm",
+                     "ln_2": "pre_feedforward_layernorm", "ln_2_post": "post_feedforward_layernorm"}}
+FUSED = ("phi3",)  # the model_types that store q, k, v as one qkv_proj and gate, up as one gate_up_proj
+
+
+def _fused_qkv(t: str, p: str, d: int, heads: int, kv: int, hd: int) -> list[Rule]:
+    """Phi-3's ``qkv_proj: [(heads + 2 kv) x head_dim, d_model]``, q's rows then k's then v's."""
+    widths = (heads, kv, kv)
+    cuts = np.cumsum([n * hd for n in widths])[:-1]
+    return [Rule(tuple(f"{t}/attn/w{w}" for w in "qkv"), (f"{p}.self_attn.qkv_proj.weight",),
+                 lambda x: tuple(part.T.reshape(d, n, hd) for part, n in zip(np.split(x, cuts), widths, strict=True)),
+                 lambda *ws: (np.concatenate([w.reshape(d, -1).T for w in ws]),))]
+
+
 def _mlp(model_type: str, arch: Mapping[str, Any], layer: int, t: str, p: str) -> list[Rule]:
     """Layer ``layer``'s feed-forward (params under ``t``): a SwiGLU MLP, or a router ``[d, expert]``,
     experts ``w_in: [2, expert, d, f]``, ``w_out: [expert, f, d]`` and Qwen2-MoE's shared expert
     with its gate ``[d, 1]``."""
+    if model_type in FUSED:  # Phi-3's gate_up_proj: [2 x d_ff, d_model], gate's rows first
+        return [Rule((f"{t}/w_in",), (f"{p}.mlp.gate_up_proj.weight",), lambda x: (np.stack(np.split(x.T, 2, axis=1)),),
+                     lambda w: (np.concatenate([w[0].T, w[1].T]),)),
+                _linear(f"{t}/w_out", f"{p}.mlp.down_proj.weight")]
     if not _is_moe(model_type, arch, layer):
         return [_gate_up(f"{t}/w_in", f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"),
                 _linear(f"{t}/w_out", f"{p}.mlp.down_proj.weight")]
@@ -309,7 +334,7 @@ def load_hf_gpt2(state_dict: Mapping[str, Any], n_heads: int | None = None,
 def _heads(arch: Mapping[str, Any]) -> tuple[int, int, int, int]:
     """(d_model, heads, kv_heads, head_dim)."""
     d, heads = arch["d_model"], arch["n_heads"]
-    return d, heads, arch["n_kv_heads"] or heads, d // heads
+    return d, heads, arch["n_kv_heads"] or heads, arch.get("head_dim") or d // heads
 
 
 def _is_moe(model_type: str, arch: Mapping[str, Any], layer: int) -> bool:

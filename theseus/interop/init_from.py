@@ -1,27 +1,26 @@
-"""``trainer.init_from=PATH``: a composed config resolved against the run or model it starts from.
+"""``trainer.init_from=SOURCE``: a composed config resolved against the model it starts from.
 
-    values = init_from_values(cfg)  # {"architecture.n_layers": 4, ...}: a pure function of the composed config
+    source = init_source(cfg)                 # the ModelSource trainer.init_from names, or None
+    values = init_from_values(cfg, source)    # {"architecture.n_layers": 4, ...}: a pure function of both
 
-A theseus run directory (or its ``checkpoints/``, or one step's folder) gives the architecture
+A theseus run (its directory, ``checkpoints/``, or one step's folder) gives the architecture
 it was trained with: every ``architecture.*`` key and ``data.tokenizer`` left at its default
 take the run's value (the trainer then restores that checkpoint's weights); any other key is
 free to change (learning rate, schedule, steps, data).
 
-A Hugging Face folder:
-
-Every ``architecture.*`` key that config.json determines takes its value; one given explicitly
+A Hugging Face folder or a GGUF file (whose metadata is read as the config.json it stands for):
+every ``architecture.*`` key that the config determines takes its value; one given explicitly
 (an experiment file or the command line: a value other than its field's default) that
 contradicts it is a ConfigError naming both, except ``architecture.seq_len``, which may be
-lowered (the position table is cut), and ``architecture.dropout``, which config.json does not
+lowered (the position table is cut), and ``architecture.dropout``, which the config does not
 set. The vocabulary stays the checkpoint's own ``vocab_size`` (not padded to a multiple of
-128): import then export is the identity. The folder's ``tokenizer.json`` becomes
-``data.tokenizer`` unless that was given explicitly.
+128): import then export is the identity. Its tokenizer (the folder's ``tokenizer.json``, the
+GGUF file's own) becomes ``data.tokenizer`` unless that was given explicitly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -30,39 +29,37 @@ from theseus.config import ConfigError
 from theseus.config.compose import chosen_files
 from theseus.config.registry import chosen, chosen_schema, load, model_class, names, read_saved
 from theseus.config.schema import flatten
-from theseus.data.tokenizer import JSON_FILE, NAMES, ByteTokenizer, HFTokenizer
-from theseus.interop.hf_config import architecture, format_of, read_config
-from theseus.interop.hf_weights import Checkpoint
+from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer
+from theseus.interop.hf_config import architecture, format_of
+from theseus.interop.sources import hf_config_of, tensors_of, tokenizer_of, where
 from theseus.model.models.gpt import GPT
 from theseus.model.models.moe_gpt import MoEGPT
-from theseus.training.checkpoint import require_checkpoint, run_of, saved_base, theseus_checkpoint
+from theseus.model.source import ModelSource, parse_source
+from theseus.training.checkpoint import saved_base
 
 KEY = "trainer.init_from"
 
 
-def model_choice(folder: Path, overrides: Sequence[str]) -> list[str]:
-    """``["model=NAME"]``, the model ``folder`` loads into, when neither ``overrides`` nor an
+def model_choice(source: ModelSource, overrides: Sequence[str]) -> list[str]:
+    """``["model=NAME"]``, the model ``source`` loads into, when neither ``overrides`` nor an
     experiment file they choose picks a model: a theseus run's own (its recorded choice: a
-    user's ``scaled_gpt``), a Hugging Face folder's (``moe`` for Mixtral and Qwen2-MoE); else
+    user's ``scaled_gpt``), a Hugging Face model's (``moe`` for Mixtral and Qwen2-MoE); else
     ``[]`` (a model given explicitly stays, for ``init_from_values`` and the shapes to check)."""
     if chooses_model(overrides):
         return []
-    checkpoint = theseus_checkpoint(Path(folder))
-    if checkpoint is not None:
-        return _run_model(checkpoint)
-    if not (Path(folder).expanduser() / "config.json").is_file():
-        return []
+    if source.kind == "run":
+        return _run_model(source)
     try:
-        return [f"model={format_of(read_config(Path(folder).expanduser().resolve())).model}"]
-    except ConfigError:  # a broken config.json: init_from_values reports it
+        return [f"model={format_of(hf_config_of(source)).model}"]
+    except ConfigError:  # a broken config: init_from_values reports it
         return []
 
 
-def _run_model(checkpoint: Path) -> list[str]:
-    """``["model=NAME"]``: the model the theseus run of ``checkpoint`` was trained with (``[]``
+def _run_model(source: ModelSource) -> list[str]:
+    """``["model=NAME"]``: the model the theseus run of ``source`` was trained with (``[]``
     for the primary config's own, or a checkpoint without its run's config); ConfigError when
     no module imported here registers it."""
-    run = run_of(checkpoint.expanduser())
+    run = source.run_dir
     if run is None:
         return []
     load()  # the user's modules: their models are options
@@ -70,16 +67,21 @@ def _run_model(checkpoint: Path) -> list[str]:
     if name == chosen({}, "model"):
         return []
     if name not in names("model"):
-        raise ConfigError(f"{KEY}={checkpoint} is a run of model={name}, which no module imported here registers: "
+        raise ConfigError(f"{source} is a run of model={name}, which no module imported here registers: "
                           f"run from the folder whose pyproject.toml declares it ([tool.theseus] imports), or "
                           f"set model=NAME")
     return [f"model={name}"]
 
 
 def command_line_choice(overrides: Sequence[str]) -> list[str]:
-    """``model_choice`` of the folder or run that ``trainer.init_from=PATH`` in ``overrides`` names."""
+    """``model_choice`` of the model that ``trainer.init_from=SOURCE`` in ``overrides`` names
+    (``[]`` when it names none: the run's checks say why, a resumed run's missing base first)."""
     given = [o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == KEY]
-    return model_choice(Path(given[-1]), overrides) if given and given[-1] else []
+    try:
+        source = parse_source(given[-1], KEY) if given and given[-1] else None
+    except ConfigError:
+        return []
+    return model_choice(source, overrides) if source else []
 
 
 def chooses_model(overrides: Sequence[str]) -> bool:
@@ -97,36 +99,28 @@ def chooses_model(overrides: Sequence[str]) -> bool:
     return False
 
 
-def hf_folder(init_from: str | None) -> Path | None:
-    """The Hugging Face folder ``trainer.init_from`` names (None: unset, or a theseus checkpoint)."""
-    if init_from is None or theseus_checkpoint(Path(init_from)) is not None:
-        return None
-    return Path(init_from).expanduser()
+def init_source(cfg: DictConfig) -> ModelSource | None:
+    """The model ``trainer.init_from`` names in a composed config (None: unset)."""
+    given = flatten(OmegaConf.to_container(cfg, resolve=True)).get(KEY)
+    return None if given is None else parse_source(given, KEY)
 
 
-def init_from_values(cfg: DictConfig) -> dict[str, Any]:
-    """What ``trainer.init_from`` determines, as dotted keys and values (``{}`` when unset):
-    the architecture and tokenizer of the run or Hugging Face folder it names; ConfigError for
-    a folder theseus cannot load, or an explicit key that contradicts it."""
-    flat = flatten(OmegaConf.to_container(cfg, resolve=True))
-    given = flat.get(KEY)
-    if given is None:
+def init_from_values(cfg: DictConfig, source: ModelSource | None) -> dict[str, Any]:
+    """What ``source`` (``trainer.init_from``) determines, as dotted keys and values (``{}``
+    when None): the architecture and tokenizer of the run or model it names; ConfigError for a
+    model theseus cannot load, or an explicit key that contradicts it."""
+    if source is None:
         return {}
-    folder = Path(given).expanduser().resolve()
-    require_checkpoint(folder)  # a run directory that saved none: said as such, not as a broken folder
-    run = theseus_checkpoint(folder)
-    if run is not None:
-        return _from_run(cfg, flat, run)
-    hf = read_config(folder)
-    arch = architecture(hf, where=str(folder / "config.json"))
-    try:
-        Checkpoint(folder)  # its weights are there (safetensors, not pickle), before anything is written
-    except ConfigError as exc:
-        raise ConfigError(f"{KEY}={given}: {exc}") from exc
+    flat = flatten(OmegaConf.to_container(cfg, resolve=True))
+    if source.kind == "run":
+        return _from_run(cfg, flat, source)
+    hf = hf_config_of(source)
+    arch = architecture(hf, where=where(source))
+    tensors_of(source)  # its weights are there (safetensors, not pickle), before anything is written
     model = format_of(hf).model
     cls = model_class(cfg)
     if not issubclass(cls, GPT) or issubclass(cls, MoEGPT) != (model == "moe"):
-        raise ConfigError(f"{KEY}={given} is a Hugging Face {hf['model_type']} checkpoint, which loads into "
+        raise ConfigError(f"{source} is a Hugging Face {hf['model_type']} model, which loads into "
                           f"model={model}, but model={chosen(cfg, 'model')}: set model={model}")
     defaults = chosen_schema(cfg)
     values = {}
@@ -137,36 +131,36 @@ def init_from_values(cfg: DictConfig) -> dict[str, Any]:
         if explicit and name == "seq_len" and current < value:
             continue  # a shorter context than the checkpoint's: allowed
         if explicit and current != value:
-            raise ConfigError(f"{key}={current} contradicts {KEY}={given}, whose config.json gives {key}={value}: "
+            raise ConfigError(f"{key}={current} contradicts {source}, whose config gives {key}={value}: "
                               f"drop the override (the architecture follows the checkpoint)")
         values[key] = value
     tokenizer = flat["data.tokenizer"]
-    if tokenizer == defaults["data.tokenizer"].default and (folder / JSON_FILE).is_file():
-        tokenizer = values["data.tokenizer"] = str(folder / JSON_FILE)
+    if tokenizer == defaults["data.tokenizer"].default and tokenizer_of(source) is not None:
+        tokenizer = values["data.tokenizer"] = tokenizer_of(source)
     size = _tokenizer_size(tokenizer)
     if size is not None and size > arch["vocab_size"]:
         raise ConfigError(f"data.tokenizer={tokenizer} has {size} tokens, more than the {arch['vocab_size']} rows of "
-                          f"{KEY}={given}: use the checkpoint's own tokenizer.json")
+                          f"{source}: use the checkpoint's own tokenizer")
     return values
 
 
-def _from_run(cfg: DictConfig, flat: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
-    """The architecture and tokenizer of the theseus run ``checkpoint`` belongs to, wherever
-    ``cfg`` leaves them at their defaults."""
-    run = run_of(checkpoint)
+def _from_run(cfg: DictConfig, flat: dict[str, Any], source: ModelSource) -> dict[str, Any]:
+    """The architecture and tokenizer of the theseus run ``source`` names, wherever ``cfg``
+    leaves them at their defaults."""
+    run = source.run_dir
     if run is None:
-        raise ConfigError(f"{KEY}={checkpoint} has no .hydra/config.yaml beside its checkpoints: give the run "
+        raise ConfigError(f"{source} has no .hydra/config.yaml beside its checkpoints: give the run "
                           f"directory a theseus run wrote")
-    if saved_base(checkpoint) is not None:
-        raise ConfigError(f"{KEY}={checkpoint} holds LoRA adapters without their base: export it merged "
-                          f"(python -m theseus.export {checkpoint} OUT) and start from OUT")
+    if saved_base(source.path) is not None:
+        raise ConfigError(f"{source} holds LoRA adapters without their base: export it merged "
+                          f"(python -m theseus.export {source.given} OUT) and start from OUT")
     record = read_saved(run / ".hydra" / "config.yaml")
     saved = flatten(OmegaConf.to_container(record, resolve=True))
     defaults = chosen_schema(cfg)
     model = chosen(record, "model")
     lacking = [key for key in saved if key.startswith("architecture.") and key not in defaults]
     if lacking and model != chosen(cfg, "model"):  # model_choice chose it for a command line; not so a config
-        raise ConfigError(f"{KEY}={checkpoint} is a run of model={model} ({lacking[0]}={saved[lacking[0]]}), which "
+        raise ConfigError(f"{source} is a run of model={model} ({lacking[0]}={saved[lacking[0]]}), which "
                           f"model={chosen(cfg, 'model')} cannot build: add model={model}")
     return {key: saved[key] for key in defaults
             if (key.startswith("architecture.") or key == "data.tokenizer")

@@ -1,10 +1,11 @@
-"""A Hugging Face checkpoint's tensors straight onto their shards of the mesh.
+"""Any model source's weights straight onto their shards of the mesh.
 
-    params = load_params(folder, arch, target)  # target: ShapeDtypeStructs with NamedShardings
+    params = load_params(source, arch, target)  # target: ShapeDtypeStructs with NamedShardings
 
-One parameter at a time: its tensor is read from its safetensors file (memory-mapped),
-rearranged into theseus's layout and handed to ``jax.make_array_from_callback``, which asks
-for each local device's slice alone. The host holds one parameter, never the model (scanned
+A theseus checkpoint's params are read by Orbax onto their shards. A Hugging Face folder's or
+GGUF file's go one parameter at a time: its tensor is read (memory-mapped safetensors, or
+dequantised from the GGUF file), rearranged into theseus's layout and handed to
+``jax.make_array_from_callback``, which asks for each local device's slice alone. The host holds one parameter, never the model (scanned
 layers: one parameter of every layer, stacked); each device receives only its shard, so a
 model larger than one device's memory loads under FSDP.
 """
@@ -20,38 +21,61 @@ import numpy as np
 from flax import traverse_util
 
 from theseus.config import ConfigError
-from theseus.interop.hf_config import architecture, read_config
-from theseus.interop.hf_weights import Checkpoint, to_theseus
+from theseus.interop.hf_config import architecture
+from theseus.interop.hf_weights import to_theseus
+from theseus.interop.sources import hf_config_of, tensors_of, where
 from theseus.model import lora
+from theseus.model.source import ModelSource, parse_source
+from theseus.training.checkpoint import read_params, saved_base, saved_params, step_dir
 
 
-def load_params(folder: Path, arch: Mapping[str, Any], target: Mapping, seed: int = 0) -> dict:
-    """The params of the checkpoint in ``folder``, laid out as ``target`` (the run's params:
-    ShapeDtypeStructs with shardings) and cast to its dtypes; ``arch``: the run's architecture
-    values (``hf_config.arch_of(model)``). A scanned model's blocks (``architecture.scan_layers``:
-    ``h/...`` with a leading layer axis) stack the checkpoint's layers. LoRA's adapters, which
-    the checkpoint does not hold, start fresh (``lora.initial`` from ``seed``: B zero, the base's function).
+def load_params(source: ModelSource | str | Path, arch: Mapping[str, Any], target: Mapping, seed: int = 0) -> dict:
+    """The params of the model ``source`` names (a ModelSource, or a path to one), laid out as
+    ``target`` (the run's params: ShapeDtypeStructs with shardings) and cast to its dtypes;
+    ``arch``: the run's architecture values (``hf_config.arch_of(model)``). A theseus checkpoint
+    gives the arrays ``target`` names. A Hugging Face folder's or GGUF file's tensors are
+    rearranged into theseus's layout; a scanned model's blocks (``architecture.scan_layers``:
+    ``h/...`` with a leading layer axis) stack their layers. LoRA's adapters, which they do not
+    hold, start fresh (``lora.initial`` from ``seed``: B zero, the base's function).
 
     ConfigError when a tensor is missing, has another shape, or would be left unused.
     """
-    hf = read_config(folder)
-    architecture(hf)  # refuses what theseus does not compute
-    with Checkpoint(folder) as checkpoint:
+    source = source if isinstance(source, ModelSource) else parse_source(source, key=None)
+    if source.kind == "run":
+        return _run_params(source, target, seed)
+    hf = hf_config_of(source)
+    architecture(hf, where(source))  # refuses what theseus does not compute
+    with tensors_of(source) as checkpoint:
         thunks = to_theseus(hf["model_type"], arch, checkpoint.read)
         loaded = {}
         for path, leaf in traverse_util.flatten_dict(target, sep="/").items():
             host = (lora.initial(path, leaf.shape, leaf.dtype, seed) if lora.is_adapter(path)
-                    else _read(thunks, path, arch["n_layers"], folder))
-            loaded[path] = _place(host, leaf, path, folder)
+                    else _read(thunks, path, arch["n_layers"], source))
+            loaded[path] = _place(host, leaf, path, source)
         tied = {"lm_head.weight"} if arch["tie_embeddings"] else set()  # a tied head some checkpoints store
         unused = [name for name in checkpoint.unused() if name not in tied]
     if unused:
-        raise ConfigError(f"{folder}: tensor {unused[0]} (and {len(unused) - 1} more) of the checkpoint has no "
-                          f"place in the model: its config.json does not describe these weights")
+        raise ConfigError(f"{source.given}: tensor {unused[0]} (and {len(unused) - 1} more) of the checkpoint has no "
+                          f"place in the model: its config does not describe these weights")
     return traverse_util.unflatten_dict(loaded, sep="/")
 
 
-def _read(thunks: Mapping[str, Any], path: str, n_layers: int, folder: Path) -> np.ndarray:
+def _run_params(source: ModelSource, target: Mapping, seed: int) -> dict:
+    """The params of a theseus checkpoint laid out as ``target``: those it holds read onto
+    their shards, LoRA's adapters it lacks fresh; ConfigError for adapters saved without their base."""
+    step = step_dir(source.path)
+    if saved_base(step) is not None:
+        raise ConfigError(f"{source} holds LoRA adapters without their base: export it merged "
+                          f"(python -m theseus.export {source.given} OUT) and give OUT")
+    layout, held = traverse_util.flatten_dict(target, sep="/"), saved_params(step)
+    fresh = {path: _place(lora.initial(path, leaf.shape, leaf.dtype, seed), leaf, path, source)
+             for path, leaf in layout.items() if lora.is_adapter(path) and path not in held}
+    read = read_params(step, traverse_util.unflatten_dict(
+        {path: leaf for path, leaf in layout.items() if path not in fresh}, sep="/"))
+    return traverse_util.unflatten_dict({**traverse_util.flatten_dict(read, sep="/"), **fresh}, sep="/")
+
+
+def _read(thunks: Mapping[str, Any], path: str, n_layers: int, source: ModelSource) -> np.ndarray:
     """The checkpoint's tensor of parameter ``path`` in theseus's layout; for a scanned block's
     ``h/REST``, layer i's ``h_i/REST`` stacked on a leading axis."""
     if path in thunks:
@@ -59,14 +83,14 @@ def _read(thunks: Mapping[str, Any], path: str, n_layers: int, folder: Path) -> 
     block, _, rest = path.partition("/")
     if block == "h" and f"h_0/{rest}" in thunks:
         return np.stack([thunks[f"h_{i}/{rest}"]() for i in range(n_layers)])
-    raise ConfigError(f"{folder}: no tensor of the checkpoint maps to parameter {path}")
+    raise ConfigError(f"{source.given}: no tensor of the checkpoint maps to parameter {path}")
 
 
-def _place(host: np.ndarray, leaf: jax.ShapeDtypeStruct, path: str, folder: Path) -> jax.Array:
+def _place(host: np.ndarray, leaf: jax.ShapeDtypeStruct, path: str, source: ModelSource) -> jax.Array:
     """``host`` as a global array with ``leaf``'s shape, dtype and sharding: each local device
     gets its own slice (cast on the way)."""
     if host.shape != leaf.shape:
-        raise ConfigError(f"{folder}: parameter {path} is {list(leaf.shape)} in the model but "
+        raise ConfigError(f"{source.given}: parameter {path} is {list(leaf.shape)} in the model but "
                           f"{list(host.shape)} in the checkpoint")
     return jax.make_array_from_callback(leaf.shape, leaf.sharding,
                                         lambda index: np.asarray(host[index], dtype=leaf.dtype))

@@ -9,7 +9,8 @@ computes what the merged export computes. peft's keys are ``base_model.model.<mo
 the adapted projection; a key without the ``base_model.model.`` prefix would be ignored (peft
 keeps its own zero B). GPT-2 fuses q, k and v in ``c_attn``: theseus's ``lora_qkv`` is one
 adapter there, its B the three B's stacked; its ``Conv1D`` weights are ``[in, out]``
-(``fan_in_fan_out``).
+(``fan_in_fan_out``). Phi-3 fuses them in ``qkv_proj`` and gate and up in ``gate_up_proj``
+(``lora_qkv``, ``lora_gateup``: ``architecture.fused_projections``, which a Phi-3 import sets).
 """
 
 from __future__ import annotations
@@ -26,16 +27,18 @@ from safetensors.numpy import save_file
 
 from theseus.config import ConfigError
 from theseus.interop.hf_weights import GPT2_PREFIX
-from theseus.model.lora import EXPERT, FUSED, PREFIX, LoRA, is_adapter
+from theseus.model.lora import EXPERT, GROUPS, PREFIX, LoRA, is_adapter
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 _GPT2 = {"qkv": "attn.c_attn", "o": "attn.c_proj", "up": "mlp.c_fc", "down": "mlp.c_proj"}
 _LLAMA = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
           "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+_PHI3 = {"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj", "gateup": "mlp.gate_up_proj", "down": "mlp.down_proj"}
 # model_type -> (its layers' module prefix, theseus adapter -> the module it adapts in a layer)
-MODULES = {"gpt2": (f"{GPT2_PREFIX}h", _GPT2), **dict.fromkeys(("llama", "qwen2", "mixtral", "qwen2_moe"),
-                                                              ("model.layers", _LLAMA))}
+MODULES = {"gpt2": (f"{GPT2_PREFIX}h", _GPT2), "phi3": ("model.layers", _PHI3),
+           **dict.fromkeys(("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "mixtral", "qwen2_moe"),
+                           ("model.layers", _LLAMA))}
 _ADAPTER = re.compile(r"h_(\d+)/(attn|mlp)/" + PREFIX + r"(\w+)")
 
 
@@ -48,8 +51,8 @@ def adapter_tensors(model_type: str, params: Mapping) -> dict[str, np.ndarray]:
     for path in sorted({p.rsplit("/", 1)[0] for p in flat}):
         match = _ADAPTER.fullmatch(path)
         if match is None or (match[3] not in modules and not match[3].startswith(EXPERT)):
-            raise ConfigError(f"adapter {path} has no place in a Hugging Face {model_type} model: export it merged "
-                              f"(without --adapter)")
+            raise ConfigError(f"adapter {path} has no place in a Hugging Face {model_type} model ({_why(model_type)}; "
+                              f"architecture.fused_projections fuses them): export it merged (without --adapter)")
         layer, name = int(match[1]), match[3]
         if name.startswith(EXPERT):
             raise ConfigError(f"--adapter: adapter {path} adapts a mixture's experts, which peft's LoRA format does "
@@ -57,11 +60,17 @@ def adapter_tensors(model_type: str, params: Mapping) -> dict[str, np.ndarray]:
                               f"merged (without --adapter)")
         a = flat[f"{path}/a"]
         rank = a.shape[-1]
-        bs = [flat[f"{path}/b_{t}"] for t in FUSED] if name == "".join(FUSED) else [flat[f"{path}/b"]]
+        bs = [flat[f"{path}/b_{t}"] for t in GROUPS[name]] if name in GROUPS else [flat[f"{path}/b"]]
         module = f"{PEFT_PREFIX}{layers}.{layer}.{modules[name]}"
         out[f"{module}.lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, rank).T)
         out[f"{module}.lora_B.weight"] = np.ascontiguousarray(np.concatenate([b.reshape(rank, -1) for b in bs], 1).T)
     return out
+
+
+def _why(model_type: str) -> str:
+    """What a model_type's adapters are: its modules, as theseus's targets name them."""
+    return "its adapters: " + ", ".join(f"{'+'.join(GROUPS.get(name, (name,)))} ({module})"
+                                        for name, module in MODULES[model_type][1].items())
 
 
 def adapter_config(model_type: str, settings: LoRA, tensors: Mapping[str, np.ndarray], base: str) -> dict[str, Any]:

@@ -13,7 +13,9 @@ int32[batch, seq] | None``, which packed sequence each position belongs to (None
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+import inspect
+import math
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import flax.linen as nn
@@ -23,8 +25,8 @@ from jax.tree_util import DictKey
 
 from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, VOCAB
 from theseus.base.hardware import check_attention_impl
-from theseus.config import ConfigError, configure, field
-from theseus.model.lora import LoRA, adapt, adapters, lora_flops
+from theseus.config import POSITIVE, RUNTIME, ConfigError, configure, field
+from theseus.model.lora import GATE_UP, QKV, LoRA, adapt, adapters, lora_flops
 from theseus.model.module import Module, param
 
 
@@ -36,18 +38,22 @@ def check_vocab_size(vocab_size: int | None) -> None:
         )
 
 
-def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None, positions: str) -> None:
-    """The head layout is consistent: heads split d_model, kv heads split heads, RoPE pairs."""
-    if d_model % n_heads:
-        raise ConfigError(f"architecture.d_model ({d_model}) must be divisible by architecture.n_heads ({n_heads})")
+def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None, positions: str,
+                head_dim: int | None = None) -> None:
+    """The head layout is consistent: heads split d_model (unless ``head_dim`` sets their width),
+    kv heads split heads, RoPE pairs."""
+    if head_dim is None and d_model % n_heads:
+        raise ConfigError(f"architecture.d_model ({d_model}) must be divisible by architecture.n_heads ({n_heads}), "
+                          f"or set architecture.head_dim")
     if n_kv_heads is not None and n_heads % n_kv_heads:
         raise ConfigError(
             f"architecture.n_heads ({n_heads}) must be divisible by architecture.n_kv_heads ({n_kv_heads})"
         )
-    if positions == "rope" and (d_model // n_heads) % 2:
+    width = head_dim or d_model // n_heads
+    if positions == "rope" and width % 2:
         raise ConfigError(
-            f"architecture.positions=rope needs an even head size, but architecture.d_model / "
-            f"architecture.n_heads = {d_model // n_heads}"
+            f"architecture.positions=rope needs an even head size, but "
+            f"{'architecture.head_dim' if head_dim else 'architecture.d_model / architecture.n_heads'} = {width}"
         )
 
 
@@ -77,14 +83,17 @@ def dense(equation: str, x: jax.Array, w: jax.Array, b: jax.Array | None, dtype:
 
 
 class Embedding(Module):
-    """Token embedding: ``tokens: int32[batch, seq] -> [batch, seq, d_model]``.
+    """Token embedding: ``tokens: int32[batch, seq] -> [batch, seq, d_model]``, times sqrt(d_model)
+    with ``scale_embeddings`` (Gemma's).
 
-    ``attend`` is the tied output head; its matmul is counted by the model that uses it.
+    ``attend`` is the tied output head (unscaled); its matmul is counted by the model that uses it.
     """
 
     vocab_size: int | None = field("architecture.vocab_size", default=None, help="vocabulary; None: the tokenizer's")
     d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
     init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
+    scale_embeddings: bool = field("architecture.scale_embeddings", default=False,
+                                   help="multiply the token embeddings by sqrt(d_model) (Gemma)")
 
     def setup(self):
         check_vocab_size(self.vocab_size)
@@ -92,7 +101,8 @@ class Embedding(Module):
         self.embedding = param(self, "embedding", init, (VOCAB, EMBED), (self.vocab_size, self.d_model))
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        return jnp.take(self.embedding, tokens, axis=0).astype(self._activation_dtype)
+        x = jnp.take(self.embedding, tokens, axis=0).astype(self._activation_dtype)
+        return x * jnp.asarray(math.sqrt(self.d_model), x.dtype) if self.scale_embeddings else x
 
     def attend(self, x: jax.Array) -> jax.Array:
         """Logits against the embedding: ``x: [batch, seq, d_model] -> [batch, seq, vocab_size]``."""
@@ -114,20 +124,59 @@ class PositionEmbedding(Module):
         return jnp.take(self.embedding, positions, axis=0).astype(self._activation_dtype)
 
 
+ROPE_SCALINGS = ("none", "linear", "llama3")
+
+
 class RoPE(Module):
     """Rotary positions (RoFormer; GPT-NeoX/Llama "rotate half" layout).
 
-    Feature pair ``(i, i + head_dim/2)`` of every head turns by ``position * rope_theta **
-    (-2i / head_dim)``, so that query-key products depend on relative position only.
+    Feature pair ``(i, i + head_dim/2)`` of every head turns by ``position * inv_freq[i]``, with
+    ``inv_freq[i] = rope_theta ** (-2i / head_dim)``, so that query-key products depend on
+    relative position only. ``rope_scaling.type`` stretches the wavelengths for a longer context
+    than pretrained: ``linear`` divides every frequency by ``factor``; ``llama3`` (Llama 3.1's)
+    divides those of wavelength above ``original_seq_len / low_freq_factor``, keeps those below
+    ``original_seq_len / high_freq_factor`` and interpolates between (as transformers'
+    ``_compute_llama3_parameters``).
     ``x: [batch, seq, heads, head_dim], positions: int32[seq] or [batch, seq] -> x rotated`` (float32 inside).
     """
 
     rope_theta: float = field("architecture.rope_theta", default=10000.0, help="RoPE base wavelength")
+    scaling: str = field("architecture.rope_scaling.type", default="none", choices=ROPE_SCALINGS,
+                         help="RoPE frequency scaling for a context longer than pretrained: none, linear, llama3")
+    factor: float = field("architecture.rope_scaling.factor", default=8.0, check=POSITIVE,
+                          help="RoPE scaling (linear, llama3): how many times longer the context")
+    low_freq_factor: float = field("architecture.rope_scaling.low_freq_factor", default=1.0, check=POSITIVE,
+                                   help="llama3 RoPE scaling: wavelengths above original_seq_len / this are scaled")
+    high_freq_factor: float = field("architecture.rope_scaling.high_freq_factor", default=4.0, check=POSITIVE,
+                                    help="llama3 RoPE scaling: wavelengths below original_seq_len / this are kept")
+    original_seq_len: int = field("architecture.rope_scaling.original_seq_len", default=8192, check=POSITIVE,
+                                  help="llama3 RoPE scaling: the context pretrained (original_max_position_embeddings)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.scaling == "llama3" and self.high_freq_factor <= self.low_freq_factor:
+            raise ConfigError(f"architecture.rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed "
+                              f"architecture.rope_scaling.low_freq_factor ({self.low_freq_factor})")
+
+    def inv_freq(self, head_dim: int) -> jax.Array:
+        """``float32[head_dim / 2]``: each feature pair's angle per position."""
+        half = head_dim // 2
+        inv_freq = self.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+        if self.scaling == "linear":
+            return inv_freq / self.factor
+        if self.scaling == "llama3":
+            wavelength = 2 * math.pi / inv_freq
+            scaled = jnp.where(wavelength > self.original_seq_len / self.low_freq_factor, inv_freq / self.factor,
+                               inv_freq)
+            smooth = ((self.original_seq_len / wavelength - self.low_freq_factor)
+                      / (self.high_freq_factor - self.low_freq_factor))
+            medium = ((wavelength >= self.original_seq_len / self.high_freq_factor)
+                      & (wavelength <= self.original_seq_len / self.low_freq_factor))
+            return jnp.where(medium, (1 - smooth) * scaled / self.factor + smooth * scaled, scaled)
+        return inv_freq
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-        half = x.shape[-1] // 2
-        inv_freq = self.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-        angle = positions.astype(jnp.float32)[..., None] * inv_freq  # [(batch,) seq, half]
+        angle = positions.astype(jnp.float32)[..., None] * self.inv_freq(x.shape[-1])  # [(batch,) seq, half]
         cos, sin = jnp.cos(angle)[..., None, :], jnp.sin(angle)[..., None, :]  # [(batch,) seq, 1, half]
         x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
         return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
@@ -163,15 +212,16 @@ normalize.defvjp(_normalize_forward, _normalize_backward)
 
 
 class LayerNorm(Module):
-    """``(x - mean) / sqrt(var + eps) * scale + bias`` over d_model, in float32 (``normalize``)."""
+    """``(x - mean) / sqrt(var + eps) * scale + bias`` over the last axis (d_model), in float32 (``normalize``)."""
 
     d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
     bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
     norm_eps: float = field("architecture.norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
+    axis: str = EMBED  # not a config key: the logical axis of the normalised features (HEAD_DIM: a q/k norm)
 
     def setup(self):
-        self.scale = param(self, "scale", nn.initializers.ones, (EMBED,), (self.d_model,))
-        self.offset = param(self, "bias", nn.initializers.zeros, (EMBED,), (self.d_model,)) if self.bias else None
+        self.scale = param(self, "scale", nn.initializers.ones, (self.axis,), (self.d_model,))
+        self.offset = param(self, "bias", nn.initializers.zeros, (self.axis,), (self.d_model,)) if self.bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         y = normalize(x.astype(jnp.float32), self.scale.astype(jnp.float32), self.norm_eps)
@@ -181,37 +231,92 @@ class LayerNorm(Module):
 
 
 class RMSNorm(Module):
-    """``x / sqrt(mean(x^2) + eps) * scale`` over d_model, in float32."""
+    """``x / sqrt(mean(x^2) + eps) * gain`` over the last axis (d_model), in float32; the gain is
+    ``scale`` (``1 + scale`` in ``OffsetRMSNorm``)."""
 
     d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
     norm_eps: float = field("architecture.norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
+    axis: str = EMBED  # not a config key: the logical axis of the normalised features (HEAD_DIM: a q/k norm)
+    gain_offset: ClassVar[float] = 0.0  # the gain is gain_offset + scale
 
     def setup(self):
-        self.scale = param(self, "scale", nn.initializers.ones, (EMBED,), (self.d_model,))
+        init = nn.initializers.zeros if self.gain_offset else nn.initializers.ones  # a gain of 1
+        self.scale = param(self, "scale", init, (self.axis,), (self.d_model,))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.astype(jnp.float32)
-        y = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + self.norm_eps) * self.scale.astype(jnp.float32)
+        gain = self.scale.astype(jnp.float32)
+        gain = gain + self.gain_offset if self.gain_offset else gain
+        y = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + self.norm_eps) * gain
         return y.astype(self._activation_dtype)
 
 
-NORMS: dict[str, type[Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+class OffsetRMSNorm(RMSNorm):
+    """RMSNorm whose gain is ``1 + scale`` (Gemma's: ``scale`` starts at 0)."""
+
+    gain_offset: ClassVar[float] = 1.0
+
+
+NORMS: dict[str, type[Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, "rmsnorm_offset": OffsetRMSNorm}
+NORM_HELP = "normalisation layer: layernorm, rmsnorm or rmsnorm_offset (Gemma's: gain 1 + w)"
+GATES: dict[str, Callable[[jax.Array], jax.Array]] = {  # a gated MLP's activation of its gate
+    "swiglu": jax.nn.silu, "geglu": functools.partial(jax.nn.gelu, approximate=True)}
+ACTIVATIONS = ("gelu", *GATES)  # architecture.activation
+
+
+def n_inputs(activation: str) -> int:
+    """Input projections of an MLP: 2 for a gated one (gate and value), 1 for GELU."""
+    return 2 if activation in GATES else 1
+
+
+def activate(h: list[jax.Array], activation: str) -> jax.Array:
+    """An MLP's hidden units from its ``n_inputs`` projections: ``gate(h[0]) * h[1]`` (SwiGLU:
+    silu, GeGLU: tanh-approximated gelu, as Gemma's ``gelu_pytorch_tanh``) or ``gelu(h[0])``."""
+    return GATES[activation](h[0]) * h[1] if activation in GATES else jax.nn.gelu(h[0], approximate=True)
+
+
+def takes(layer: type, argument: str) -> bool:
+    """Whether ``layer.__call__`` accepts ``argument`` by keyword (named, or ``**kwargs``)."""
+    parameters = inspect.signature(layer.__call__).parameters
+    return argument in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def packed(layer: type, segments: jax.Array | None) -> dict[str, jax.Array]:
+    """The keyword a call of ``layer`` adds for packed sequences: ``{}`` without them, else
+    ``{"segments": segments}``; ConfigError in one line when ``layer`` (a user's subclass written
+    before packing) takes none, as its attention would then mix the packed sequences."""
+    if segments is None:
+        return {}
+    if not takes(layer, "segments"):
+        raise ConfigError(
+            f"{layer.__module__}.{layer.__qualname__}.__call__{inspect.signature(layer.__call__)} takes no "
+            f"segments=, which task=sft passes (its conversations packed in windows, each attending to itself): "
+            f"add a `segments=None` parameter and pass it on (super().__call__(..., segments=segments))")
+    return {"segments": segments}
+
+
+FUSED_DOC = ("fuse q, k and v into one LoRA adapter and gate and up into another, as a Hugging Face model that "
+             "stores them fused (Phi-3's qkv_proj, gate_up_proj); None: q, k and v fused with learned positions "
+             "(GPT-2's c_attn), nothing fused with rope")
 
 
 class MLP(Module):
     """Position-wise feed-forward: ``x: [batch, seq, d_model] -> [batch, seq, d_model]``.
 
-    GELU: ``W_out gelu(W_in x)``; SwiGLU: ``W_out (silu(W_gate x) * W_in x)``.
+    GELU: ``W_out gelu(W_in x)``; SwiGLU: ``W_out (silu(W_gate x) * W_in x)``; GeGLU: the same
+    with a tanh-approximated gelu (Gemma's).
     """
 
     d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
     d_ff: int | None = field("architecture.d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
     activation: str = field(
-        "architecture.activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
+        "architecture.activation", default="gelu", choices=ACTIVATIONS, help="MLP nonlinearity"
     )
     bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
     dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
     init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
+    fused_projections: bool | None = field("architecture.fused_projections", default=None, help=FUSED_DOC,
+                                           role=RUNTIME)
 
     @classmethod
     def components(cls) -> list[type]:
@@ -223,8 +328,8 @@ class MLP(Module):
 
     @property
     def n_in(self) -> int:
-        """Input projections: 2 for SwiGLU (gate and value), 1 for GELU."""
-        return 2 if self.activation == "swiglu" else 1
+        """Input projections: 2 for a gated MLP (gate and value), 1 for GELU."""
+        return n_inputs(self.activation)
 
     def setup(self):
         init, zeros = nn.initializers.normal(self.init_std), nn.initializers.zeros
@@ -236,7 +341,7 @@ class MLP(Module):
         into = ((self.d_model,), (EMBED,), (self.hidden,), (MLP_HIDDEN,))  # LoRA's shapes and axes: x -> hidden
         out_of = ((self.hidden,), (MLP_HIDDEN,), (self.d_model,), (EMBED,))  # hidden -> x
         self.lora = adapters({**({"gate": into} if self.n_in == 2 else {}), "up": into, "down": out_of},
-                             ("gate", "up", "down"))
+                             ("gate", "up", "down"), fuse=GATE_UP if self.fused_projections and self.n_in == 2 else ())
         self.drop = nn.Dropout(self.dropout)
 
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
@@ -245,8 +350,8 @@ class MLP(Module):
         # hidden] makes XLA transpose activations and their gradients (a fifth of gpt_small's CPU step)
         h = [dense("bsd,df->bsf", x, self.w_in[i], self.b_in[i] if self.bias else None, dtype, self._matmul_dtype)
              for i in range(self.n_in)]
-        h = list(adapt(self.lora, x, dict(zip(("gate", "up")[2 - self.n_in:], h, strict=True)), deterministic))
-        h = jax.nn.silu(h[0]) * h[1] if self.activation == "swiglu" else jax.nn.gelu(h[0], approximate=True)
+        h = activate(list(adapt(self.lora, x, dict(zip(("gate", "up")[2 - self.n_in:], h, strict=True)),
+                                deterministic)), self.activation)
         h = nn.with_logical_constraint(h, (BATCH, SEQ, MLP_HIDDEN))
         y = dense("bsf,fd->bsd", h, self.w_out, self.b_out if self.bias else None, dtype, self._matmul_dtype)
         (y,) = adapt(self.lora, h, {"down": y}, deterministic)
@@ -257,12 +362,37 @@ class MLP(Module):
         return self.dense_flops("w_in", seq) + self.dense_flops("w_out", seq) + lora_flops(self.lora, seq)
 
 
+def causal_mask(queries: jax.Array, keys: jax.Array, window: int | None) -> jax.Array:
+    """``bool[..., q, k]``: which keys each query sees, by position: those at or before it (and,
+    with a sliding ``window``, fewer than ``window`` before it: itself and the ``window - 1``
+    before). ``queries: int32[..., q]``, ``keys: int32[..., k]``."""
+    gap = queries[..., :, None] - keys[..., None, :]
+    return (gap >= 0) if window is None else (gap >= 0) & (gap < window)
+
+
+def softcapped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                         cap: float) -> jax.Array:
+    """Attention whose scores are soft-capped, ``cap * tanh(scores / cap)`` (Gemma 2's), which the
+    fused kernels do not compute: ``q: [batch, seq, heads, head_dim]``, ``k, v: [batch, keys,
+    kv_heads, head_dim]``, ``mask: bool`` broadcasting to ``[batch, heads, seq, keys]`` -> like q.
+    Scores and softmax in float32; each kv head serves ``heads / kv_heads`` query heads in turn."""
+    groups = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+    scores = jnp.einsum("bshd,bthd->bhst", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
+    scores = jnp.where(mask, cap * jnp.tanh(scores / cap), jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bhst,bthd->bshd", weights, v)
+
+
 class KVCache(Module):
     """Keys and values of the positions seen so far, for decoding a chunk at a time.
 
     Its variables (collection ``cache``) are ``[batch, max_len, kv_heads, head_dim]``, sized by
     the call that creates them (``theseus.model.generate`` creates them at prompt + new tokens).
+    A sliding ``window`` masks the keys more than ``window - 1`` positions back (they stay cached).
     """
+
+    window: int | None = None  # not a config key: the attention's sliding window
 
     @nn.compact
     def __call__(self, k: jax.Array, v: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -272,24 +402,33 @@ class KVCache(Module):
         values = self.variable("cache", "value", jnp.zeros, v.shape, v.dtype)
         keys.value = jax.lax.dynamic_update_slice_in_dim(keys.value, k, positions[0], axis=1)
         values.value = jax.lax.dynamic_update_slice_in_dim(values.value, v, positions[0], axis=1)
-        mask = positions[:, None] >= jnp.arange(keys.value.shape[1])
-        return keys.value, values.value, mask
+        return keys.value, values.value, causal_mask(positions, jnp.arange(keys.value.shape[1]), self.window)
 
 
 class Attention(Module):
     """Causal self-attention, multi-head or grouped-query: ``x: [batch, seq, d_model] -> same``.
 
-    ``n_heads`` query heads share ``n_kv_heads`` key/value heads (MHA when equal, MQA at 1),
-    through ``jax.nn.dot_product_attention`` (``attention_impl=cudnn``: cuDNN flash attention).
-    Dropout applies to the output (the fused kernels have none on the probabilities). With
-    ``decode``, keys and values go through a KVCache and queries see every cached position up
-    to their own. With ``segments``, a query sees only the earlier keys of its own segment
-    (packed sequences stay apart).
+    ``n_heads`` query heads share ``n_kv_heads`` key/value heads (MHA when equal, MQA at 1), each
+    ``head_dim`` wide (d_model / n_heads unless set), through ``jax.nn.dot_product_attention``
+    (``attention_impl=cudnn``: cuDNN flash attention). Dropout applies to the output (the fused
+    kernels have none on the probabilities). With ``decode``, keys and values go through a
+    KVCache and queries see every cached position up to their own. With ``segments``, a query
+    sees only the earlier keys of its own segment (packed sequences stay apart).
+
+    What other families add, each a field at a default that changes nothing: ``qk_norm`` (the
+    norm ``architecture.norm`` chooses, over head_dim, on queries and keys before RoPE: Qwen3,
+    Gemma 3), ``sliding_window`` (a query sees itself and the ``W - 1`` keys before: Mistral,
+    Gemma), ``attn_scale_dim`` (scores scaled by its inverse square root, not head_dim's:
+    Gemma's ``query_pre_attn_scalar``), ``attn_softcap`` (scores soft-capped: Gemma 2).
     """
+
+    norms: ClassVar[Mapping[str, type[Module]]] = NORMS
 
     d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
     n_heads: int = field("architecture.n_heads", default=12, help="attention (query) heads")
     n_kv_heads: int | None = field("architecture.n_kv_heads", default=None, help="key/value heads; None: n_heads")
+    d_head: int | None = field("architecture.head_dim", default=None, check=POSITIVE,
+                               help="width of each attention head; None: d_model / n_heads")
     bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
     qkv_bias: bool = field("architecture.qkv_bias", default=False,
                            help="biases on the query, key and value projections even with bias=false (Qwen2)")
@@ -298,28 +437,53 @@ class Attention(Module):
     positions: str = field(
         "architecture.positions", default="learned", choices=("learned", "rope"), help="position encoding"
     )
+    norm: str = field("architecture.norm", default="layernorm", help=NORM_HELP)
+    qk_norm: bool = field("architecture.qk_norm", default=False,
+                          help="normalise each head's queries and keys (the architecture.norm layer over head_dim) "
+                               "before RoPE (Qwen3, Gemma 3)")
+    sliding_window: int | None = field("architecture.sliding_window", default=None, check=POSITIVE,
+                                       help="a query sees only itself and the W - 1 positions before it "
+                                            "(Mistral, Gemma); None: every earlier position")
+    attn_scale_dim: int | None = field("architecture.attn_scale_dim", default=None, check=POSITIVE,
+                                       help="scores are scaled by attn_scale_dim ** -0.5 (Gemma's "
+                                            "query_pre_attn_scalar); None: head_dim")
+    attn_softcap: float | None = field("architecture.attn_softcap", default=None, check=POSITIVE,
+                                       help="soft-cap attention scores to (-c, c) by c * tanh(score / c) (Gemma 2); "
+                                            "None: no cap")
     attention_impl: str | None = field(
         "architecture.attention_impl", default=None, choices=(None, "xla", "cudnn"),
         help="jax.nn.dot_product_attention implementation; None: JAX chooses",
     )
+    fused_projections: bool | None = field("architecture.fused_projections", default=None, help=FUSED_DOC,
+                                           role=RUNTIME)
     decode: bool = False  # not a config key: attend through a KVCache (generation)
 
     def __post_init__(self):
-        check_heads(self.d_model, self.n_heads, self.n_kv_heads, self.positions)
+        check_heads(self.d_model, self.n_heads, self.n_kv_heads, self.positions, self.d_head)
+        if self.qk_norm:
+            check_norm(self.norm, type(self))
         super().__post_init__()
+        if self.attn_softcap is not None and self.attention_impl == "cudnn":
+            raise ConfigError("architecture.attn_softcap soft-caps the attention scores, which cuDNN's kernel does "
+                              "not compute: set architecture.attention_impl=xla (or null)")
         check_attention_impl(self.attention_impl, self._activation_dtype)
 
     @classmethod
     def components(cls) -> list[type]:
-        return [RoPE, KVCache, LoRA]
+        return [RoPE, KVCache, LoRA, *cls.norms.values()]
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_head or self.d_model // self.n_heads
 
     @property
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
+
+    @property
+    def scale(self) -> float:
+        """What query-key products are multiplied by (as jax's default computes 1 / sqrt(head_dim))."""
+        return 1.0 / math.sqrt(self.attn_scale_dim or self.head_dim)
 
     def setup(self):
         d, h, kv, hd = self.d_model, self.n_heads, self.kv_heads, self.head_dim
@@ -333,13 +497,17 @@ class Attention(Module):
         self.bk = param(self, "bk", zeros, (KV_HEADS, HEAD_DIM), (kv, hd)) if qkv_bias else None
         self.bv = param(self, "bv", zeros, (KV_HEADS, HEAD_DIM), (kv, hd)) if qkv_bias else None
         self.bo = param(self, "bo", zeros, (EMBED,), (d,)) if self.bias else None
+        norm = self.norms[self.norm]
+        self.q_norm = configure(norm, d_model=hd, axis=HEAD_DIM) if self.qk_norm else None
+        self.k_norm = configure(norm, d_model=hd, axis=HEAD_DIM) if self.qk_norm else None
         into = ((d,), (EMBED,))  # LoRA; learned positions (GPT-2's layout) fuse q, k and v as GPT-2's c_attn does
+        fused = self.positions == "learned" if self.fused_projections is None else self.fused_projections
         self.lora = adapters({"q": (*into, (h, hd), (HEADS, HEAD_DIM)), "k": (*into, (kv, hd), (KV_HEADS, HEAD_DIM)),
                               "v": (*into, (kv, hd), (KV_HEADS, HEAD_DIM)),
                               "o": ((h, hd), (HEADS, HEAD_DIM), (d,), (EMBED,))},
-                             ("q", "k", "v", "o"), fuse=self.positions == "learned")
+                             ("q", "k", "v", "o"), fuse=QKV if fused else ())
         self.rope = configure(RoPE) if self.positions == "rope" else None
-        self.cache = configure(KVCache) if self.decode else None
+        self.cache = configure(KVCache, window=self.sliding_window) if self.decode else None
         self.drop = nn.Dropout(self.dropout)
 
     def __call__(self, x: jax.Array, positions: jax.Array, deterministic: bool = True,
@@ -350,38 +518,63 @@ class Attention(Module):
         v = dense("bsd,dnh->bsnh", x, self.wv, self.bv, dtype, self._matmul_dtype)
         q, k, v = adapt(self.lora, x, {"q": q, "k": k, "v": v}, deterministic)
         q = nn.with_logical_constraint(q, (BATCH, SEQ, HEADS, HEAD_DIM))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
-        if self.cache is None:
-            same = None if segments is None else (segments[:, None, :, None] == segments[:, None, None, :])
-            out = jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True, implementation=self.attention_impl)
-        else:  # a masked step over the cache: XLA's kernel (the flash kernels want whole sequences)
+        same = None if segments is None else (segments[:, None, :, None] == segments[:, None, None, :])
+        if self.cache is not None:  # a masked step over the cache: XLA's kernel (the flash kernels want whole sequences)
             k, v, mask = self.cache(k, v, positions)
-            out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+            out = self.attend(q, k, v, mask, implementation="xla")
+        elif self.attn_softcap is not None:  # [batch, 1, seq, seq]: a key sees itself and those before, per segment
+            index = jnp.arange(x.shape[1])
+            mask = causal_mask(index, index, self.sliding_window)
+            out = self.attend(q, k, v, mask if same is None else mask & same)
+        else:
+            window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
+            out = jax.nn.dot_product_attention(q, k, v, mask=same, scale=self.scale, is_causal=True,
+                                               local_window_size=window, implementation=self.attention_impl)
         y = dense("bsnh,nhd->bsd", out, self.wo, self.bo, dtype, self._matmul_dtype)
         (y,) = adapt(self.lora, out, {"o": y}, deterministic)
         return self.drop(y, deterministic=deterministic)
 
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+               implementation: str | None = None) -> jax.Array:
+        """Attention of ``q: [batch, seq, heads, head_dim]`` over ``k, v: [batch, keys, kv_heads,
+        head_dim]`` where ``mask`` (bool, broadcasting to ``[batch, heads, seq, keys]``) allows."""
+        if self.attn_softcap is not None:
+            return softcapped_attention(q, k, v, mask, self.scale, self.attn_softcap)
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=self.scale,
+                                            implementation=implementation or self.attention_impl)
+
     def flops(self, seq: int) -> int:
-        """Projections (q, o: d_model x d_model; k, v: d_model x kv width) and their adapters,
-        then scores and values: 2 x 2 x seq^2 x d_model forward, x 3 with backward, in full (not
-        causal-halved)."""
+        """Projections (q, o: d_model x heads x head_dim; k, v: d_model x kv width) and their adapters,
+        then scores and values: 2 x 2 x seq x keys x heads x head_dim forward, x 3 with backward, in
+        full (not causal-halved), where a query's keys are ``seq``, or ``sliding_window`` when fewer."""
         projections = sum(self.dense_flops(name, seq) for name in ("wq", "wk", "wv", "wo"))
-        return projections + lora_flops(self.lora, seq) + 12 * self.n_heads * self.head_dim * seq**2
+        keys = min(seq, self.sliding_window or seq)
+        return projections + lora_flops(self.lora, seq) + 12 * self.n_heads * self.head_dim * seq * keys
 
 
 class Block(Module):
     """Pre-norm residual block: ``x + attn(norm(x))``, then ``+ mlp(norm(x))``; x: [batch, seq, d_model].
+    With ``post_norms``, each branch's output is normalised too before it joins the residual
+    (Gemma 2/3's: ``x + norm(attn(norm(x)))``).
 
     Its children are class attributes that a subclass overrides (``mlp_cls = MyMLP``);
     ``components()`` follows them. ``norms`` maps each ``architecture.norm`` choice to its class.
+    ``segments`` (packed sequences) reach the attention by keyword, only when given: an
+    attention written as ``__call__(self, x, positions, deterministic=True)`` serves any other run.
     """
 
     attention_cls: ClassVar[type[Module]] = Attention
     mlp_cls: ClassVar[type[Module]] = MLP
     norms: ClassVar[Mapping[str, type[Module]]] = NORMS
 
-    norm: str = field("architecture.norm", default="layernorm", help="normalisation layer: layernorm or rmsnorm")
+    norm: str = field("architecture.norm", default="layernorm", help=NORM_HELP)
+    post_norms: bool = field("architecture.post_norms", default=False,
+                             help="normalise the attention's and the MLP's outputs too, before each joins the residual "
+                                  "(Gemma 2/3)")
     decode: bool = False  # not a config key: attend through a KVCache (generation)
 
     def __post_init__(self):
@@ -398,11 +591,15 @@ class Block(Module):
         self.attn = configure(self.attention_cls, decode=self.decode)
         self.ln_2 = configure(norm)
         self.mlp = configure(self.mlp_cls)
+        self.ln_1_post = configure(norm) if self.post_norms else None
+        self.ln_2_post = configure(norm) if self.post_norms else None
 
     def __call__(self, x: jax.Array, positions: jax.Array, deterministic: bool = True,
                  segments: jax.Array | None = None) -> jax.Array:
-        x = x + self.attn(self.ln_1(x), positions, deterministic, segments)
-        x = x + self.mlp(self.ln_2(x), deterministic)
+        h = self.attn(self.ln_1(x), positions, deterministic, **packed(type(self.attn), segments))
+        x = x + (h if self.ln_1_post is None else self.ln_1_post(h))
+        h = self.mlp(self.ln_2(x), deterministic)
+        x = x + (h if self.ln_2_post is None else self.ln_2_post(h))
         return nn.with_logical_constraint(x, (BATCH, SEQ, EMBED))
 
     def flops(self, seq: int) -> int:

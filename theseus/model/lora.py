@@ -8,10 +8,12 @@ parameters carrying the weight's logical axes (the rank axis is replicated), so 
 its weight on any mesh. Training updates the adapters alone (``labels``: the optimizer's split).
 
 Targets (``architecture.lora.targets``): ``q``, ``k``, ``v``, ``o`` (attention), ``gate``,
-``up``, ``down`` (the MLP's ``w_in`` gate and value/up rows, ``w_out``). GPT-2-style models
-(learned positions) adapt q, k and v as one: any of them in targets gives one adapter
-``lora_qkv`` with one ``A`` and a ``B`` per projection, GPT-2's fused ``c_attn`` (peft's
-``target_modules=["c_attn"]``). Llama-style models adapt each projection on its own. A mixture
+``up``, ``down`` (the MLP's ``w_in`` gate and value/up rows, ``w_out``). Projections a Hugging
+Face model stores fused share one adapter (``architecture.fused_projections``): any of q, k, v
+in targets gives one adapter ``lora_qkv`` with one ``A`` and a ``B`` per projection (GPT-2's
+``c_attn``, the default with learned positions; Phi-3's ``qkv_proj``), as any of gate, up gives
+``lora_gateup`` (Phi-3's ``gate_up_proj``): peft's ``target_modules=["c_attn"]`` and the like.
+Llama-style models adapt each projection on its own. A mixture
 of experts adapts each expert's gate, up and down (``lora_expert_<target>``: one A and B per
 expert, stacked on the experts' axis like the experts' weights).
 """
@@ -37,7 +39,8 @@ from theseus.config import FRACTION, NON_NEGATIVE, POSITIVE, ConfigError, Config
 from theseus.model.module import Module, param
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
-FUSED = ("q", "k", "v")  # GPT-2's c_attn: one adapter when the layer fuses them
+QKV, GATE_UP = ("q", "k", "v"), ("gate", "up")  # targets one adapter serves when the layer fuses them
+GROUPS = {"".join(group): group for group in (QKV, GATE_UP)}  # a fused adapter's name after PREFIX -> its targets
 PREFIX = "lora_"  # an adapter's module name: lora_q, lora_qkv, lora_down...
 # where each target's update lands: (weight, index into its leading n_in axis or None)
 WEIGHTS = {"q": ("wq", None), "k": ("wk", None), "v": ("wv", None), "o": ("wo", None),
@@ -139,12 +142,12 @@ def lora_flops(layer_adapters: Mapping[str, Adapter], seq: int) -> int:
     return sum(adapter.flops(seq) for adapter in layer_adapters.values())
 
 
-def adapters(projections: Mapping[str, Projection], family: Sequence[str], fuse: bool = False,
+def adapters(projections: Mapping[str, Projection], family: Sequence[str], fuse: Sequence[str] = (),
              why: str | None = None, lead: tuple[tuple[int, ...], tuple] = ((), ())) -> dict[str, Adapter]:
     """A layer's adapters (built in its ``setup``, under its configuration): ``projections``,
     target -> its shapes and axes; ``family``, the targets such a layer serves (one it lacks is
-    refused, saying ``why``); ``fuse``: q, k and v share one adapter (GPT-2's c_attn); ``lead``:
-    the shape and axes of stacked adapters (a mixture's experts)."""
+    refused, saying ``why``); ``fuse``: targets that share one adapter (``QKV``: GPT-2's c_attn;
+    ``GATE_UP``); ``lead``: the shape and axes of stacked adapters (a mixture's experts)."""
     settings = configure(LoRA)
     if not settings.rank:
         return {}
@@ -154,11 +157,11 @@ def adapters(projections: Mapping[str, Projection], family: Sequence[str], fuse:
         why = why or f"this model's layers have no such projection (they have {', '.join(projections)})"
         raise ConfigError(f"architecture.lora.targets has {missing[0]!r}, but {why}: drop it from "
                           f"architecture.lora.targets")
-    if fuse and any(t in FUSED for t in wanted):
-        wanted = ["".join(FUSED), *(t for t in wanted if t not in FUSED)]
+    if any(t in fuse for t in wanted):
+        wanted = ["".join(fuse), *(t for t in wanted if t not in fuse)]
     out = {}
     for target in wanted:
-        served = FUSED if target == "".join(FUSED) else (target,)
+        served = GROUPS.get(target, (target,))
         in_shape, in_axes = projections[served[0]][:2]
         out[target] = configure(Adapter, rank=settings.rank, scale=settings.scale, rate=settings.dropout,
                                 in_shape=in_shape, in_axes=in_axes, lead_shape=lead[0], lead_axes=lead[1],
@@ -216,7 +219,7 @@ def merged(params: Mapping, scale: float) -> dict:
     out = {path: leaf for path, leaf in flat.items() if not is_adapter(path)}
     for path in sorted({p.rsplit("/", 1)[0] for p in flat if is_adapter(p)}):
         layer, name = path.rsplit("/", 1)
-        served = FUSED if name == PREFIX + "".join(FUSED) else (name.removeprefix(PREFIX),)
+        served = GROUPS.get(name.removeprefix(PREFIX), (name.removeprefix(PREFIX),))
         a = flat[f"{path}/a"]
         for target in served:
             b = flat[f"{path}/b" if len(served) == 1 else f"{path}/b_{target}"]

@@ -52,7 +52,7 @@ from theseus.base.axis import (
     ShardingPlan,
 )
 from theseus.config import NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, Range, configure, field
-from theseus.model.layers import MLP, Block, dense, param
+from theseus.model.layers import ACTIVATIONS, MLP, Block, activate, dense, n_inputs, param
 from theseus.model.lora import adapt, adapters, lora_flops
 from theseus.model.module import AUXILIARY, PENALTY, Module, Rule
 
@@ -71,7 +71,7 @@ class MoE(Module):
     d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
     dense_d_ff: int | None = field("architecture.d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
     activation: str = field(
-        "architecture.activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
+        "architecture.activation", default="gelu", choices=ACTIVATIONS, help="MLP nonlinearity"
     )
     dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
     init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
@@ -125,8 +125,8 @@ class MoE(Module):
 
     @property
     def n_in(self) -> int:
-        """Input projections: 2 for SwiGLU (gate and value), 1 for GELU."""
-        return 2 if self.activation == "swiglu" else 1
+        """Input projections: 2 for a gated MLP (gate and value), 1 for GELU."""
+        return n_inputs(self.activation)
 
     def capacity(self, seq: int) -> int:
         """Slots of each expert per sequence of ``seq`` tokens (``seq``: dropless)."""
@@ -202,8 +202,8 @@ class MoE(Module):
         dtype = self._activation_dtype
         x = x.transpose(1, 0, 2, 3)
         h = [dense("ebcd,edf->ebcf", x, self.w_in[i], None, dtype, self._matmul_dtype) for i in range(self.n_in)]
-        h = list(adapt(self.lora_expert, x, dict(zip(("gate", "up")[2 - self.n_in:], h, strict=True)), deterministic))
-        h = jax.nn.silu(h[0]) * h[1] if self.activation == "swiglu" else jax.nn.gelu(h[0], approximate=True)
+        h = activate(list(adapt(self.lora_expert, x, dict(zip(("gate", "up")[2 - self.n_in:], h, strict=True)),
+                                deterministic)), self.activation)
         h = nn.with_logical_constraint(h, (EXPERT_AXIS, EXPERT_BATCH, None, MLP_HIDDEN))
         out = dense("ebcf,efd->ebcd", h, self.w_out, None, dtype, self._matmul_dtype)
         (out,) = adapt(self.lora_expert, h, {"down": out}, deterministic)

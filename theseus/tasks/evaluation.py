@@ -118,39 +118,45 @@ def load_evaluations(settings: EvaluationConfig, data: Dataset | Mixture, model:
 
 
 def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metrics: Callable, sharding: NamedSharding,
-             rules: Any, share: tuple[int, int], batch_size: int, batches: int) -> dict[str, float]:
+             rules: Any, share: tuple[int, int], batch_size: int, batches: int, split: str = "val") -> dict[str, float]:
     """Every metric of one evaluation of ``params``.
 
-    ``loss(params, tokens [batch_size, seq + 1]) -> mean loss`` (the compiled eval step);
+    ``loss(params, batch [batch_size, *example]) -> (mean loss, metrics)`` (the compiled eval
+    step; metrics the task's means over the batch, logged as ``val_NAME``);
     ``val_metrics(loss, bytes_per_token) -> {"val_loss": ..., ...}`` (the task's), for the whole
     mixture and, suffixed ``/NAME``, for each of its sources;
     ``sharding`` lays such a batch out on the mesh; ``rules`` are the model's logical-axis rules;
     this process reads share ``index`` of ``count`` of every batch. Each source contributes
-    ``batches`` validation batches of ``batch_size`` sequences, the same ones every time (a
-    dataset with ``validation``, task=sft's conversations, every validation example once, the
-    batches weighted by the targets they hold: the mean over every target); each task scores
-    ``batch_size`` examples (all their choices) per forward.
+    ``batches`` validation batches of ``batch_size`` examples, the same ones every time (a
+    dataset with ``validation``, task=sft's conversations or task=dpo's pairs, every validation
+    example once, the batches weighted by what each holds: the mean over every target, or pair);
+    each task scores ``batch_size`` examples (all their choices) per forward. ``split``: ``all``
+    scores every example of such a dataset instead of its validation split (``LossTask.EVALUATE_SPLIT``).
     """
     index, count = share
-    losses = {}
+    by_source: dict[str, dict[str, float]] = {}  # NAME -> {"loss": ..., the task's metrics}
     for name, (dataset, _) in evaluations.sources.items():
         if hasattr(dataset, "validation"):  # every validation example once, batches weighted by their targets
-            weighted = [(loss(params, on_devices(batch, sharding, (batch_size, *batch.shape[1:]))), n)
-                        for batch, n in dataset.validation(evaluations.seq_len, batch_size, index, count)]
-            losses[name] = sum(float(value) * n for value, n in weighted) / max(sum(n for _, n in weighted), 1)
+            by_source[name] = _weighted_means([(loss(params, _placed(batch, sharding, batch_size)), n) for batch, n
+                                               in dataset.validation(evaluations.seq_len, batch_size, index, count,
+                                                                     split=split)])
             continue
         loader = dataset.loader("val", evaluations.seq_len, batch_size // count, seed=evaluations.seed,
                                 process_index=index, process_count=count, prefetch=evaluations.prefetch)
-        values = [loss(params, on_devices(batch, sharding, (batch_size, *batch.shape[1:])))
-                  for batch in (next(loader) for _ in range(batches))]
+        values = [loss(params, _placed(next(loader), sharding, batch_size)) for _ in range(batches)]
         loader.close()
-        losses[name] = float(jnp.mean(jnp.stack(values)))
-    val_loss = sum(weight * losses[name] for name, (_, weight) in evaluations.sources.items())
-    metrics = val_metrics(val_loss, evaluations.bytes_per_token)
+        by_source[name] = {key: float(jnp.mean(jnp.stack([{"loss": value, **metrics}[key] for value, metrics in values])))
+                           for key in ("loss", *values[0][1])}
+    mixed = {key: sum(weight * by_source[name][key] for name, (_, weight) in evaluations.sources.items())
+             for key in by_source[next(iter(by_source))]}
+    metrics = {**val_metrics(mixed.pop("loss"), evaluations.bytes_per_token),
+               **{f"val_{key}": value for key, value in mixed.items()}}
     if evaluations.mixed:
         for name, (dataset, _) in evaluations.sources.items():
-            metrics.update({f"{key}/{name}": value
-                            for key, value in val_metrics(losses[name], dataset.bytes_per_token).items()})
+            own = dict(by_source[name])
+            metrics.update({f"{key}/{name}": value for key, value in
+                            {**val_metrics(own.pop("loss"), dataset.bytes_per_token),
+                             **{f"val_{key}": value for key, value in own.items()}}.items()})
     choices = NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec, None))
     with jax.set_mesh(sharding.mesh), nn.logical_axis_rules(rules):
         for name, examples in evaluations.tasks.items():
@@ -170,3 +176,16 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metri
         evaluations.harness_results.clear()
         evaluations.harness_results.update(results)
     return metrics
+
+
+def _placed(batch: Any, sharding: NamedSharding, batch_size: int) -> Any:
+    """This process's share of a batch (each leaf of the example's pytree) as the global batch of ``batch_size``."""
+    return jax.tree.map(lambda leaf: on_devices(leaf, sharding, (batch_size, *leaf.shape[1:])), batch)
+
+
+def _weighted_means(weighted: list[tuple[tuple[jax.Array, dict[str, jax.Array]], int]]) -> dict[str, float]:
+    """``{"loss": ..., METRIC: ...}``: the means of the eval steps' ``(loss, metrics)`` over batches, weighted by
+    each batch's count (its targets, or pairs), fetched from the devices at once."""
+    values = jax.device_get([({"loss": loss, **metrics}, n) for (loss, metrics), n in weighted])
+    total = max(sum(n for _, n in values), 1)
+    return {key: sum(float(v[key]) * n for v, n in values) / total for key in values[0][0]}

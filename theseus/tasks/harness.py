@@ -21,6 +21,7 @@ install, so import it lazily, where tasks are asked for.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from theseus.base.axis import BATCH_MESH_AXES
+from theseus.base.native_output import native_lines_filtered
 from theseus.base.mesh import on_devices
 from theseus.config import ConfigError
 from theseus.data.tokenizer import Tokenizer
@@ -47,6 +49,25 @@ try:
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 except ImportError as exc:
     raise ConfigError("lm-evaluation-harness is not installed: pip install 'theseus[eval]' (or lm-eval)") from exc
+
+
+class DefaultsTaken(logging.Filter):
+    """Drops lm-eval's warning that a task YAML's metric takes its default ``aggregation`` or
+    ``higher_is_better`` (its registry's, as documented: a task of one's own lists ``metric: acc``
+    alone), said again each time the task is loaded; its other warnings pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (" is defined, but " in message and "using default" in message)
+
+
+logging.getLogger("lm_eval.api.task").addFilter(DefaultsTaken())  # once: this module is imported once
+
+
+def is_git_noise(line: bytes) -> bool:
+    """``fatal: not a git repository ...``: lm-eval asks ``git describe`` for the commit it
+    records, wherever it runs, and git says it on stderr outside a repository."""
+    return line.startswith(b"fatal: not a git repository")
 
 
 class HarnessLM(TemplateLM):
@@ -225,8 +246,9 @@ def run_tasks(lm: HarnessLM, tasks: list[str], manager: TaskManager, num_fewshot
     ``eval/TASK/METRIC`` (lm-eval's ``acc,none`` is ``acc``, another filter ``METRIC/FILTER``),
     each task's per-example records, and lm-eval's own results (its ``samples`` included), for
     ``write_results``."""
-    results = simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, num_fewshot=num_fewshot,
-                              limit=limit, log_samples=True)
+    with native_lines_filtered(is_git_noise):
+        results = simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, num_fewshot=num_fewshot,
+                                  limit=limit, log_samples=True)
     metrics = {}
     for task, values in results["results"].items():
         for key, value in values.items():

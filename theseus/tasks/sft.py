@@ -11,13 +11,12 @@ outside ``assistant_masks`` (``data.train_on=all``: every token from position 1)
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.config import configuration, configure
 from theseus.data.chat import ChatTemplate
 from theseus.data.chat_corpus import prepare_chats
 from theseus.data.config import DataConfig
@@ -25,13 +24,15 @@ from theseus.data.conversations import ROWS, Conversations
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer
 from theseus.model.module import AUXILIARY, auxiliary
 from theseus.tasks.lm import cross_entropy
-from theseus.tasks.task import LossTask, task_class
+from theseus.tasks.task import LossTask
 
 
 @dataclasses.dataclass(frozen=True)
 class SupervisedFineTuning(LossTask):
     """Next-token loss on the masked tokens of rendered conversations, packed or padded; its
     settings are ``data.chat_field``, ``data.train_on``, ``data.packing``, ``data.chat_template``."""
+
+    CHAT: ClassVar[bool] = True
 
     def example(self, seq_len: int) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((ROWS, seq_len + 1), jnp.int32)
@@ -50,11 +51,27 @@ class SupervisedFineTuning(LossTask):
             return HFTokenizer.from_file(data.tokenizer)
         return prepare_chats(data).tokenizer
 
+    def check_model(self, model: nn.Module) -> None:
+        """The model takes ``segments=`` as ``loss`` passes them: its call traced abstractly on a
+        two-token window, so that a layer written without them (a user's attention) is refused
+        in one line before the conversations are rendered."""
+        tokens = jax.ShapeDtypeStruct((1, 2), jnp.int32)
+        jax.eval_shape(lambda t: model.init(jax.random.key(0), t, segments=t), tokens)
+
     def check_data(self, dataset: Conversations, seq_len: int) -> None:
         """ConfigError unless some conversation of each split fits a window (the others are
         dropped, and counted on the console)."""
         for split in ("train", "val"):
             dataset.windows(split, seq_len, batch_size=1, seed=0)
+
+    def longest_window(self, dataset: Conversations) -> int:
+        """What the longest conversation fills (one of ``seq_len + 1`` tokens): a longer window
+        holds no more of them whole."""
+        return max(dataset.longest(split) for split in ("train", "val")) - 1
+
+    def chat_template(self, data: DataConfig) -> ChatTemplate:
+        """``data.chat_template``, the tokenizer's, or theseus's default (``ChatTemplate.find``)."""
+        return ChatTemplate.find(data.tokenizer, data.chat_template)
 
     def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
         """``batch: int32 [batch, 3, seq + 1]`` -> the mean loss over the masked targets."""
@@ -77,13 +94,3 @@ class SupervisedFineTuning(LossTask):
                                    rngs=None if rng is None else {"dropout": rng}, mutable=[AUXILIARY])
         lm_loss = cross_entropy(logits, jnp.where(mask[:, 1:] > 0, tokens[:, 1:], -1))
         return (lm_loss, *auxiliary(sown))
-
-
-def chat_template_of(cfg: Any) -> ChatTemplate | None:
-    """The chat template a composed config's run trains with (``task=sft``: ``data.chat_template``,
-    the tokenizer's, or theseus's default); None for another task."""
-    if not issubclass(task_class(cfg), SupervisedFineTuning):
-        return None
-    with configuration(cfg):
-        data = configure(DataConfig)
-    return ChatTemplate.find(data.tokenizer, data.chat_template)

@@ -5,8 +5,11 @@
     class MyTask(LossTask):
         def loss(self, model, params, batch, rng): ...
 
-A ``LossTask`` is trained by ``theseus.training.Trainer``: it fixes what one example is and
-the loss the optimizer descends. A ``JobTask`` runs the whole job itself (its own models and
+A ``LossTask`` is trained by ``theseus.training.Trainer``: it fixes what one example is (an
+array, or a pytree of arrays: ``dpo``'s tokens beside float reference log-probs) and the loss the
+optimizer descends. A task whose examples need a fixed model's outputs (``dpo``: the reference's
+log-probs) names it by ``reference`` and computes them in ``reference_outputs``; the recipe loads
+that model, has every example scored once before training, and the dataset keeps the results. A ``JobTask`` runs the whole job itself (its own models and
 fitting loop), as the ``regression`` task does.
 """
 
@@ -14,16 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 
-from theseus.config import ConfigError, Configurable
+from theseus.config import ConfigError, Configurable, configuration, configure
 from theseus.config.registry import chosen_class
+from theseus.data.chat import ChatTemplate
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.data.tokenizer import Tokenizer
+from theseus.model.source import ModelSource
+
+
+START = "start"  # LossTask.reference: the run's own starting weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,12 +43,22 @@ class Task(Configurable):
 class LossTask(Task):
     """A task the trainer optimises by gradient steps on ``loss``."""
 
+    # what ``theseus.evaluate`` scores: the validation split (``val``, what a run's evaluations
+    # score), or every example of the data (``all``: a file of pairs given to score)
+    EVALUATE_SPLIT: ClassVar[str] = "val"
+    SEQUENCES: ClassVar[int] = 1  # sequences of seq_len an example puts through the model (tokens, FLOPs per step)
+    CHAT: ClassVar[bool] = False  # trains a chat model (its run's summary samples it with --chat)
+
     def dataset(self, data: DataConfig) -> Any:
         """What the trainer draws batches of ``example`` from: ``open_dataset(data)`` (token
         windows), or a task's own (``sft``: conversations). It gives ``loader(split, seq_len,
         batch_size, seed, process_index, process_count, prefetch)``, ``n_tokens(split)``,
         ``tokenizer``, ``vocab_size`` and ``bytes_per_token``."""
         return open_dataset(data)
+
+    def check_model(self, model: nn.Module) -> None:
+        """ConfigError for a model this task cannot train, before the data is prepared (a
+        model configured with a stand-in vocabulary, unbound). None by default."""
 
     def check_data(self, dataset: Any, seq_len: int) -> None:
         """ConfigError unless ``dataset`` can fill a window of ``seq_len + 1`` in each split (checked
@@ -51,24 +69,53 @@ class LossTask(Task):
                                   f"architecture.seq_len+1={seq_len + 1}: lower architecture.seq_len, use more data or "
                                   f"raise data.val_fraction")
 
+    def longest_window(self, dataset: Any) -> int:
+        """The longest ``architecture.seq_len`` worth a window of ``dataset`` (a model's context
+        is shortened to it to evaluate on little data): here, what each split's tokens fill."""
+        return min(dataset.n_tokens(split) for split in ("train", "val")) - 1
+
     def tokenizer(self, data: DataConfig) -> Tokenizer:
         """The tokenizer of ``dataset(data)`` (what sampling and evaluating a run's checkpoint use)."""
         return self.dataset(data).tokenizer
 
-    def example(self, seq_len: int) -> jax.ShapeDtypeStruct:
-        """The shape and dtype of one example of a batch (the data yields batches of them)."""
+    def example(self, seq_len: int) -> Any:
+        """The shape and dtype of one example of a batch (the data yields batches of them): a
+        ``jax.ShapeDtypeStruct``, or a pytree of them (a dict), each leaf batched alike."""
         raise NotImplementedError
 
-    def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
+    def loss(self, model: nn.Module, params: Any, batch: Any, rng: jax.Array | None) -> jax.Array:
         """The mean loss of ``batch: [batch, *example]``, a float32 scalar. ``rng`` is the dropout
         key while training, None at evaluation (deterministic)."""
         raise NotImplementedError
 
-    def loss_and_metrics(self, model: nn.Module, params: Any, batch: jax.Array,
+    def loss_and_metrics(self, model: nn.Module, params: Any, batch: Any,
                          rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
         """What a train step descends and what it logs beside it: ``(loss, metrics)``, metrics
         being float32 scalars (means over the batch). By default ``loss`` and none."""
         return self.loss(model, params, batch, rng), {}
+
+    def eval_loss_and_metrics(self, model: nn.Module, params: Any, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """What an evaluation scores a batch by, without dropout: ``(loss, metrics)``, logged as
+        ``val_loss`` and ``val_NAME``. By default ``loss`` and no metrics (``lm``: the
+        cross-entropy alone, without a mixture of experts' penalties)."""
+        return self.loss(model, params, batch, None), {}
+
+    def reference(self) -> ModelSource | str | None:
+        """The model whose outputs each example needs (``reference_outputs``), computed once
+        before training: ``START`` (the run's own start: ``trainer.init_from``'s weights, LoRA's
+        adapters still zero), a model source, or None: none (the default)."""
+        return None
+
+    def reference_outputs(self, model: nn.Module, params: Any, batch: Any) -> Any:
+        """Per-example values of ``batch: [batch, *example]`` under the reference's ``params``
+        (arrays leading with ``batch``), which the dataset keeps and puts in the examples."""
+        raise NotImplementedError
+
+    def chat_template(self, data: DataConfig) -> ChatTemplate | None:
+        """The chat template of the task's model, which an export writes beside its tokenizer: by
+        default the tokenizer's own, if any (a chat model fine-tuned on text stays one); a task of
+        conversations, the one it renders them with."""
+        return ChatTemplate.own(data.tokenizer)
 
     def val_metrics(self, val_loss: float, bytes_per_token: float | None) -> dict[str, float]:
         """The metrics logged at an evaluation, from the mean validation loss."""
@@ -87,3 +134,11 @@ class JobTask(Task):
 def task_class(cfg: Any) -> type[Task]:
     """The registered task class a composed config chose."""
     return chosen_class(cfg, "task")
+
+
+def chat_template_of(cfg: Any) -> ChatTemplate | None:
+    """The chat template of a composed config's run, which its export writes (``LossTask.chat_template``:
+    ``task=sft``'s and ``task=dpo``'s, the one they render with; another's, its tokenizer's own)."""
+    with configuration(cfg):
+        task, data = configure(task_class(cfg)), configure(DataConfig)
+    return task.chat_template(data) if isinstance(task, LossTask) else None

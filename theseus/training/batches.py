@@ -2,10 +2,14 @@
 process reads.
 
 A batch is ``[batch, *example]`` (evaluation) or ``[grad_accum, micro, *example]`` (a train
-step), its sequences split over the mesh axes ``BATCH_MESH_AXES`` (data, fsdp, expert).
+step), its examples split over the mesh axes ``BATCH_MESH_AXES`` (data, fsdp, expert). An example
+is the task's pytree (one int32 array for ``lm``; a dict of arrays for ``dpo``): every leaf of a
+batch leads with the same batch axes and is split alike.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import numpy as np
@@ -17,8 +21,9 @@ from theseus.config import ConfigError
 
 
 def batch_sharding(mesh: Mesh, accumulated: bool = False) -> NamedSharding:
-    """Sequences split over (data, fsdp, expert); ``accumulated`` batches lead with grad_accum."""
-    spec = PartitionSpec(None, BATCH_MESH_AXES, None) if accumulated else PartitionSpec(BATCH_MESH_AXES, None)
+    """Examples split over (data, fsdp, expert), their other axes whole (a leaf of any rank);
+    ``accumulated`` batches lead with grad_accum."""
+    spec = PartitionSpec(None, BATCH_MESH_AXES) if accumulated else PartitionSpec(BATCH_MESH_AXES)
     return NamedSharding(mesh, spec)
 
 
@@ -40,9 +45,13 @@ def batch_share(mesh: Mesh, micro: int) -> tuple[int, int]:
     return first // (end - first), micro // (end - first)
 
 
-def global_batch(host: np.ndarray, mesh: Mesh, batch_size: int, grad_accum: int) -> jax.Array:
-    """This process's ``[local_batch, *example]`` as one global ``[grad_accum, batch_size /
-    grad_accum, *example]`` array, sharded."""
-    local = host.reshape(grad_accum, -1, *host.shape[1:])
-    shape = (grad_accum, batch_size // grad_accum, *host.shape[1:])
-    return on_devices(local, batch_sharding(mesh, accumulated=True), shape)
+def global_batch(host: Any, mesh: Mesh, batch_size: int, grad_accum: int) -> Any:
+    """This process's ``[local_batch, *example]`` (each leaf of the example's pytree) as one
+    global ``[grad_accum, batch_size / grad_accum, *example]`` array, sharded."""
+    sharding = batch_sharding(mesh, accumulated=True)
+
+    def place(leaf: np.ndarray) -> jax.Array:
+        local = leaf.reshape(grad_accum, -1, *leaf.shape[1:])
+        return on_devices(local, sharding, (grad_accum, batch_size // grad_accum, *leaf.shape[1:]))
+
+    return jax.tree.map(place, host)

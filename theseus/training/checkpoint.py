@@ -26,6 +26,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from theseus.config import ConfigError
+from theseus.model.source import run_of
 from theseus.training.frozen_base import FrozenBase, require_folder, trainable_part, with_part
 
 
@@ -194,29 +195,6 @@ def _shapes(tree: Any) -> list[tuple[int, ...]]:
     return sorted(tuple(leaf.shape) for leaf in jax.tree.leaves(tree) if hasattr(leaf, "shape"))
 
 
-def theseus_checkpoint(path: Path) -> Path | None:
-    """``path`` when it holds theseus checkpoints: a run directory with ``checkpoints/``, that
-    folder, or one step's folder in it; None otherwise."""
-    path = Path(path).expanduser()
-
-    def has_steps(folder: Path) -> bool:
-        return folder.is_dir() and any(child.name.isdigit() and child.is_dir() for child in folder.iterdir())
-
-    if has_steps(path / "checkpoints") or has_steps(path):
-        return path
-    if path.name.isdigit() and (path / "state").is_dir():
-        return path
-    return None
-
-
-def run_of(checkpoint: Path) -> Path | None:
-    """The run directory of a theseus checkpoint path (the folder holding ``.hydra/``)."""
-    for folder in (checkpoint, *checkpoint.parents[:2]):
-        if (folder / ".hydra" / "config.yaml").is_file():
-            return folder
-    return None
-
-
 def read_params(step_dir: Path, layout: Any) -> Any:
     """The params ``layout`` names (ShapeDtypeStructs with shardings; a subset of those saved in
     the checkpoint ``step_dir``: a LoRA run's frozen base), read onto their shards; the rest of
@@ -228,6 +206,16 @@ def read_params(step_dir: Path, layout: Any) -> Any:
     params = manager.restore(int(step_dir.name), args=ocp.args.Composite(state=args)).state["params"]
     manager.close()
     return params
+
+
+def saved_params(step_dir: Path) -> dict[str, tuple[int, ...]]:
+    """``{"wte/embedding": shape, ...}``: the params the checkpoint ``step_dir`` holds, read from
+    its metadata (no array loaded)."""
+    checkpoints = Checkpointer(step_dir.parent)
+    try:
+        return path_shapes(checkpoints.saved_layout(int(step_dir.name))["params"])
+    finally:
+        checkpoints.close()
 
 
 def step_dir(path: Path) -> Path | None:
@@ -263,12 +251,3 @@ def require_base(directory: Path) -> None:
     record = saved_base(directory)
     if record is not None:
         require_folder(Path(record["folder"]), directory)
-
-
-def require_checkpoint(path: Path) -> None:
-    """ConfigError when ``path`` is a run directory (``.hydra/``) without a checkpoint: what
-    reads a trained model (sample, export, evaluate) refuses it before anything, and writes nothing."""
-    path = Path(path).expanduser()
-    if (path / ".hydra").is_dir() and not Checkpointer.exists(path / "checkpoints"):
-        raise ConfigError(f"{path} holds no checkpoint (checkpoints/ is empty or absent): train it first, or "
-                          f"give a run directory that trainer.checkpoint_every or the end of its run saved")

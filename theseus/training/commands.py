@@ -71,7 +71,7 @@ def this_command() -> Command:
         hydra = HydraConfig.get()
         task = [arg for arg in hydra.overrides.task if not arg.lstrip("+").startswith(SWEEP_FILE)]
         own = [arg for arg in hydra.overrides.hydra if not arg.startswith((*PLACE, *SWEEPER))]
-        if "submitit_folder" in hydra.launcher:  # submitit's launchers (SLURM): the job runs elsewhere
+        if runs_elsewhere(hydra.launcher):
             return Command(RUN, ("-m", *task, *own), sweep_job=True, remote=True)
         return Command(RUN, (*task, *(arg for arg in own if not arg.startswith(LAUNCHER))), sweep_job=True)
     args = sys.argv[1:]
@@ -79,6 +79,12 @@ def this_command() -> Command:
         program = ("python", "-m", "theseus.launch", *shlex.split(os.environ[LAUNCHED]), "--")
         return Command(program, tuple(arg for arg in args if not arg.startswith(LAUNCH_GIVES)))
     return Command(RUN, tuple(args))
+
+
+def runs_elsewhere(launcher) -> bool:
+    """Whether a sweep's ``hydra.launcher`` runs its jobs on other machines, each writing its
+    output to files of its own: submitit's (SLURM)."""
+    return "submitit_folder" in launcher
 
 
 def place(run_dir: Path | str) -> list[str]:

@@ -4,13 +4,16 @@
     eval step 100: val_loss 2.4 val_bpb 3.46 val_loss/code 2.1 eval/arc/acc 0.31
 
 Every line shown (progress, evaluations, tables, messages) is also appended as plain text to
-the run's transcript, ``RUN_DIR/run.log``, by the run's ``RunConsole``.
+the run's transcript, ``RUN_DIR/run.log``, by the run's ``RunConsole``. Inside ``console_off``
+(a sweep's job off a terminal) nothing is shown: the transcript alone gets it all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import io
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,7 +25,28 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
+from theseus.base.line_prefix import replaced_output
 from theseus.training.metrics import format_duration, format_si
+
+TRANSCRIPT = "run.log"  # in a run directory: what its console showed (Hydra's job log writes there too)
+
+_OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("theseus_console_off", default=False)
+
+
+@contextlib.contextmanager
+def console_off(transcript: Path) -> Iterator[None]:
+    """Inside, a run shows nothing on the console: what it would show, and whatever else this
+    process writes through Python (``sys.stdout``, ``sys.stderr``), is appended to ``transcript``
+    alone; logging's console handlers are muted (Hydra's job log keeps their records in the same
+    file). A sweep's job off a terminal: the sweep's own lines stay readable."""
+    transcript.parent.mkdir(parents=True, exist_ok=True)
+    with open(transcript, "a", buffering=1, encoding="utf-8") as file, open(os.devnull, "w") as muted, \
+            replaced_output(lambda stream: file, handlers_to=muted):
+        token = _OFF.set(True)
+        try:
+            yield
+        finally:
+            _OFF.reset(token)
 
 
 class RunConsole:
@@ -50,7 +74,8 @@ class RunConsole:
 
     def show(self, text: str) -> None:
         """Print ``text`` to stderr and to the transcript."""
-        print(text, file=sys.stderr, flush=True)
+        if not _OFF.get():
+            print(text, file=sys.stderr, flush=True)
         self.record(text)
 
     def show_table(self, title: str, rows: Sequence[tuple[str, str]]) -> None:
@@ -58,7 +83,8 @@ class RunConsole:
         table = Table(title=title, show_header=False)
         for key, value in rows:
             table.add_row(key, value)
-        Console(stderr=True).print(table)
+        if not _OFF.get():
+            Console(stderr=True).print(table)
         plain = Console(file=io.StringIO(), width=120, color_system=None)
         plain.print(table)
         self.record(plain.file.getvalue())
@@ -85,8 +111,10 @@ class Progress:
     """Training progress from ``start`` to ``total`` steps.
 
     The bar is live only when the console writes to an interactive terminal (not merely
-    one rich would colour, as with FORCE_COLOR in CI). The ETA extrapolates the wall-clock
-    rate since the first update, which leaves the first step's compilation out.
+    one rich would colour, as with FORCE_COLOR in CI): it moves at every finished step
+    (``advance``), its metrics those of the last logged one (``update``); elsewhere a line per
+    logged step. The ETA extrapolates the wall-clock rate since the first step shown, which
+    leaves the first step's compilation out.
     """
 
     def __init__(self, total: int, start: int = 0, *, console: Console | None = None,
@@ -95,9 +123,10 @@ class Progress:
         self._record = record  # the transcript's
         self._console = console or Console()
         self._clock = clock
-        self._first: tuple[int, float] | None = None  # (step, time) of the first update
+        self._first: tuple[int, float] | None = None  # (step, time) of the first step shown
+        self._metrics: Mapping[str, float] = {}  # the last logged step's
         self._bar = None
-        if self._console.is_interactive and self._console.file.isatty():
+        if not _OFF.get() and self._console.is_interactive and self._console.file.isatty():
             self._bar = RichProgress(
                 TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[status]}", markup=False),
                 console=self._console,
@@ -105,14 +134,22 @@ class Progress:
             self._task = self._bar.add_task("train", total=total, completed=start, status="")
             self._bar.start()
 
-    def update(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Show ``step`` with its metrics: move the bar, or print one line."""
+    @property
+    def live(self) -> bool:
+        """Whether a bar is shown (which ``advance`` moves)."""
+        return self._bar is not None
+
+    def _eta(self, step: int) -> float | None:
         now = self._clock()
         if self._first is None:
             self._first = (step, now)
         done, since = step - self._first[0], now - self._first[1]
-        eta = (self.total - step) * since / done if done > 0 else None
-        text = status(metrics, eta)
+        return (self.total - step) * since / done if done > 0 else None
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Show logged ``step`` with its metrics: move the bar, or print one line."""
+        self._metrics = metrics
+        text = status(metrics, self._eta(step))
         line = f"step {step}/{self.total} {text}".rstrip()
         if self._bar is not None:
             self._bar.update(self._task, completed=step, status=text)
@@ -120,9 +157,16 @@ class Progress:
         else:
             self.print(line)
 
+    def advance(self, step: int) -> None:
+        """``step`` has finished (one not logged): the bar moves to it, its ETA with it, its
+        metrics still the last logged step's. Off a terminal: nothing."""
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, status=status(self._metrics, self._eta(step)))
+
     def print(self, text: str) -> None:
         """A line of text, above the bar when there is one (and in the transcript)."""
-        self._console.print(text, markup=False, highlight=False, soft_wrap=True)
+        if not _OFF.get():
+            self._console.print(text, markup=False, highlight=False, soft_wrap=True)
         self._record(text)
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 from flax import traverse_util
 
 from theseus.config import ConfigError
+from theseus.data.gguf_file import open_gguf
 from theseus.training.optimizer import trainable
 
 SAMPLE = 4096  # bytes read at each end of each tensor
@@ -29,20 +30,39 @@ SAMPLE = 4096  # bytes read at each end of each tensor
 def fingerprint(folder: Path) -> str:
     """A digest of the weights in ``folder``, cheap at any size: of a Hugging Face folder, each
     safetensors file's name, size and header (every tensor's name, dtype, shape and place), and
-    the first and last 4 KiB of every tensor's data; of a theseus checkpoint, each file's path,
-    size and first and last 4 KiB (Orbax names its data files by their content). A copy of the
-    folder matches; other weights (another model, these retrained, a tensor rewritten) do not."""
+    the first and last 4 KiB of every tensor's data; of a GGUF file (``folder`` a file), its size,
+    header (metadata and tensor table) and the same samples of every tensor; of a theseus
+    checkpoint, each file's path, size and first and last 4 KiB (Orbax names its data files by
+    their content). A copy matches; other weights (another model, these retrained, a tensor
+    rewritten) do not."""
     digest = hashlib.sha256()
+    if folder.is_file():  # a GGUF file (its name aside: a copy under another name matches)
+        digest.update(f"{folder.stat().st_size}\n".encode())
+        with folder.open("rb") as file:
+            _sample(file, _gguf_spans(folder, file, digest.update), digest.update)
+        return digest.hexdigest()
     tensors = sorted(folder.glob("*.safetensors"))
     for path in tensors or sorted(path for path in folder.rglob("*") if path.is_file()):
         size = path.stat().st_size
         digest.update(f"{path.relative_to(folder)}:{size}\n".encode())
         with path.open("rb") as file:
-            for begin, end in _tensor_spans(file, digest.update) if tensors else [(0, size)]:
-                for offset in sorted({begin, max(end - SAMPLE, begin)}):
-                    file.seek(offset)
-                    digest.update(file.read(min(SAMPLE, end - offset)))
+            _sample(file, _tensor_spans(file, digest.update) if tensors else [(0, size)], digest.update)
     return digest.hexdigest()
+
+
+def _sample(file: BinaryIO, spans: list[tuple[int, int]], update: Callable[[bytes], None]) -> None:
+    """The first and last ``SAMPLE`` bytes of each ``(begin, end)`` span of ``file``, given to ``update``."""
+    for begin, end in spans:
+        for offset in sorted({begin, max(end - SAMPLE, begin)}):
+            file.seek(offset)
+            update(file.read(min(SAMPLE, end - offset)))
+
+
+def _gguf_spans(path: Path, file: BinaryIO, update: Callable[[bytes], None]) -> list[tuple[int, int]]:
+    """Each tensor's ``(begin, end)`` in a GGUF file, its header given whole to ``update``."""
+    header = open_gguf(path)
+    update(file.read(header.header_size))
+    return [(tensor.begin, tensor.end) for tensor in header.tensors.values()]
 
 
 def _tensor_spans(file: BinaryIO, update: Callable[[bytes], None]) -> list[tuple[int, int]]:
@@ -77,8 +97,8 @@ class FrozenBase:
 
 
 def require_folder(folder: Path, holder: Path) -> None:
-    """ConfigError when ``folder``, the base that checkpoints in ``holder`` name, is not there."""
-    if not folder.is_dir():
+    """ConfigError when ``folder`` (or file), the base that checkpoints in ``holder`` name, is not there."""
+    if not folder.exists():
         raise ConfigError(f"{holder} holds LoRA adapters without their base, {folder}, which is not there: put the "
                           f"base folder back at {folder}")
 

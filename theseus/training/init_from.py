@@ -1,11 +1,11 @@
-"""``trainer.init_from`` a theseus checkpoint: a new run that starts from another's weights
-(with ``trainer.init_optimizer`` its optimizer state, with ``trainer.init_data`` its data
-position), at step 0. A Hugging Face folder is ``theseus.interop``'s."""
+"""``trainer.init_from`` a theseus checkpoint (a ModelSource of kind ``run``): a new run that
+starts from another's weights (with ``trainer.init_optimizer`` its optimizer state, with
+``trainer.init_data`` its data position), at step 0. A Hugging Face folder or GGUF file is
+``theseus.interop``'s."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -17,8 +17,10 @@ from optax import ScaleByScheduleState
 from theseus.config import ConfigError
 from theseus.config.registry import chosen, read_saved
 from theseus.model.lora import is_adapter
-from theseus.training.checkpoint import Checkpointer, path_shapes, read_params, run_of, theseus_checkpoint
+from theseus.model.source import ModelSource
+from theseus.training.checkpoint import Checkpointer, path_shapes, read_params
 from theseus.training.compiled import Compiled
+from theseus.training.config import TrainerConfig
 from theseus.training.frozen_base import with_part
 from theseus.training.settings import Settings
 from theseus.training.state import TrainState, param_shapes
@@ -26,37 +28,42 @@ from theseus.training.state import TrainState, param_shapes
 Say = Callable[[str], None]
 
 
-def source(init_from: str | None) -> tuple[Checkpointer, Any, str | None] | None:
-    """``init_from`` when a theseus checkpoint: its checkpoints, the layout of the state it
-    holds and its optimizer (None: unknown); None for a Hugging Face folder or none."""
-    found = init_from and theseus_checkpoint(Path(init_from))
-    if not found:
-        return None
-    checkpoints, run = Checkpointer.at(found), run_of(found)
+def _checkpoints(source: ModelSource) -> tuple[Checkpointer, Any, str | None]:
+    """The checkpoints of a theseus run's ``source``, the layout of the state it holds and its
+    optimizer (None: unknown)."""
+    checkpoints, run = Checkpointer.at(source.path), source.run_dir
     optimizer = chosen(read_saved(run / ".hydra" / "config.yaml"), "optimizer") if run else None
     return checkpoints, checkpoints.saved_layout(checkpoints.requested_step), optimizer
 
 
-def check(settings: Settings, model: nn.Module) -> None:
-    """ConfigError when ``trainer.init_from`` (a theseus checkpoint) cannot start this run:
-    another optimizer's state asked for, a parameter of another shape (before compiling)."""
-    found = source(settings.trainer.init_from)
-    if found is None:
+def check_asked(trainer: TrainerConfig, source: ModelSource | None) -> None:
+    """ConfigError when ``trainer.init_optimizer`` or ``init_data`` asks ``source`` for what it
+    lacks: a Hugging Face folder or GGUF file holds weights alone."""
+    for key, asked in (("init_optimizer", trainer.init_optimizer), ("init_data", trainer.init_data)):
+        if asked and source is not None and source.kind != "run":
+            raise ConfigError(f"trainer.{key}=true: {source} holds weights alone (optimizer state and data "
+                              f"positions are a theseus checkpoint's): drop trainer.{key}")
+
+
+def check(settings: Settings, model: nn.Module, source: ModelSource) -> None:
+    """ConfigError when the theseus checkpoint ``source`` (``trainer.init_from``) cannot start
+    this run: another optimizer's state asked for, a parameter of another shape (before compiling)."""
+    if source.kind != "run":
         return
-    _, layout, optimizer = found
     s = settings.trainer
+    _, layout, optimizer = _checkpoints(source)
     problem = init_from_problem(s.init_from, optimizer, settings.optimizer.name, s.init_optimizer,
                                 path_shapes(layout["params"]), path_shapes(param_shapes(model, model.seq_len)))
     if problem:
         raise ConfigError(problem)
 
 
-def start(compiled: Compiled, say: Say, settings: Settings) -> tuple[TrainState, dict | None]:
+def start(compiled: Compiled, say: Say, settings: Settings, source: ModelSource) -> tuple[TrainState, dict | None]:
     """The state at step 0 from the checkpoint ``trainer.init_from`` names: its params, with
     ``trainer.init_optimizer`` its optimizer state (the schedule's own count reset: the new
     run's schedule starts at 0), and with ``trainer.init_data`` its loader state."""
     s = settings.trainer
-    checkpoints, layout, optimizer = source(s.init_from)
+    checkpoints, layout, optimizer = _checkpoints(source)
     target = compiled.target
     saved = path_shapes(layout["params"])
     if any(path not in saved for path in path_shapes(target.params)):  # LoRA's adapters, which it lacks: fresh

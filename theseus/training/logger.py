@@ -150,6 +150,16 @@ class RunLogger:
         if progress:
             self._progress.update(int(step), values)
 
+    @property
+    def live(self) -> bool:
+        """Whether the console shows a live progress bar (``advance`` moves it)."""
+        return self._open and self._progress.live
+
+    def advance(self, step: int) -> None:
+        """``step`` has finished, between logged steps: the progress bar moves to it."""
+        if self._open:
+            self._progress.advance(step)
+
     def summary(self, **values: Any) -> None:
         """Set W&B run-summary entries."""
         if not self._open:

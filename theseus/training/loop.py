@@ -37,12 +37,20 @@ class LogWindow:
         self._restart(time.perf_counter())
 
     def _restart(self, now: float) -> None:
-        self.began, self.paused, self.waited, self.steps = now, 0.0, 0.0, []
+        self.began, self.paused, self.waited, self.steps, self._finished = now, 0.0, 0.0, [], 0
 
     def add(self, metrics: Mapping[str, jax.Array], waited: float) -> None:
         """Count one step: its metrics (device scalars) and the seconds it waited for its batch."""
         self.steps.append(dict(metrics))
         self.waited += waited
+
+    def finished(self) -> int:
+        """How many of the window's steps have finished on the device, asked without waiting
+        (the loop dispatches steps ahead of the device): each step's metrics are ready once it
+        has run, and the steps run in order."""
+        while self._finished < len(self.steps) and next(iter(self.steps[self._finished].values())).is_ready():
+            self._finished += 1
+        return self._finished
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:

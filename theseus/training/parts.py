@@ -11,10 +11,12 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import numpy as np
 from omegaconf import DictConfig
 
 from theseus.base.axis import BATCH_MESH_AXES, ShardingPlan
 from theseus.base.hardware import peak_flops
+from theseus.base.mesh import on_devices
 from theseus.data.config import DataConfig
 from theseus.tasks.evaluation import EvaluationConfig, Evaluations, evaluate
 from theseus.tasks.task import LossTask
@@ -49,6 +51,7 @@ class Run:
     start: Callable[[Compiled], tuple[TrainState, dict | None]]  # a new run's state and loader state
     target: Any = None  # mesh.target's theseus.plan.target.Target, for a dry run
     base: FrozenBase | None = None  # a LoRA run's base from trainer.init_from: what its checkpoints name, not hold
+    exports: bool = False  # theseus.export writes its model as a Hugging Face folder (its end offers the command)
 
     @property
     def mesh_shape(self) -> dict[str, int]:
@@ -64,8 +67,13 @@ class Run:
         return self.settings.trainer.batch_size // self.settings.trainer.grad_accum
 
     @property
+    def sequences_per_step(self) -> int:
+        """The sequences of ``seq_len`` one optimizer step puts through the model (``dpo``: two a pair)."""
+        return self.settings.trainer.batch_size * self.task.SEQUENCES
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.settings.trainer.batch_size * self.model.seq_len
+        return self.sequences_per_step * self.model.seq_len
 
     @functools.cached_property
     def trainable(self) -> Any:
@@ -83,7 +91,7 @@ class Run:
     def flops_per_step(self) -> int:
         """Model FLOPs of one optimizer step: ``model.flops(seq)`` per sequence, frozen weights'
         gradients left out (the step does not compute them)."""
-        return self.model.flops(self.model.seq_len, trainable=self.trainable) * self.settings.trainer.batch_size
+        return self.model.flops(self.model.seq_len, trainable=self.trainable) * self.sequences_per_step
 
     @functools.cached_property
     def peak(self) -> tuple[float, str]:
@@ -98,13 +106,22 @@ class Run:
     def prefetch(self) -> int:
         return prefetch(self.settings.data)
 
-    def evaluate(self, params: Any) -> dict[str, float]:
-        """Every evaluation's metrics (``val_loss``, per source, multiple-choice and lm-eval
-        tasks) on ``trainer.eval_batches`` batches of each validation split (the same each time)."""
+    def evaluate(self, params: Any, split: str = "val") -> dict[str, float]:
+        """Every evaluation's metrics (``val_loss``, the task's ``val_NAME``, per source, multiple-choice
+        and lm-eval tasks) on ``trainer.eval_batches`` batches of each validation split (the same
+        each time; ``split="all"``: every example of a dataset of rows, pairs or conversations)."""
         return evaluate(params, self.evaluations, loss=self.compiled.eval_step, val_metrics=self.task.val_metrics,
                         sharding=batch_sharding(self.compiled.mesh), rules=self.plan.rules(),
                         share=self.batch_share, batch_size=self.micro_batch,
-                        batches=self.settings.trainer.eval_batches)
+                        batches=self.settings.trainer.eval_batches, split=split)
+
+    def score_reference(self, params: Any, batch: Any) -> np.ndarray:
+        """The task's ``reference_outputs`` of one global batch of ``micro_batch`` examples under
+        ``params`` (``batch``: this process's share), on every process."""
+        sharding = batch_sharding(self.compiled.mesh)
+        placed = jax.tree.map(lambda leaf: on_devices(leaf, sharding, (self.micro_batch, *leaf.shape[1:])), batch)
+        with jax.set_mesh(self.compiled.mesh), nn.logical_axis_rules(self.plan.rules()):
+            return np.asarray(jax.device_get(self.compiled.reference(params, placed)))
 
 
 def prefetch(data: DataConfig) -> int:

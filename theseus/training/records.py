@@ -24,6 +24,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import CompactHydraException, HydraException
 from omegaconf import ListConfig, OmegaConf
 
+from theseus.config.registry import RECORD
 from theseus.config.schema import flatten
 from theseus.config.yaml_file import load_yaml
 
@@ -310,23 +311,35 @@ class Runs(Sequence[Run]):
         return {key: flat.get(key) for key in self.differing}
 
     @functools.cached_property
+    def _given(self) -> list[dict[str, Any]]:
+        """Each run's value of every command-line key any of the runs sets: its own override,
+        else what its config holds there (the key's value, or the option its group chose; None:
+        neither, as ``experiment`` for a run without one)."""
+        keys = dict.fromkeys(key for run in self.runs for key in run.params)
+        return [{key: run.params[key] if key in run.params else configured(run, key) for key in keys}
+                for run in self.runs]
+
+    @functools.cached_property
     def varied(self) -> list[str]:
         """The command-line keys (the runs' overrides as Hydra parses them: ``experiment``,
         ``optimizer.lr``) whose values differ between the runs, sorted, ``logger.*`` aside: what
         tells the runs apart in a few words, where one experiment's choice changes dozens of
-        config keys."""
-        return sorted(key for key in varying([run.params for run in self.runs]) if not key.startswith("logger."))
+        config keys. A run that does not set a key has its config's value of it: a single run and
+        a sweep's job of the same config do not differ."""
+        return sorted(key for key in varying(self._given) if not key.startswith("logger."))
 
     def settings(self, run: Run) -> dict[str, Any]:
-        """``run``'s values of the varied keys (None: a key it does not set)."""
-        params = run.params
-        return {key: params.get(key) for key in self.varied}
+        """``run``'s values of the varied keys (its override, else its config's; None: neither)."""
+        given = self._given[self.runs.index(run)]
+        return {key: given.get(key) for key in self.varied}
 
     def labels(self) -> list[str]:
-        """A name per run: ``logger.name``, else the varied keys it sets (``optimizer.lr=0.001``),
-        else its folder below the runs' common folder; a name two runs share gets the folder too."""
+        """A name per run: ``logger.name``, else the varied keys its command line sets
+        (``optimizer.lr=0.001``: what its user typed), else its folder below the runs' common
+        folder; a name two runs share gets the folder too."""
         tails = _tails([run.path for run in self.runs])
-        labels = [run.name or label(self.settings(run)) or tail for run, tail in zip(self.runs, tails)]
+        typed = [{key: run.params.get(key) for key in self.varied} for run in self.runs]
+        labels = [run.name or label(keys) or tail for run, keys, tail in zip(self.runs, typed, tails)]
         return [f"{name} ({tail})" if labels.count(name) > 1 and name != tail else name
                 for name, tail in zip(labels, tails)]
 
@@ -348,6 +361,13 @@ class Runs(Sequence[Run]):
         import pandas  # optional: only this method needs it
 
         return pandas.DataFrame(self.metrics() if which == "metrics" else self.summary())
+
+
+def configured(run: Run, key: str) -> Any:
+    """What ``run``'s config holds for command-line key ``key``: a config key's value, or the
+    option a group (``model``, ``optimizer``) chose, from the config's ``choices``; None: neither."""
+    flat = flatten(run.config)
+    return flat.get(key, flat.get(f"{RECORD}.{key}"))
 
 
 def load(*paths: Path | str, empty_ok: bool = False) -> Runs:

@@ -5,9 +5,11 @@ changes that only affect logging, evaluations and their cadence, checkpoint cade
 device layout (restoring onto another mesh is supported) pass. ``trainer.max_steps`` may
 change where the learning rates of the steps already taken stay the same (the trainer judges).
 
-``trainer.resume=last`` finds the run a command continues without a copied path: the newest
-run that the same command started (its recorded overrides; in a default folder under
-``outputs/``, not one given ``hydra.run.dir``) whose saved config it may continue.
+``trainer.resume=last`` finds the run a command continues without a copied path: of the runs
+that the same command started (its recorded overrides; in a default folder under ``outputs/``,
+not one given ``hydra.run.dir``) whose saved config it may continue, the furthest that is
+unfinished (a repeat of the command, stopped early, does not hide the long run before it), else
+the newest; the others left unfinished are named, each with the command that continues it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from theseus.config import ConfigError, registry
 from theseus.config.schema import flatten
 from theseus.config.yaml_file import load_yaml
-from theseus.training.checkpoint import Checkpointer, theseus_checkpoint
+from theseus.model.source import theseus_checkpoint
+from theseus.training.checkpoint import Checkpointer
 from theseus.training.metrics import format_apart
 from theseus.training.optimizer import make_schedule
 from theseus.training.settings import Settings
@@ -42,16 +45,22 @@ def resumable_keys(*configs: Mapping[str, Any]) -> frozenset[str]:
 def unsafe_changes(saved: Mapping[str, Any], new: Mapping[str, Any],
                    also: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
     """``(key, saved value, new value)`` for every change a resume cannot honour: any but of a
-    resumable key (or of an entry of one: ``mesh.rules.embed``) or of a key in ``also``."""
+    resumable key (or of an entry of one: ``mesh.rules.embed``) or of a key in ``also``. A key
+    the saved config lacks (declared since it was saved) at its default is no change."""
     old, cur = ({**flatten(cfg), **flatten({registry.RECORD: registry.choices_of(cfg)})} for cfg in (saved, new))
     safe = resumable_keys(saved, new) | set(also)
+    schema = registry.chosen_schema(new)
 
     def may_change(key: str) -> bool:
         parts = key.split(".")
         return any(".".join(parts[:n]) in safe for n in range(1, len(parts) + 1))
 
+    def added(key: str) -> bool:
+        return key not in old and key in schema and cur[key] == schema[key].default
+
     keys = sorted(set(old) | set(cur))
-    return [(k, old.get(k), cur.get(k)) for k in keys if old.get(k) != cur.get(k) and not may_change(k)]
+    return [(k, old.get(k), cur.get(k)) for k in keys
+            if old.get(k) != cur.get(k) and not may_change(k) and not added(k)]
 
 
 def check_resume(run_dir: Any, saved: Mapping[str, Any], new: Mapping[str, Any],
@@ -102,8 +111,8 @@ def started_runs(composed: DictConfig) -> list[Path]:
         hydra = recorded.parent
         try:
             overrides = load_yaml(recorded, ListConfig)
-            given = OmegaConf.select(load_yaml(hydra / "hydra.yaml"), "hydra.overrides.hydra", default=None) or []
-        except (ConfigError, OSError):  # not a run this command wrote
+            given = load_yaml(hydra / "hydra.yaml").hydra.overrides.hydra  # Hydra's record of its own overrides
+        except (ConfigError, OSError, AttributeError):  # not a run this command wrote
             continue
         if same_command(overrides, composed.hydra.overrides.task) and not any(
                 str(o).lstrip("+").startswith("hydra.run.dir=") for o in given):
@@ -116,9 +125,9 @@ def newest_step(run_dir: Path) -> int:
     return max((int(p.name) for p in (run_dir / "checkpoints").glob("*") if p.name.isdigit()), default=0)
 
 
-def last_run(runs: Sequence[Path], config: Mapping[str, Any]) -> Path | None:
-    """The newest of ``runs`` with checkpoints whose saved config ``config`` may continue
-    (``trainer.max_steps`` aside: extending is judged on resuming)."""
+def continuable(runs: Sequence[Path], config: Mapping[str, Any]) -> list[Path]:
+    """The ``runs`` with checkpoints whose saved config ``config`` may continue (``trainer.max_steps``
+    aside: extending is judged on resuming), newest (by their latest checkpoint) first."""
     candidates = []
     for run_dir in runs:
         if not newest_step(run_dir):
@@ -130,16 +139,31 @@ def last_run(runs: Sequence[Path], config: Mapping[str, Any]) -> Path | None:
         if unsafe_changes(saved, config, (MAX_STEPS,)):
             continue
         candidates.append((max(p.stat().st_mtime for p in (run_dir / "checkpoints").iterdir()), run_dir))
-    return max(candidates)[1] if candidates else None
+    return [run_dir for _, run_dir in sorted(candidates, reverse=True)]
+
+
+def last_run(runs: Sequence[Path], config: Mapping[str, Any]) -> tuple[Path | None, list[Path]]:
+    """``(the run trainer.resume=last continues, the others left unfinished)`` among ``runs``
+    (``continuable`` under ``config``): the furthest of those short of ``config``'s
+    trainer.max_steps, the newest of them on a tie; with none unfinished, the newest (complete:
+    nothing to train); ``(None, [])`` when none may be continued."""
+    found = continuable(runs, config)
+    unfinished = [run_dir for run_dir in found if newest_step(run_dir) < config["trainer"]["max_steps"]]
+    if not unfinished:
+        return (found[0] if found else None), []
+    furthest = max(unfinished, key=newest_step)  # max keeps the first, the newest, of equals
+    return furthest, [run_dir for run_dir in unfinished if run_dir != furthest]
 
 
 def continue_last(composed: DictConfig) -> DictConfig:
     """``composed`` (a single run's, with its ``hydra`` node) with ``hydra.run.dir`` the run that
-    ``trainer.resume=last`` continues: the newest that this command started (``started_runs``),
-    said in one line with its step; a new run when there is none (said too). With
-    ``trainer.resume=auto`` in a new default folder, a run of this command left unfinished is
-    named in one line with the command that continues it. Unchanged otherwise."""
-    from theseus.training.commands import resume_command
+    ``trainer.resume=last`` continues (``last_run`` of those this command started:
+    ``started_runs``), said in one line with its step and the other unfinished runs, each with
+    the command that continues it; a new run when there is none (said too). With
+    ``trainer.resume=auto`` in a new default folder, the run of this command that ``resume=last``
+    would continue, left unfinished, is named in one line with the command that continues it.
+    Unchanged otherwise."""
+    from theseus.training.commands import command_line, resume_command
 
     resume = composed.trainer.resume
     if resume not in ("auto", "last") or runs_root(composed) is None:  # a fixed hydra.run.dir: that one
@@ -147,12 +171,10 @@ def continue_last(composed: DictConfig) -> DictConfig:
     job = composed.copy()
     with open_dict(job):
         del job["hydra"]
-    found = last_run(started_runs(composed), OmegaConf.to_container(job, resolve=True))
+    found, others = last_run(started_runs(composed), OmegaConf.to_container(job, resolve=True))
+    planned = composed.trainer.max_steps
     if resume == "auto":
-        if composed.trainer.dry_run:
-            return composed
-        planned = found and registry.read_saved(found / ".hydra" / "config.yaml").trainer.max_steps
-        if found and newest_step(found) < planned:
+        if not composed.trainer.dry_run and found and newest_step(found) < planned:
             print(f"theseus: a new run; {found}, which this command started, stopped at step {newest_step(found)} "
                   f"of {planned}: to continue it instead, run {resume_command(found)}", file=sys.stderr)
         return composed
@@ -160,8 +182,15 @@ def continue_last(composed: DictConfig) -> DictConfig:
         print(f"theseus: trainer.resume=last: no run under {runs_root(composed)}/ that this command started; "
               f"starting a new one", file=sys.stderr)
         return composed
-    print(f"theseus: trainer.resume=last: resuming {found} at step {newest_step(found)} of "
-          f"{composed.trainer.max_steps}", file=sys.stderr)
+    also = ""
+    if others:
+        stopped = ", ".join(f"{run_dir} at step {newest_step(run_dir)}" for run_dir in others)
+        one = others[0] if len(others) == 1 else "DIR"
+        also = (f", the furthest of the runs this command left unfinished (also {stopped}: to continue "
+                f"{'that one' if len(others) == 1 else 'one of those, DIR'} instead, run "
+                f"{command_line(add=[f'hydra.run.dir={one}'])})")
+    print(f"theseus: trainer.resume=last: resuming {found} at step {newest_step(found)} of {planned}{also}",
+          file=sys.stderr)
     composed = composed.copy()
     with read_write(composed.hydra):
         composed.hydra.run.dir = str(found)

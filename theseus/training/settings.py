@@ -23,6 +23,7 @@ from theseus.base.mesh import MeshConfig
 from theseus.config import POSITIVE, ConfigError, Configurable, configuration, configure, field
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
+from theseus.tasks.task import LossTask, task_class
 from theseus.training.config import TrainerConfig
 from theseus.training.optimizer import optimizer_class
 
@@ -48,6 +49,14 @@ class Vocabulary(Configurable):
                              help="vocabulary; None: the tokenizer's")
 
 
+@dataclasses.dataclass(frozen=True)
+class Context(Configurable):
+    """The context length as the config declares it, read without building the model."""
+
+    seq_len: int = field("architecture.seq_len", default=1024, check=POSITIVE,
+                         help="context length; data windows use it")
+
+
 def configure_settings(cfg: DictConfig) -> Settings:
     """``cfg``'s trainer, optimizer, data and mesh settings, configured in that order (the first
     bad key is the one reported)."""
@@ -57,9 +66,9 @@ def configure_settings(cfg: DictConfig) -> Settings:
 
 
 def check_model(cfg: DictConfig) -> int | None:
-    """The model's own checks (its keys' ranges, shapes that must divide), raised before the
-    data is prepared, which can take minutes; returns ``architecture.vocab_size`` as declared
-    (None: the tokenizer's).
+    """The model's own checks (its keys' ranges, shapes that must divide) and the task's of it
+    (``LossTask.check_model``), raised before the data is prepared, which can take minutes;
+    returns ``architecture.vocab_size`` as declared (None: the tokenizer's).
 
     The vocabulary is a stand-in here when undeclared (VOCAB_MULTIPLE): the run's own is known
     only once the data is prepared whenever the tokenizer comes from the corpus (``char`` is
@@ -69,7 +78,10 @@ def check_model(cfg: DictConfig) -> int | None:
     """
     with configuration(cfg):
         declared = configure(Vocabulary).size
-        configure(model_class(cfg), vocab_size=declared or VOCAB_MULTIPLE)
+        model = configure(model_class(cfg), vocab_size=declared or VOCAB_MULTIPLE)
+        task = configure(task_class(cfg))
+    if isinstance(task, LossTask):
+        task.check_model(model)  # the model takes what the task passes it (sft: segments=)
     return declared
 
 

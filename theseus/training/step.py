@@ -1,7 +1,8 @@
 """The pure train and eval steps; the trainer jits them once with their shardings.
 
-A batch arrives as ``batch: [grad_accum, micro_batch, *example]`` (the task's example: for
-``lm``, ``int32 [seq + 1]`` token windows); the task's ``loss_and_metrics`` scores one
+A batch arrives as ``batch: [grad_accum, micro_batch, *example]`` (the task's example, a pytree
+whose every leaf leads with those axes: for ``lm``, ``int32 [seq + 1]`` token windows; for
+``dpo``, a pair's tokens, completion masks and reference log-probs); the task's ``loss_and_metrics`` scores one
 micro-batch (its metrics, such as a mixture of experts' routing, are averaged like the loss).
 Gradients of the micro-batches are summed in a ``lax.scan`` so memory holds one micro-batch of
 activations at a time; each micro-batch's loss is scaled by 1 / grad_accum first, so the sum
@@ -29,7 +30,7 @@ from theseus.tasks.task import LossTask
 from theseus.training.state import TrainState
 
 
-def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, model: nn.Module, task: LossTask,
+def train_step(state: TrainState, batch: Any, dropout_key: jax.Array, *, model: nn.Module, task: LossTask,
                tx: optax.GradientTransformation, schedule: optax.Schedule, skip_nonfinite: bool = False,
                trainable: Callable[[Any], Any] | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step over ``grad_accum`` micro-batches; returns the new state and metrics.
@@ -42,11 +43,11 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
     over the moments).
     """
     step_key = jax.random.fold_in(dropout_key, state.step)
-    n_micro = tokens.shape[0]
+    n_micro = jax.tree.leaves(batch)[0].shape[0]
     mask = trainable(state.params) if trainable else jax.tree.map(lambda _: True, state.params)
     train, frozen = partition(state.params, mask)
 
-    def micro_loss(params, micro: jax.Array, key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def micro_loss(params, micro: Any, key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         loss, metrics = task.loss_and_metrics(model, combine(params, frozen), micro, key)
         return loss / n_micro, jax.tree.map(lambda m: m / n_micro, metrics)  # summed over micro-batches: the mean
 
@@ -59,9 +60,9 @@ def train_step(state: TrainState, tokens: jax.Array, dropout_key: jax.Array, *, 
 
     zeros = jax.tree.map(jnp.zeros_like, train)
     no_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype),
-                              jax.eval_shape(micro_loss, train, tokens[0], step_key)[1])
+                              jax.eval_shape(micro_loss, train, jax.tree.map(lambda x: x[0], batch), step_key)[1])
     (loss, grads, task_metrics), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros, no_metrics),
-                                                  (jnp.arange(n_micro), tokens))
+                                                  (jnp.arange(n_micro), batch))
     rules = model.outside_optimizer()
     grads, signals = _split(grads, rules)
     grad_norm = optax.global_norm(grads)
@@ -111,6 +112,13 @@ def _apply_rules(params, signals, rules: Mapping[str, Rule]):
         lambda path, p, g: rules[leaf_name(path)](p, g) if leaf_name(path) in rules else p, params, signals)
 
 
-def eval_step(params, batch: jax.Array, *, model: nn.Module, task: LossTask) -> jax.Array:
-    """The task's mean loss of ``batch: [batch, *example]`` without dropout."""
-    return task.loss(model, params, batch, None)
+def eval_step(params, batch: Any, *, model: nn.Module, task: LossTask) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The task's mean loss of ``batch: [batch, *example]`` without dropout, and the metrics its
+    evaluations log beside it (``LossTask.eval_loss_and_metrics``)."""
+    return task.eval_loss_and_metrics(model, params, batch)
+
+
+def reference_step(params, batch: Any, *, model: nn.Module, task: LossTask) -> Any:
+    """What the task keeps of each example of ``batch: [batch, *example]`` under a reference
+    model's ``params`` (``LossTask.reference_outputs``), computed once before training."""
+    return task.reference_outputs(model, params, batch)

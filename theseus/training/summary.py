@@ -9,7 +9,6 @@ from typing import Any
 
 import jax
 
-from theseus.tasks.sft import SupervisedFineTuning
 from theseus.training.commands import command_line, resume_command
 from theseus.training.logger import sync_command
 from theseus.training.loop import LoopState
@@ -87,11 +86,13 @@ def report_end(run: Run, loop: LoopState, console: RunConsole) -> None:
                 if extendable else
                 command_line(("trainer.max_steps=", "hydra.run.dir=", "trainer.init_from="),
                              [f"trainer.init_from={run_dir}", f"hydra.run.dir={run_dir}-more"]))
-        prompt = "--chat" if isinstance(run.task, SupervisedFineTuning) else "--prompt"  # a chat model replies
+        prompt = "--chat" if run.task.CHAT else "--prompt"  # a chat model replies
         lines += [f"  sample:   python -m theseus.sample {run_dir} {prompt} \"...\"",
-                  f"  evaluate: python -m theseus.evaluate {run_dir}",
-                  f"  export:   python -m theseus.export {run_dir} {run_dir}-hf",
-                  f"  continue: {more} trainer.max_steps=N"]
+                  f"  evaluate: python -m theseus.evaluate {run_dir}"]
+        if run.exports:  # a model a Hugging Face config.json expresses
+            lines.append(f"  export:   python -m theseus.export {run_dir} {run_dir}-hf")
+        if extendable or run.base is None:  # adapters saved without their base start no run (export them merged)
+            lines.append(f"  continue: {more} trainer.max_steps=N")
     sync = sync_command(run_dir)
     if sync:
         lines.append(f"  W&B:      {sync}")

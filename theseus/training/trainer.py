@@ -22,7 +22,7 @@ from theseus.training.metrics import throughput
 from theseus.training.parts import Run
 from theseus.training.preemption import Preemption
 from theseus.training.profiler import Profiler
-from theseus.training.console import RunConsole, evaluation_line
+from theseus.training.console import TRANSCRIPT, RunConsole, evaluation_line
 from theseus.training.state import TrainState, n_params
 from theseus.training.summary import describe, record, report_end
 
@@ -51,7 +51,7 @@ class Trainer:
         the run after the step under way, with a checkpoint (a second one exits at once).
         """
         main = jax.process_index() == 0
-        with self.console.transcript(run_dir / "run.log") if main else contextlib.nullcontext(), \
+        with self.console.transcript(run_dir / TRANSCRIPT) if main else contextlib.nullcontext(), \
                 Preemption(say=self.say) as preemption:
             self.say(f"theseus: run directory {run_dir}")
             loop = self.start(run_dir)
@@ -116,7 +116,7 @@ class Trainer:
     def hooks(self) -> list[Hook]:
         """What runs after every step, in order; each acts on its own cadence. ``log`` comes
         first: the window it closes ends when its last step has finished."""
-        return [self.log, self.preempt, self.evaluate, self.checkpoint]
+        return [self.log, self.progress, self.preempt, self.evaluate, self.checkpoint]
 
     def take_step(self, loop: LoopState) -> None:
         """One optimizer step on the loader's next batch (dispatched: nothing waits for it)."""
@@ -139,6 +139,12 @@ class Trainer:
         loop.logger.log(loop.step, metrics)
         loop.logged = metrics
         self._check_finite(loop.state, loop.checkpointer)
+
+    def progress(self, loop: LoopState) -> None:
+        """Between logged steps, with a live progress bar: move it to the last step the device
+        has finished (asked without waiting for it: no host sync per step)."""
+        if loop.window.steps and loop.logger.live:
+            loop.logger.advance(loop.step - len(loop.window.steps) + loop.window.finished())
 
     def preempt(self, loop: LoopState) -> None:
         """Agree on a stop signal, every step (across processes: a flag all-reduced each step,

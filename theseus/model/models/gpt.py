@@ -1,5 +1,7 @@
 """GPT: a decoder-only transformer language model. GPT-2 small by default; Llama-style by keys
-(``norm=rmsnorm activation=swiglu positions=rope bias=false tie_embeddings=false n_kv_heads=K``).
+(``norm=rmsnorm activation=swiglu positions=rope bias=false tie_embeddings=false n_kv_heads=K``),
+and the other families' layouts by theirs (``qk_norm``, ``sliding_window`` with ``global_every``,
+``post_norms``, ``scale_embeddings``, ``attn_softcap``, ``logit_softcap``, ``rope_scaling.*``...).
 
     with configuration(cfg):
         model = configure(GPT, vocab_size=tokenizer_vocab_size)
@@ -18,8 +20,10 @@ import jax
 import jax.numpy as jnp
 
 from theseus.base.axis import BATCH, BATCH_MESH_AXES, EMBED, FSDP, HEADS, KV_HEADS, LAYERS, MLP_HIDDEN, SEQ, TENSOR, VOCAB, ShardingPlan
-from theseus.config import FRACTION, POSITIVE, RUNTIME, configure, field
+from theseus.config import FRACTION, NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, configure, field
 from theseus.model.layers import (
+    ACTIVATIONS,
+    NORM_HELP,
     NORMS,
     Block,
     Embedding,
@@ -28,6 +32,7 @@ from theseus.model.layers import (
     check_norm,
     check_vocab_size,
     dense,
+    packed,
     param,
 )
 from theseus.model.module import AUXILIARY, Module
@@ -43,8 +48,12 @@ class GPT(Module):
     """``tokens: int32[batch, seq] -> logits [batch, seq, vocab_size]`` in the activation dtype.
 
     Token (+ learned position) embedding, dropout, ``n_layers`` pre-norm Blocks, a final norm
-    and the output head (the token embedding itself when tied). A subclass swaps a child by its
-    class attribute (``block_cls = MyBlock``); ``components()`` follows.
+    and the output head (the token embedding itself when tied), its logits soft-capped with
+    ``logit_softcap`` (Gemma's). A subclass swaps a child by its class attribute (``block_cls =
+    MyBlock``); ``components()`` follows. Layers may differ: ``layer_cls(i)`` picks layer i's
+    class, ``layer_settings(i)`` the keys it takes over the model's (with ``sliding_window``,
+    the layers every ``global_every``-th attend to the whole context, Gemma's global layers,
+    and the others, with ``rope_theta_local``, rotate by their own base).
 
     ``remat`` recomputes each block's activations in the backward pass (``nn.remat`` of
     ``block_cls``); ``scan_layers`` runs the blocks as one ``nn.scan``, their parameters stacked
@@ -67,6 +76,8 @@ class GPT(Module):
     n_heads: int = field("architecture.n_heads", default=12, check=POSITIVE, help="attention (query) heads")
     n_kv_heads: int | None = field("architecture.n_kv_heads", default=None, check=POSITIVE,
                                    help="key/value heads; None: n_heads")
+    head_dim: int | None = field("architecture.head_dim", default=None, check=POSITIVE,
+                                 help="width of each attention head; None: d_model / n_heads")
     d_ff: int | None = field("architecture.d_ff", default=None, check=POSITIVE,
                              help="hidden width of the MLP; None: 4 x d_model")
     dropout: float = field("architecture.dropout", default=0.0, check=FRACTION, help="dropout rate (training only)",
@@ -74,9 +85,9 @@ class GPT(Module):
     bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
     qkv_bias: bool = field("architecture.qkv_bias", default=False,
                            help="biases on the query, key and value projections even with bias=false (Qwen2)")
-    norm: str = field("architecture.norm", default="layernorm", help="normalisation layer: layernorm or rmsnorm")
+    norm: str = field("architecture.norm", default="layernorm", help=NORM_HELP)
     activation: str = field(
-        "architecture.activation", default="gelu", choices=("gelu", "swiglu"), help="MLP nonlinearity"
+        "architecture.activation", default="gelu", choices=ACTIVATIONS, help="MLP nonlinearity"
     )
     positions: str = field(
         "architecture.positions", default="learned", choices=("learned", "rope"), help="position encoding"
@@ -85,6 +96,18 @@ class GPT(Module):
     norm_eps: float = field("architecture.norm_eps", default=1e-5, check=POSITIVE,
                             help="epsilon added to the norms' mean square")
     tie_embeddings: bool = field("architecture.tie_embeddings", default=True, help="output head = token embedding")
+    logit_softcap: float | None = field("architecture.logit_softcap", default=None, check=POSITIVE,
+                                        help="soft-cap the output logits to (-c, c) by c * tanh(logit / c) (Gemma); "
+                                             "None: no cap")
+    sliding_window: int | None = field("architecture.sliding_window", default=None, check=POSITIVE,
+                                       help="a query sees only itself and the W - 1 positions before it "
+                                            "(Mistral, Gemma); None: every earlier position")
+    global_every: int = field("architecture.global_every", default=0, check=NON_NEGATIVE,
+                              help="with sliding_window: every N-th layer (N-1, 2N-1, ...) attends to the whole "
+                                   "context instead (Gemma's global layers); 0: every layer slides")
+    rope_theta_local: float | None = field("architecture.rope_theta_local", default=None, check=POSITIVE,
+                                           help="the RoPE base of the sliding-window layers, unscaled (Gemma 3's "
+                                                "rope_local_base_freq); None: rope_theta and its scaling")
     init_std: float = field("architecture.init_std", default=0.02, check=POSITIVE,
                             help="stddev of the normal initialiser", role=RUNTIME)
     attention_impl: str | None = field(
@@ -107,8 +130,17 @@ class GPT(Module):
     def __post_init__(self):
         check_vocab_size(self.vocab_size)
         super().__post_init__()  # each field within its declared range, before the shapes are checked
-        check_heads(self.d_model, self.n_heads, self.n_kv_heads, self.positions)
+        check_heads(self.d_model, self.n_heads, self.n_kv_heads, self.positions, self.head_dim)
         check_norm(self.norm, type(self))
+        for key, value in (("global_every", self.global_every), ("rope_theta_local", self.rope_theta_local)):
+            if value and self.sliding_window is None:
+                raise ConfigError(f"architecture.{key}={value} sets the sliding-window layers apart, but "
+                                  f"architecture.sliding_window is null: set architecture.sliding_window=W, or drop "
+                                  f"architecture.{key}")
+        if self.scan_layers and len({tuple(sorted(self.layer_settings(i).items())) for i in range(self.n_layers)}) > 1:
+            raise ConfigError(f"architecture.scan_layers=true repeats one block, but architecture.global_every="
+                              f"{self.global_every} mixes sliding-window and global layers: set "
+                              f"architecture.scan_layers=false")
 
     @classmethod
     def components(cls) -> list[type]:
@@ -129,9 +161,10 @@ class GPT(Module):
         self.wpe = configure(self.position_embedding_cls) if self.positions == "learned" else None
         self.drop = nn.Dropout(self.dropout)
         if self.scan_layers:  # one block, whose variables __call__'s scan stacks n_layers deep
-            self.h = configure(self._rematted(self.block_cls), decode=self.decode)
+            self.h = configure(self._rematted(self.block_cls), decode=self.decode, **self.layer_settings(0))
         else:
-            self.h = [configure(self._rematted(self.layer_cls(i)), decode=self.decode) for i in range(self.n_layers)]
+            self.h = [configure(self._rematted(self.layer_cls(i)), decode=self.decode, **self.layer_settings(i))
+                      for i in range(self.n_layers)]
         self.ln_f = configure(self.norms[self.norm])
         if not self.tie_embeddings:
             init = nn.initializers.normal(self.init_std)
@@ -142,6 +175,18 @@ class GPT(Module):
     def layer_cls(self, index: int) -> type[Module]:
         """The block class of layer ``index`` (unrolled layers; a scan repeats ``block_cls``)."""
         return self.block_cls
+
+    def layer_settings(self, index: int) -> dict[str, Any]:
+        """The config keys layer ``index``'s block takes over the model's (``{}``: the model's own):
+        with a sliding window, a global layer (every ``global_every``-th) drops it, and a
+        sliding one rotates by ``rope_theta_local`` (unscaled) where that is set."""
+        if self.sliding_window is None:
+            return {}
+        if self.global_every and (index + 1) % self.global_every == 0:
+            return {"architecture.sliding_window": None}
+        if self.rope_theta_local is not None:
+            return {"architecture.rope_theta": self.rope_theta_local, "architecture.rope_scaling.type": "none"}
+        return {}
 
     def _rematted(self, block_cls: type[Module]) -> type[Module]:
         """``block_cls`` recomputed in the backward pass per ``architecture.remat``."""
@@ -164,11 +209,13 @@ class GPT(Module):
         if self.scan_layers:
             x = self._scan_blocks(x, positions, deterministic, segments)
         else:
-            for block in self.h:
-                x = block(x, positions, deterministic, segments)
+            for i, block in enumerate(self.h):
+                x = block(x, positions, deterministic, **packed(self.layer_cls(i), segments))
         x = self.ln_f(x)
         logits = (self.wte.attend(x) if self.tie_embeddings else
                   dense("bsd,dv->bsv", x, self.lm_head, None, x.dtype, self._matmul_dtype))
+        if self.logit_softcap is not None:
+            logits = (self.logit_softcap * jnp.tanh(logits.astype(jnp.float32) / self.logit_softcap)).astype(x.dtype)
         return nn.with_logical_constraint(logits, (BATCH, SEQ, VOCAB))
 
     def _scan_blocks(self, x: jax.Array, positions: jax.Array, deterministic: bool,
@@ -177,7 +224,7 @@ class GPT(Module):
         (and KV cache) per iteration; ``deterministic`` stays a Python bool (closed over)."""
 
         def body(block: Module, x: jax.Array, positions: jax.Array, segments: jax.Array | None) -> tuple[jax.Array, None]:
-            return block(x, positions, deterministic, segments), None
+            return block(x, positions, deterministic, **packed(self.block_cls, segments)), None
 
         scan = nn.scan(body, variable_axes={"params": 0, "cache": 0, AUXILIARY: 0}, split_rngs={"params": True, "dropout": True},
                        in_axes=nn.broadcast, length=self.n_layers, metadata_params={nn.PARTITION_NAME: LAYERS})
@@ -198,7 +245,8 @@ class GPT(Module):
 
         Convention (PaLM's; nanoGPT's estimate_mfu): 6 x (parameters in matmuls) x seq, plus
         12 x n_layers x d_model x seq^2 for attention scores and values, in full (not halved
-        for causality). Lookups, norms and elementwise ops are not counted. It is the blocks'
+        for causality; a sliding-window layer's queries meet ``min(seq, sliding_window)`` keys,
+        not ``seq``). Lookups, norms and elementwise ops are not counted. It is the blocks'
         count plus the output head's matmul (d_model x vocab_size); ``flops(seq, trainable=mask)``
         leaves out the gradients of frozen weights (``Module.dense_flops``).
         """

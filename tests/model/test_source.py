@@ -1,0 +1,118 @@
+"""``parse_source``: every place a model is named parses it here, by looking at the filesystem;
+what names no model is one line saying what is taken."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from theseus.config import ConfigError
+from theseus.model.source import parse_source
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A theseus run's layout: its config and two checkpoint steps."""
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("{}\n")
+    for step in (4, 8):
+        (run / "checkpoints" / str(step) / "state").mkdir(parents=True)
+    return run
+
+
+def test_each_kind_is_told_apart(tmp_path, run_dir):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert (parse_source(folder).kind, parse_source(folder).path) == ("hf", folder)
+    assert (parse_source(gguf).kind, parse_source(gguf).imported) == ("gguf", True)
+    for path, step in ((run_dir, None), (run_dir / "checkpoints", None), (run_dir / "checkpoints" / "4", 4)):
+        source = parse_source(path)
+        assert (source.kind, source.run_dir, source.step, source.imported) == ("run", run_dir, step, False)
+
+
+def test_a_relative_path_is_resolved_and_named_as_given(tmp_path, monkeypatch, run_dir):
+    monkeypatch.chdir(tmp_path)
+    source = parse_source("run/checkpoints/8", key="dpo.reference")
+    assert (source.path, source.step, str(source)) == (run_dir / "checkpoints" / "8", 8, "dpo.reference=run/checkpoints/8")
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda tmp: tmp / "nowhere", "trainer.init_from={} does not exist: give a Hugging Face folder, a theseus run or "
+                                  "checkpoint, a .gguf file or a model id in the local Hugging Face cache"),
+    (lambda tmp: _file(tmp / "weights.bin"), "trainer.init_from={} is a file, not a model: give a Hugging Face "
+                                             "folder, a theseus run or checkpoint, a .gguf file or a model id in "
+                                             "the local Hugging Face cache"),
+    (lambda tmp: _folder(tmp / "empty"), "trainer.init_from={} holds no model (no config.json, no checkpoints): give "
+                                         "a Hugging Face folder, a theseus run or checkpoint, a .gguf file or a model "
+                                         "id in the local Hugging Face cache"),
+    (lambda tmp: _file(tmp / "ggufs" / "m.gguf").parent, "trainer.init_from={} holds no model (no config.json, no "
+                                                         "checkpoints): give a Hugging Face folder, a theseus run or "
+                                                         "checkpoint, a .gguf file or a model id in the local Hugging "
+                                                         "Face cache (a GGUF file there: trainer.init_from={}/m.gguf)"),
+    (lambda tmp: _folder(tmp / "fresh" / ".hydra").parent,
+     "trainer.init_from={} holds no checkpoint (checkpoints/ is empty or absent): train it first, or give a run "
+     "directory that trainer.checkpoint_every or the end of its run saved"),
+])
+def test_what_names_no_model_is_one_line(tmp_path, make, message):
+    path = make(tmp_path)
+    with pytest.raises(ConfigError) as error:
+        parse_source(str(path))
+    assert str(error.value) == message.format(path, path)
+
+
+def test_a_missing_step_names_the_saved_ones(run_dir):
+    with pytest.raises(ConfigError) as error:
+        parse_source(run_dir / "checkpoints" / "3")
+    assert str(error.value) == (f"trainer.init_from={run_dir}/checkpoints/3: {run_dir}/checkpoints holds no step 3; "
+                                f"its saved steps are 4, 8")
+
+
+def test_a_command_argument_is_named_alone(tmp_path):
+    with pytest.raises(ConfigError, match=rf"^{tmp_path}/nowhere does not exist: give "):
+        parse_source(tmp_path / "nowhere", key=None)
+
+
+def test_a_model_id_is_its_snapshot_in_the_hub_cache(tmp_path, monkeypatch):
+    """As huggingface_hub lays the cache out (models--ORG--NAME/refs/main names the snapshot),
+    found where HF_HOME puts it, offline."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    repo = tmp_path / "hf" / "hub" / "models--HuggingFaceTB--SmolLM2-135M-Instruct"
+    for revision in ("0123abc", "4567def"):
+        _file(repo / "snapshots" / revision / "config.json")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("4567def")
+    source = parse_source("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert (source.kind, source.path) == ("hf", repo / "snapshots" / "4567def")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+    with pytest.raises(ConfigError) as error:
+        parse_source("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert str(error.value) == (
+        f"trainer.init_from=HuggingFaceTB/SmolLM2-135M-Instruct is no local path, and HuggingFaceTB/SmolLM2-135M-"
+        f"Instruct is not in the Hugging Face cache ({tmp_path}/elsewhere): download it where there is a network "
+        f"(hf download HuggingFaceTB/SmolLM2-135M-Instruct) or give a Hugging Face folder, a theseus run or "
+        f"checkpoint, a .gguf file or a model id in the local Hugging Face cache")
+
+
+def test_a_missing_folder_under_an_existing_one_is_no_model_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    with pytest.raises(ConfigError, match="^trainer.init_from=outputs/run does not exist"):
+        parse_source("outputs/run")
+
+
+def _file(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{}")
+    return path
+
+
+def _folder(path):
+    path.mkdir(parents=True)
+    return path
