@@ -19,7 +19,8 @@ SHARED = ROOT.parent / "shared"
 # A driver script that runs ``module.main(argv)`` for each case of the JSON file given (``{name:
 # [module, argv]}``) in one process, and prints ``RESULTS{name: {code, stderr, changed}}``: the
 # exit code, what went to stderr, and the files each case created or changed. Hydra's start is
-# refused (raises Started), so an accepted command creates no run directory.
+# refused (raises Started), for a sweep as for a single run, so an accepted command creates no
+# run directory, trains nothing and submits nothing.
 DRIVER = r"""
 import hydra
 
@@ -33,7 +34,12 @@ def refuse(*args, **kwargs):  # Hydra reached: it would create the run directory
         return start
     return decorate
 
+def refuse_run(*args, **kwargs):  # a single run, composed and checked: Hydra would run it now
+    raise Started
+
 hydra.main = refuse
+import theseus.run
+theseus.run.run_composed = refuse_run
 
 import contextlib, io, json, sys, traceback
 from pathlib import Path

@@ -14,6 +14,7 @@ Hydra's shell completion works for ``theseus run``: ``eval "$(theseus -sc instal
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -39,12 +40,21 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["run", *argv]
     if not argv or argv[0] not in COMMANDS:
         print(__doc__.strip() if not argv or argv[0] in ("-h", "--help") else
-              f"theseus: error: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}",
+              f"theseus: error: unknown command {argv[0]!r}{_did_you_mean(argv[0])}; commands: {', '.join(COMMANDS)}",
               file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     command, args = argv[0], argv[1:]
     sys.argv = ["theseus", *args]  # the program name Hydra's completion script installs under
     return importlib.import_module(COMMANDS[command]).main(args) or 0
+
+
+SYNONYMS = {"train": "run", "fit": "run", "generate": "sample", "eval": "evaluate", "dashboard": "report"}
+
+
+def _did_you_mean(word: str) -> str:
+    """``; did you mean run?`` for a command's other name or a misspelling, else nothing."""
+    close = SYNONYMS.get(word) or next(iter(difflib.get_close_matches(word, COMMANDS, n=1)), None)
+    return f"; did you mean theseus {close}?" if close else ""
 
 
 if __name__ == "__main__":

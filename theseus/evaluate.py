@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       "not a run: data.*, architecture.seq_len=N")
     args = parser.parse_intermixed_args(argv)
     try:
+        if args.out is not None and args.out.suffix != ".json" and args.out.is_file():
+            raise ConfigError(f"--output_path {args.out} is a file: give a folder, or a .json file to write")
         lm_eval = lm_eval_overrides(args.tasks, args.include, args.num_fewshot, args.limit)
         source = parse_source(args.path, key=None)
         record = run_evaluations(source, args.step, [*args.overrides, *lm_eval])

@@ -58,6 +58,10 @@ def check_destination(source: ModelSource, out_dir: Path) -> None:
                           f"OUT_DIR (python -m theseus.export {out_dir} {out_dir}-hf)")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ConfigError(f"{out_dir} exists and is not an empty folder: export into a new folder (or remove it)")
+    above = next((parent for parent in out_dir.absolute().parents if parent.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"{out_dir}: {above} is a file, not a folder to export into: give a path whose folders "
+                          f"are folders")
     if home.is_dir() and out_dir.resolve().is_relative_to(home):
         raise ConfigError(f"{out_dir} is inside {source.given}: export into a folder outside it "
                           f"(python -m theseus.export {source.given} {home}-hf)")

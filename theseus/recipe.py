@@ -40,7 +40,7 @@ from theseus.model.source import ModelSource
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
 from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
-from theseus.tasks.task import START, LossTask, task_class
+from theseus.tasks.task import START, LossTask, Task, task_class
 from theseus.training import init_from
 from theseus.training.batches import batch_share
 from theseus.training.checkpoint import require_base
@@ -68,10 +68,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     source = init_source(cfg)  # where trainer.init_from's model comes from (None: nowhere)
     composed, derived = cfg, init_from_values(cfg, source)  # its architecture and tokenizer
     cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
-    settings = configure_settings(cfg)  # trainer, optimizer, data, mesh: each checked
+    settings, task, evaluation, logging = configure_parts(cfg)
     init_from.check_asked(settings.trainer, source)
-    with configuration(cfg):
-        task, evaluation, logging = configure(task_class(cfg)), configure(EvaluationConfig), configure(LoggerConfig)
     if not isinstance(task, LossTask):
         raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
                           f"run it with python -m theseus.run")
@@ -97,11 +95,10 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
             init_from.check(settings, model, source)
 
     mesh = make_mesh(settings.mesh, devices)
-    if steps == "train" and announce:
-        _say_compiling(model, devices, settings)
+    say = functools.partial(_say_compiling, model, devices, settings) if steps == "train" and announce else None
     with oom_verdict(f"mesh.target={target.name}: the train step" if target else "the train step",
                      target.hbm if target else None):  # a compile out of device memory: one line
-        compiled = compile_steps(model, task, plan, mesh, settings, steps)
+        compiled = compile_steps(model, task, plan, mesh, settings, steps, announce=say)
     share = (0, 1) if target else batch_share(mesh, settings.trainer.batch_size // settings.trainer.grad_accum)
     run = Run(composed=composed, derived=derived, cfg=cfg, record=scrub(OmegaConf.to_container(cfg, resolve=True),
               secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,
@@ -126,6 +123,14 @@ def derived_before_data(cfg: DictConfig) -> dict[str, Any]:
         return derived
     declared = check_model(with_values(cfg, derived))
     return {**derived, "architecture.vocab_size": vocab_size(planned_vocab_size(data), declared)}
+
+
+def configure_parts(cfg: DictConfig) -> tuple[Settings, Task, EvaluationConfig, LoggerConfig]:
+    """``cfg``'s settings (trainer, optimizer, data, mesh), task, evaluations and logger, each
+    checked as it is configured: what needs neither devices nor data."""
+    settings = configure_settings(cfg)
+    with configuration(cfg):
+        return settings, configure(task_class(cfg)), configure(EvaluationConfig), configure(LoggerConfig)
 
 
 def _target(settings: Settings) -> Target | None:

@@ -32,6 +32,7 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose, conf_dir, validate
 from theseus.config.context import is_checked
 from theseus.config.registry import load
+from theseus.hydra_checks import check_hydra, submits
 from theseus.training.preemption import BeforeStart
 from theseus.training.resume import continue_last
 
@@ -218,15 +219,14 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     gpus = visible_gpus()
     if is_multirun(argv) and gpus:  # parallel jobs on this host: one GPU share each, or refused now
         check_enough(parallel_jobs(base.hydra.launcher), gpus)
-    remote = any(arg.startswith(("hydra/launcher=submitit", "hydra/launcher=slurm")) for arg in argv)  # other machines
-    if is_multirun(argv):
-        from theseus.slurm import check_time_limit
-
-        check_time_limit(base.hydra.launcher)  # before anything is submitted
+    check_hydra(base.hydra, is_multirun(argv))  # the launcher's settings, before anything is submitted
+    remote = submits(base.hydra.launcher)  # jobs assembled where they run (other machines, other processes)
     runs, planned = [], []
     for overrides in job_overrides(argv, sweep_params(base) if is_multirun(argv) else ()):
         cfg, run_dir = _job(compose(overrides, hydra=True) if is_multirun(argv) else base)
-        if remote or issubclass(task_class(cfg), JobTask):  # checked where it runs, or a job of its own
+        if remote:
+            check_here(cfg)
+        if remote or issubclass(task_class(cfg), JobTask):  # assembled where it runs, or a job of its own
             continue
         if configure_settings(cfg).trainer.dry_run:
             planned.append((overrides, cfg))
@@ -240,13 +240,31 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     return base, runs
 
 
+def check_here(cfg: DictConfig) -> None:
+    """A job that runs elsewhere (a submitit launcher's), checked here as far as it can be without
+    its devices and data: each group's settings, the task, and the model's own checks (where
+    ``trainer.init_from`` does not bring the architecture from a folder the job reads there)."""
+    from theseus.recipe import configure_parts
+    from theseus.tasks.task import LossTask
+    from theseus.training.settings import check_model
+
+    settings, task, _, _ = configure_parts(cfg)
+    if isinstance(task, LossTask) and settings.trainer.init_from is None:
+        check_model(cfg)
+
+
 def plan(planned: list[tuple[list[str], DictConfig]], assemble) -> None:
     """Dry-run each planned job (``trainer.dry_run``); a sweep over targets ends with a table of
-    its points, and ``trainer.plan_file`` gets them as JSON lines."""
+    its points, and ``trainer.plan_file`` gets them as JSON lines. A sweep's points are all
+    assembled (checked, not compiled) before the first compiles: a mistake in its last point
+    is one line, before any work."""
     from theseus.plan.dry_run import dry_run
     from theseus.sweep import print_plans, write_plan
     from theseus.training.settings import configure_settings
 
+    if len(planned) > 1:
+        for _, cfg in planned:
+            assemble(cfg, steps=None)
     labels = [overrides for overrides, _ in planned]
     plans = [dry_run(cfg, assemble, in_sweep=len(planned) > 1) for _, cfg in planned]
     if len(plans) > 1 and any(point["target"] for point in plans):

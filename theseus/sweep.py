@@ -280,4 +280,8 @@ def _replace(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (parallel jobs rewrite the same summary)."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.write_text(text)
-    os.replace(partial, path)
+    try:
+        os.replace(partial, path)
+    except OSError:
+        partial.unlink()
+        raise

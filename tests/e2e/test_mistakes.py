@@ -15,13 +15,27 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from data.corpora import DOCS, write_corpus
+from safetensors.numpy import load_file, save_file
 from support import DRIVER, run_python
 
 pytestmark = pytest.mark.slow  # end to end: a real run and a subprocess
 
 DATA = ["data.source=text", "data.path=corpus.txt", "data.cache_dir=cache"]
 RUN = ["+experiment=gpt_tiny", *DATA, "logger.mode=offline", "hydra.run.dir=refused", "hydra.sweep.dir=refused-sweep"]
+SFT = [*RUN, "task=sft", "data.source=jsonl", "data.path=chats.jsonl", "data.cache_dir=fresh-cache"]  # nothing prepared
+SLURM = ["-m", *RUN, "hydra/launcher=slurm"]  # a sweep submitted to SLURM (refused here: no SLURM is needed)
+DRY = [*RUN, "trainer.dry_run=true"]
+LORA = ["data.source=text", "data.path=corpus.txt", "data.cache_dir=cache", "trainer.init_from=base",
+        "architecture.lora.rank=4", "trainer.max_steps=2", "trainer.batch_size=4", "trainer.checkpoint_every=2",
+        "trainer.eval_every=0", "logger.mode=disabled", "hydra.run.dir=lora"]  # its base is changed after it trained
+
+
+CHATS = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
+                       {"role": "assistant", "content": f"{a} plus {b} is {a + b}."}]} for a in range(5) for b in range(4)]
 
 
 def case(name, module, argv, *expect):
@@ -156,6 +170,101 @@ CASES = [
          "bad_shards/meta.json"),
     case("shards_meta_without_fields", "theseus.run", [*RUN, "data.source=shards", "data.path=thin_shards"],
          "thin_shards/meta.json"),
+    # tracebacks before: each a line now
+    case("target_of_no_nodes", "theseus.run", [*DRY, "mesh.target=gpu:h100x8x0"], "mesh.target=gpu:h100x8x0",
+         "give at least one of each"),
+    case("target_of_no_chips", "theseus.run", [*DRY, "mesh.target=tpu:v5e-0"], "mesh.target=tpu:v5e-0",
+         "power of two"),
+    case("plan_file_a_folder", "theseus.run", [*DRY, "mesh.target=tpu:v5e-8", "trainer.plan_file=cache"],
+         "trainer.plan_file=cache is a folder", "trainer.plan_file=cache/plan.jsonl"),
+    case("moe_d_ff_negative", "theseus.run", [*RUN, "model=moe", "architecture.moe.d_ff=-1"],
+         "architecture.moe.d_ff must be positive (or null: architecture.d_ff), got -1"),
+    case("expert_axis_not_dividing_the_experts", "theseus.run", [*RUN, "model=moe", "mesh.expert=2",
+                                                                 "architecture.moe.n_experts=3"],
+         "has 3 along its 'expert' axis, which mesh.expert=2 does not split evenly", "mesh.rules.expert=null"),
+    case("tensor_axis_not_dividing_the_heads", "theseus.run", [*RUN, "mesh.data=1", "mesh.tensor=2",
+                                                               "architecture.n_kv_heads=1"],
+         "'kv_heads' axis, which mesh.tensor=2 does not split evenly", "mesh.rules.kv_heads=null"),
+    case("template_adding_a_number_to_a_string", "theseus.run", [*SFT, "data.chat_template=adds_a_number.jinja"],
+         "row 1 of data.path=chats.jsonl: the chat template (data.chat_template=adds_a_number.jinja) fails on a "
+         "conversation: TypeError: can only concatenate str"),
+    case("export_under_a_file", "theseus.export", ["run", "corpus.txt/hf"], "corpus.txt is a file"),
+    # accepted silently before
+    case("moe_shared_gate_without_a_shared_expert", "theseus.run", [*RUN, "model=moe",
+                                                                    "architecture.moe.shared_gate=true"],
+         "architecture.moe.shared_gate=true", "architecture.moe.shared_d_ff=0", "set architecture.moe.shared_d_ff"),
+    case("lora_of_no_targets", "theseus.run", [*RUN, "architecture.lora.rank=4", "architecture.lora.targets=[]"],
+         "architecture.lora.targets=[] adapts no projection", "a full fine-tune", "architecture.lora.rank=0"),
+    case("lora_alpha_zero", "theseus.run", [*RUN, "architecture.lora.rank=4", "architecture.lora.alpha=0"],
+         "architecture.lora.alpha must be positive"),  # before: said after the compile began
+    case("lora_gate_of_a_gelu_mlp", "theseus.run", [*RUN, "architecture.lora.rank=4",
+                                                    "architecture.lora.targets=[gate]"],
+         "architecture.lora.targets has 'gate'", "drop it from architecture.lora.targets"),
+    case("slurm_without_multirun", "theseus.run", [*RUN, "hydra/launcher=slurm"],
+         "hydra/launcher=slurm launches the jobs of a sweep (-m)", "add -m"),
+    case("submitit_local_without_multirun", "theseus.run", [*RUN, "hydra/launcher=submitit_local"],
+         "hydra/launcher=submitit_local launches the jobs of a sweep (-m)"),
+    case("slurm_warning_delay_negative", "theseus.run", [*SLURM, "hydra.launcher.signal_delay_s=-30"],
+         "hydra.launcher.signal_delay_s=-30 must be positive"),
+    case("slurm_of_no_nodes", "theseus.run", [*SLURM, "hydra.launcher.nodes=0"], "hydra.launcher.nodes=0 must be positive"),
+    case("slurm_sweep_of_a_negative_lora_rank", "theseus.run", [*SLURM, "architecture.lora.rank=-1,4"],
+         "architecture.lora.rank must be 0 or more, got -1"),  # on the submitting machine, not on the cluster
+    case("slurm_sweep_of_an_impossible_shape", "theseus.run", [*SLURM, "architecture.d_model=64,65"],
+         "architecture.d_model (65) must be divisible by architecture.n_heads (4)"),
+    case("slurm_sweep_of_a_mesh_size_zero", "theseus.run", [*SLURM, "mesh.data=0"], "mesh.data=0",
+         "must be positive"),
+    case("joblib_of_no_jobs", "theseus.run", ["-m", *RUN, "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"],
+         "hydra.launcher.n_jobs=0 runs no job"),
+    case("optuna_of_no_trials", "theseus.run", ["-m", *RUN, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=0",
+                                                "optimizer.lr=interval(1e-4,1e-2)"], "hydra.sweeper.n_trials=0"),
+    case("target_with_cpu_devices", "theseus.run", [*DRY, "mesh.target=tpu:v5e-8", "mesh.cpu_devices=2"],
+         "mesh.cpu_devices=2", "drop mesh.cpu_devices"),
+    case("target_empty", "theseus.run", [*DRY, "mesh.target="], "mesh.target is empty"),
+    # written where it must not before
+    case("lora_resumed_on_a_changed_base", "theseus.run", LORA, "holds LoRA adapters trained on the base",
+         "are not that base's"),
+    # misleading before
+    case("save_to_disk_folder_as_parquet", "theseus.run", [*RUN, "data.source=parquet", "data.path=corpus_hf"],
+         "data.path=corpus_hf is a folder written by datasets' save_to_disk", "use data.source=arrow"),
+    case("save_to_disk_folder_as_text", "theseus.data.prepare", ["data.source=text", "data.path=corpus_hf"],
+         "use data.source=arrow"),
+    case("parquet_file_as_jsonl", "theseus.data.prepare", ["data.source=jsonl", "data.path=corpus.parquet"],
+         "data.path=corpus.parquet is a parquet file", "use data.source=parquet"),
+    case("parquet_column_missing", "theseus.data.prepare", ["data.source=parquet", "data.path=corpus.parquet",
+                                                            "data.cache_dir=fresh-cache"],
+         "has no column 'text' (its columns: id, content)"),  # said before anything is prepared
+    case("chat_template_without_sft", "theseus.run", [*RUN, "data.source=jsonl", "data.path=chats.jsonl",
+                                                      "data.chat_template=chat.jinja"],
+         "data.chat_template=chat.jinja renders the conversations of task=sft", "add task=sft"),
+    case("conversations_as_documents", "theseus.run", [*RUN, "data.source=jsonl", "data.path=chats.jsonl",
+                                                       "data.cache_dir=fresh-cache"],
+         "has no field 'text' (its fields: messages)", "add task=sft"),
+    case("chat_template_to_prepare", "theseus.data.prepare", ["data.source=jsonl", "data.path=chats.jsonl",
+                                                              "data.chat_template=chat.jinja"],
+         "drop data.chat_template"),
+    case("template_syntax_error", "theseus.run", [*SFT, "data.chat_template=unclosed.jinja"],
+         "the chat template (data.chat_template=unclosed.jinja) does not parse as Jinja (line 1"),
+    case("conversations_without_an_assistant", "theseus.run", [*SFT, "data.path=questions.jsonl"],
+         "no conversation of data.path=questions.jsonl has an assistant message", "data.train_on=all"),
+    case("one_conversation", "theseus.run", [*SFT, "data.path=one.jsonl"], "holds 1 conversation(s)"),
+    case("target_not_sold", "theseus.run", [*DRY, "mesh.target=tpu:v5e-12"],
+         "mesh.target=tpu:v5e-12: a TPU v5e slice of 12 chips is not sold"),
+    case("unknown_target_in_a_sweep", "theseus.run", ["-m", *DRY, "mesh.target=tpu:v5e-8,tpu:v9-8"],
+         "mesh.target=tpu:v9-8 is not a known target"),  # before any point compiles
+    case("learning_rate", "theseus.run", [*RUN, "optimizer.learning_rate=1e-3"], "did you mean optimizer.lr"),
+    case("bare_lr", "theseus.run", [*RUN, "lr=1e-3"], "unknown config key 'lr'; did you mean optimizer.lr"),
+    case("hidden_size", "theseus.run", [*RUN, "architecture.hidden_size=128"], "did you mean architecture.d_model"),
+    case("train_for_run", "theseus.__main__", ["train", "+experiment=gpt_tiny"], "unknown command 'train'",
+         "did you mean theseus run?"),
+    # found by trying
+    case("mesh_rule_naming_an_axis_twice", "theseus.run", [*RUN, "+mesh.rules.embed=[fsdp,fsdp]"],
+         "mesh.rules.embed=", "names a mesh axis twice", "mesh.rules.embed=[fsdp]"),
+    case("profile_starting_after_the_last_step", "theseus.run", [*RUN, "trainer.profile_steps=[70,80]"],
+         "starts after the run's last step (trainer.max_steps=60)"),
+    case("lora_rank_past_the_weights", "theseus.run", [*RUN, "architecture.lora.rank=100"],
+         "architecture.lora.rank=100 is more than the rank of the", "at most 64"),
+    case("evaluate_output_path_a_file", "theseus.evaluate", ["run", "--output_path", "corpus.txt"],
+         "--output_path corpus.txt is a file"),
 ]
 
 @pytest.fixture(scope="module")
@@ -182,6 +291,20 @@ def results(tmp_path_factory) -> dict:
     (ws / "bad_shards" / "meta.json").write_text("{ not json")
     (ws / "thin_shards").mkdir()
     (ws / "thin_shards" / "meta.json").write_text("{}")
+    shutil.copytree(ws / "exported", ws / "base")  # a LoRA run on a base that then changes under it
+    proc = run_python("-m", "theseus.run", *LORA, cwd=ws)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tensors = load_file(ws / "base" / "model.safetensors")
+    save_file({name: value * 2 for name, value in tensors.items()}, ws / "base" / "model.safetensors",
+              metadata={"format": "pt"})
+    (ws / "chats.jsonl").write_text("".join(json.dumps(chat) + "\n" for chat in CHATS))
+    (ws / "questions.jsonl").write_text("".join(json.dumps({"messages": chat["messages"][:1]}) + "\n" for chat in CHATS))
+    (ws / "one.jsonl").write_text(json.dumps(CHATS[0]) + "\n")
+    (ws / "chat.jinja").write_text("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}")
+    (ws / "unclosed.jinja").write_text("{% for m in messages %}{{ m['content'] }")
+    (ws / "adds_a_number.jinja").write_text("{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}")
+    write_corpus(ws / "hf", "datasetdict", DOCS)[0].rename(ws / "corpus_hf")  # a save_to_disk folder
+    pq.write_table(pa.table({"id": [0, 1], "content": ["a document", "another"]}), ws / "corpus.parquet")
     (ws / "my_tasks").mkdir()  # a task YAML over a data file that is not there
     (ws / "my_tasks" / "my_task.yaml").write_text(
         "task: my_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: gone.jsonl\ntest_split: test\n"
@@ -207,7 +330,7 @@ def test_a_mistake_is_one_line_and_changes_nothing(results, request, module, arg
 
 
 def test_the_corpus_is_large_enough():
-    assert len(CASES) >= 60
+    assert len(CASES) >= 100
 
 
 def test_a_mistake_given_to_launch_is_said_once(tmp_path):

@@ -73,7 +73,7 @@ def test_lora_checkpoints_hold_the_adapters_and_resume_on_their_base(llama_folde
         proc = run_python("-m", *command, cwd=tmp_path)
         assert proc.returncode == 2
         assert proc.stderr.strip() == (
-            f"theseus: error: {straight} holds LoRA adapters without their base, {base}, which is not there: put the "
+            f"theseus: error: {straight / '4'} holds LoRA adapters without their base, {base}, which is not there: put the "
             f"base folder back at {base}")
     assert not (tmp_path / "out").exists()
 

@@ -34,7 +34,10 @@ def dry_run(tmp_path, *overrides: str, devices: int | None = None) -> list[str]:
 
 
 def tables_of(stderr: str) -> list[str]:
-    """A dry run's tables, each point's line that says what it compiles taken out (checked there)."""
+    """A dry run's tables, each point's line that says what it compiles taken out (checked there),
+    and the line of a step that does not fit, that says it compiles other settings."""
+    stderr = re.sub(r"^theseus: the step does not fit: compiling up to \d+ changed settings for one that does "
+                    r"\(trainer.fit_candidates\)\n", "", stderr, flags=re.M)
     compiling = re.compile(r"^theseus: compiling GPT's train step for \d+ .* devices?( \(.*\))?\n", flags=re.M)
     before, *tables = re.split(r"^ *theseus dry run.*\n", stderr, flags=re.M)
     assert compiling.fullmatch(before) and len(compiling.findall(stderr)) == len(tables), stderr  # each point's first line
@@ -102,7 +105,7 @@ def test_fsdp_over_a_v5e_8_matches_eight_cpu_devices_and_over_h100s_fits_with_a_
 
 
 @pytest.mark.slow
-def test_a_step_that_does_not_fit_is_told_a_setting_that_makes_it_fit(tmp_path):
+def test_a_step_that_does_not_fit_is_told_the_smallest_change_that_does_compiled(tmp_path):
     # a wider model replicated over the slice's chips (mesh.fsdp=1, data the rest), each shrunk to
     # 10 MB (trainer.memory_limit): its parameters and Adam moments alone are over; sharded, they fit
     wide = ["architecture.d_model=192", "architecture.n_layers=2", "architecture.remat=full",
@@ -111,9 +114,17 @@ def test_a_step_that_does_not_fit_is_told_a_setting_that_makes_it_fit(tmp_path):
                       "mesh.fsdp=1,8", *wide, f"hydra.sweep.dir={tmp_path}/sweep", "trainer.plan_file=plan.jsonl",
                       cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    searching = "theseus: the step does not fit: compiling up to 4 changed settings for one that does"
+    assert proc.stderr.count(searching) == 1
     replicated, sharded = tables_of(proc.stderr)
-    assert row(replicated, "fits").startswith("NO") and "shard them (mesh.fsdp)" in replicated.splitlines()[-1]
-    assert row(sharded, "fits").startswith("yes")
+    assert row(replicated, "fits").startswith("NO") and row(sharded, "fits").startswith("yes")
+    # what the replicated point is told fits is the sharded point, compiled alike: the same memory
+    advice = re.fullmatch(r"theseus: warning: the step needs \S+ \S+ per device, more than the 9.54 MiB of the "
+                          r"device \(trainer.memory_limit\): mesh.fsdp=8 fits \(compiled: (\S+ \S+) per device, "
+                          r"predicted MFU ([\d.]+)%\) \(1 compiled in \d+ s\)", replicated.splitlines()[-1])
+    assert advice, replicated.splitlines()[-1]
+    assert row(sharded, "fits") == f"yes: the step needs {advice.group(1)}"
+    assert advice.group(2) == row(sharded, "predicted: MFU").rstrip("%")
     plan = {line.split("│")[1].strip(): line.split("│")[3].strip() for line in proc.stdout.splitlines()
             if line.startswith("│ mesh.fsdp=")}  # the sweep's table: the point that does not fit is marked
     assert plan == {"mesh.fsdp=1": "NO", "mesh.fsdp=8": "yes"}
@@ -123,8 +134,8 @@ def test_a_step_that_does_not_fit_is_told_a_setting_that_makes_it_fit(tmp_path):
     points = [json.loads(line) for line in (tmp_path / "plan.jsonl").read_text().splitlines()]
     assert [point["overrides"] for point in points] == [[*TINY, f"mesh.fsdp={n}", *wide, f"hydra.sweep.dir={tmp_path}/sweep"]
                                                         for n in (1, 8)]
-    assert [(p["target"], p["fits"], p["limit"]) for p in points] == [("tpu:v5e-8", False, 10000000),
-                                                                      ("tpu:v5e-8", True, 10000000)]
+    assert [(p["target"], p["fits"], p["limit"], p["fits_with"]) for p in points] == [
+        ("tpu:v5e-8", False, 10000000, ["mesh.fsdp=8"]), ("tpu:v5e-8", True, 10000000, None)]
     assert points[0]["memory"] > 10000000 >= points[1]["memory"] > 0
     assert all(p["step_s"] > 0 and p["chip_hours"] == pytest.approx(p["step_s"] * 60 * 8 / 3600) for p in points)
 
@@ -158,15 +169,35 @@ def test_the_collectives_of_scanned_layers_count_once_per_layer(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_grad_accum_is_advised_only_once_compiled_for_the_target(tmp_path):
+def test_a_grad_accum_estimated_to_fit_is_named_only_once_compiled_for_the_target(tmp_path):
     # on a TPU, XLA's temporaries of this step stay level as grad_accum doubles: the estimate
     # (activations halved: 1.94 + 6.15 / 2 MiB, libtpu 0.0.42) would fit 5.05 MiB, the compiled step does not
     [table] = dry_run(tmp_path, "mesh.target=tpu:v5e-8", "mesh.data=8", "architecture.remat=full",
-                      "trainer.memory_limit=5300000")
+                      "trainer.memory_limit=5300000", "trainer.fit_candidates=1")
     assert row(table, "fits").startswith("NO")
     warning = table.splitlines()[-1]
-    compiled = re.search(r"trainer.grad_accum=2 compiled to (\S+) MiB: over\)", warning)
-    assert compiled and float(compiled.group(1)) * 2**20 > 5300000 and "set trainer.grad_accum" not in warning
+    over = re.search(r": compiled over the limit: trainer.grad_accum=2: (\S+) MiB; \d+ not compiled \(raise "
+                     r"trainer.fit_candidates to try them\) \(1 compiled in \d+ s\): lower trainer.batch_size", warning)
+    assert over and float(over.group(1)) * 2**20 > 5300000, warning
+
+
+@pytest.mark.slow
+def test_a_step_the_target_cannot_compile_is_told_the_change_that_fits_and_that_change_fits(tmp_path):
+    """The issue's case: libtpu refuses the step for its memory (a 1.8B-parameter layer
+    replicated over a v5e-8's chips); the one line names the change that fits, compiled, which
+    planned on its own fits with the same memory."""
+    wide = ["mesh.target=tpu:v5e-8", "architecture.n_layers=1", "architecture.d_model=12288"]
+    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", *wide, "mesh.data=8", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    compiling, searching, error = proc.stderr.splitlines()
+    named = re.fullmatch(r"theseus: error: mesh.target=tpu:v5e-8: the train step does not fit: needs (\S+) GiB of HBM "
+                         r"per device, has 15.75 GiB: mesh.data=1 mesh.fsdp=8 fits \(compiled: (\S+ \S+) per device, "
+                         r"predicted MFU ([\d.]+)%\) \(1 compiled in \d+ s\)", error)
+    assert named and float(named.group(1)) > 16, error
+    [table] = dry_run(tmp_path, *wide, "mesh.data=1", "mesh.fsdp=8")
+    assert row(table, "fits") == f"yes: the step needs {named.group(2)}"
+    assert row(table, "predicted: MFU") == f"{named.group(3)}%"
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
@@ -174,12 +205,14 @@ def test_a_point_that_does_not_compile_in_the_chips_memory_is_a_row_of_the_plan(
     """libtpu refuses to compile a step larger than the chip's HBM: in a sweep that point is a
     warning and a row that does not fit (what it needs of what the chip has), the other points
     planned; alone, its dry run is the one-line verdict."""
-    big = ["mesh.target=tpu:v5e-8", "mesh.data=8", "architecture.seq_len=1024", "architecture.n_layers=1"]
+    big = ["mesh.target=tpu:v5e-8", "mesh.data=8", "architecture.seq_len=1024", "architecture.n_layers=1",
+           "trainer.fit_candidates=0"]  # no change compiled (the next test's): the verdict says what is left
     proc = run_python("-m", "theseus.run", "-m", *TINY, "trainer.dry_run=true", *big, "trainer.batch_size=8192,16",
                       "trainer.plan_file=plan.jsonl", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     verdict = (r"mesh.target=tpu:v5e-8: the train step does not fit: needs (\S+) GiB of HBM per device, has 15.75 GiB: "
-               r"lower trainer.batch_size or architecture.seq_len, .*")
+               r"\d+ not compiled \(raise trainer.fit_candidates to try them\): lower trainer.batch_size or "
+               r"architecture.seq_len, or plan for more devices \(mesh.target\)")
     warning = re.compile(rf"^theseus: warning: {verdict}\n", flags=re.M)
     needed = warning.search(proc.stderr).group(1)
     assert float(needed) > 16 and proc.stderr.count("theseus dry run for tpu:v5e-8") == 1  # the other point planned
@@ -190,9 +223,10 @@ def test_a_point_that_does_not_compile_in_the_chips_memory_is_a_row_of_the_plan(
     points = [json.loads(line) for line in (tmp_path / "plan.jsonl").read_text().splitlines()]
     assert [(p["fits"], p["limit"], p["step_s"] is None) for p in points] == [(False, round(15.75 * 2**30), True),
                                                                                (True, 16 * 2**30, False)]
+    assert [p["fits_with"] for p in points] == [None, None]
     assert points[0]["memory"] == pytest.approx(float(needed) * 2**30, rel=1e-3)
     assert proc.stdout.splitlines()[-1] == "plan: plan.jsonl (1 of 2 points fit)"
     proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", *big, "trainer.batch_size=8192", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     compiling, error = proc.stderr.splitlines()
-    assert compiling.startswith("theseus: compiling") and re.fullmatch(f"theseus: error: {verdict}", error)
+    assert compiling.startswith("theseus: compiling") and re.fullmatch(f"theseus: error: {verdict}", error), error

@@ -1,18 +1,21 @@
 """The train state's init is compiled at LLVM -O1 (INIT_COMPILER_OPTIONS: it runs once), to the values
-that the default compilation gives."""
+that the default compilation gives; a parameter the mesh does not split evenly is refused in one line."""
 
 from __future__ import annotations
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import AbstractMesh
 
+from theseus.base.axis import MESH_AXES, ShardingPlan
 from theseus.base.mesh import MeshConfig, make_mesh
-from theseus.config import configuration, configure
+from theseus.config import ConfigError, configuration, configure
 from theseus.model.models.gpt import GPT
-from theseus.training.state import init_state, sharded_init
+from theseus.training.state import check_divisible, init_state, sharded_init
 
 
 @pytest.mark.slow
@@ -29,3 +32,17 @@ def test_the_init_compiled_at_o1_equals_the_default_compilation():
     assert len(leaves) == len(expected) > 20
     for got, want in zip(leaves, expected, strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_parameter_the_mesh_does_not_split_evenly_is_named_with_the_fix():
+    """3 experts over mesh.expert=2: one line naming the parameter, its axis and the mesh axis;
+    kept whole (mesh.rules.expert=null), or over a size that divides 3, it passes."""
+    params = {"h_0": {"moe": {"w_in": nn.Partitioned(jax.ShapeDtypeStruct((3, 8), jnp.float32),
+                                                     names=("expert", "embed"))}}}
+    plan = ShardingPlan(expert="expert", embed="fsdp")
+    mesh = AbstractMesh((1, 1, 2, 1), MESH_AXES)
+    with pytest.raises(ConfigError, match=r"^parameter h_0/moe/w_in \[3, 8\] has 3 along its 'expert' axis, which "
+                                          r"mesh.expert=2 does not split evenly: .*\(mesh.rules.expert=null\)$"):
+        check_divisible(params, plan, mesh)
+    check_divisible(params, MeshConfig(rules={"expert": None}).apply(plan), mesh)
+    check_divisible(params, plan, AbstractMesh((1, 1, 3, 1), MESH_AXES))

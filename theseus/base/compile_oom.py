@@ -78,12 +78,16 @@ def out_of_memory(exc: BaseException) -> OutOfMemory | None:
 
 
 class DoesNotFit(ConfigError):
-    """A step that ran out of device memory while it compiled: its verdict, and the sizes
-    (``oom``) for a plan's table."""
+    """A step that ran out of device memory while it compiled: its verdict (``NAME does not fit:
+    ...: ADVICE``), and the sizes (``oom``) for a plan's table."""
 
-    def __init__(self, message: str, oom: OutOfMemory):
-        super().__init__(message)
-        self.oom = oom
+    def __init__(self, name: str, oom: OutOfMemory, advice: str = ADVICE):
+        super().__init__(f"{name} {oom.verdict(advice)}")
+        self.name, self.oom = name, oom
+
+    def advised(self, advice: str) -> DoesNotFit:
+        """The same verdict with another ``advice``."""
+        return DoesNotFit(self.name, self.oom, advice)
 
 
 @contextlib.contextmanager
@@ -99,4 +103,4 @@ def oom_verdict(name: str, available: int | None = None, advice: str = ADVICE) -
             raise
         if oom.available is None and available is not None:
             oom = OutOfMemory(oom.needed, available, oom.memory)
-        raise DoesNotFit(f"{name} {oom.verdict(advice)}", oom) from None
+        raise DoesNotFit(name, oom, advice) from None

@@ -44,8 +44,25 @@ class MeshConfig(Configurable):
     )
 
     def __post_init__(self):
-        """``cpu_devices`` is positive (or None); each rule maps a logical axis to mesh axes (a
-        name, a list of names, or null)."""
+        """Each size positive or -1 (one of them at most), ``cpu_devices`` positive (or None, and
+        unset with a ``target``), ``target`` unset or named; each rule maps a logical axis to mesh
+        axes (a name, a list of names, or null). What the devices decide is ``shape``'s."""
+        sizes = {axis: getattr(self, axis) for axis in MESH_AXES}
+        bad = [f"mesh.{axis}={size}" for axis, size in sizes.items() if size == 0 or size < -1]
+        if bad:
+            given = " x ".join(f"{axis}={size}" for axis, size in sizes.items())
+            raise ConfigError(f"{', '.join(bad)}: mesh sizes must be positive (or -1: the remaining devices); "
+                              f"the mesh was {given}")
+        free = [axis for axis, size in sizes.items() if size == -1]
+        if len(free) > 1:
+            raise ConfigError(f"{' and '.join(f'mesh.{axis}=-1' for axis in free)}: at most one -1 (the remaining "
+                              f"devices) is allowed: give the other mesh axes a size")
+        if self.target == "":
+            raise ConfigError("mesh.target is empty: name the hardware to plan for (e.g. mesh.target=tpu:v5e-8, "
+                              "gpu:h100x8), or null for this machine's devices")
+        if self.target and self.cpu_devices is not None:
+            raise ConfigError(f"mesh.cpu_devices={self.cpu_devices} sizes this machine's CPU backend, but "
+                              f"mesh.target={self.target} plans for that target's devices: drop mesh.cpu_devices")
         if self.cpu_devices is not None and self.cpu_devices < 1:
             raise ConfigError(f"mesh.cpu_devices={self.cpu_devices}: give a positive number of CPU devices "
                               f"(the host's cores), or null for JAX's default")
@@ -54,6 +71,9 @@ class MeshConfig(Configurable):
             if not isinstance(names, list | tuple) or any(axis not in MESH_AXES for axis in names):
                 raise ConfigError(f"mesh.rules.{logical}={axes!r} is not a mesh axis: use one of "
                                   f"{', '.join(MESH_AXES)}, a list of them, or null (replicated)")
+            if len(set(names)) < len(names):
+                raise ConfigError(f"mesh.rules.{logical}={axes!r} names a mesh axis twice: an axis splits an array "
+                                  f"once; give each at most once, e.g. mesh.rules.{logical}=[{names[0]}]")
 
     def apply(self, plan: ShardingPlan) -> ShardingPlan:
         """The run's plan: the model's ``plan``, the batch over ``BATCH_MESH_AXES``, and
@@ -74,13 +94,6 @@ class MeshConfig(Configurable):
         sizes = {axis: getattr(self, axis) for axis in MESH_AXES}
         given = " x ".join(f"{axis}={size}" for axis, size in sizes.items())
         free = [axis for axis, size in sizes.items() if size == -1]
-        bad = [f"mesh.{axis}={size}" for axis, size in sizes.items() if size == 0 or size < -1]
-        if bad:
-            raise ConfigError(f"{', '.join(bad)}: mesh sizes must be positive (or -1: the remaining devices); "
-                              f"the mesh was {given}")
-        if len(free) > 1:
-            raise ConfigError(f"{' and '.join(f'mesh.{axis}=-1' for axis in free)}: at most one -1 (the remaining "
-                              f"devices) is allowed: give the other mesh axes a size")
         fixed = math.prod(size for size in sizes.values() if size != -1)
         if free:
             if n_devices % fixed:

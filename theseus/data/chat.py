@@ -71,7 +71,15 @@ class ChatTemplate:
 
     source: str
     special: Mapping[str, str]  # bos_token, eos_token, ...: what transformers passes the template
-    origin: str  # a file, or "theseus's default template"
+    origin: str  # data.chat_template=FILE, the tokenizer's file, or "theseus's default template"
+
+    def __post_init__(self):
+        """ConfigError naming the template's origin when it does not parse as Jinja."""
+        try:
+            _compile(self.source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigError(f"the chat template ({self.origin}) does not parse as Jinja (line {exc.lineno}: "
+                              f"{exc.message}): fix the template") from None
 
     @classmethod
     def find(cls, tokenizer: str, given: str | None = None) -> ChatTemplate:
@@ -82,7 +90,7 @@ class ChatTemplate:
             path = Path(given).expanduser()
             if not path.is_file():
                 raise ConfigError(f"data.chat_template={given} does not exist: give the path of a Jinja chat template")
-            return cls(path.read_text(encoding="utf-8"), _special_tokens(tokenizer), str(path))
+            return cls(path.read_text(encoding="utf-8"), _special_tokens(tokenizer), f"data.chat_template={given}")
         own = cls.own(tokenizer)
         if own is not None:
             return own
@@ -133,8 +141,9 @@ class ChatTemplate:
                 for block in compiled.generate(messages=[dict(m) for m in messages], tools=None, documents=None,
                                                add_generation_prompt=add_generation_prompt, **self.special):
                     blocks.append(block)  # noqa: PERF402 (one at a time: the tag reads what came before it)
-        except jinja2.TemplateError as exc:
-            raise ConfigError(f"the chat template ({self.origin}) fails on a conversation: {exc}") from exc
+        except Exception as exc:  # raise_exception's TemplateError, or Python's own (a number added to a string)
+            said = str(exc) if isinstance(exc, jinja2.TemplateError) else f"{type(exc).__name__}: {exc}"
+            raise ConfigError(f"the chat template ({self.origin}) fails on a conversation: {said}") from exc
         return "".join(blocks), spans
 
     def assistant_spans(self, messages: Sequence[Mapping]) -> tuple[str, list[tuple[int, int]]]:
@@ -313,13 +322,11 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
 
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
-    """``source`` compiled in transformers' sandboxed environment; ConfigError when it does not parse."""
+    """``source`` compiled in transformers' sandboxed environment (TemplateSyntaxError when it does
+    not parse)."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[_GenerationTracker, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as exc:
-        raise ConfigError(f"the chat template does not parse as Jinja (line {exc.lineno}: {exc.message})") from exc
+    return env.from_string(source)

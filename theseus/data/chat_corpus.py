@@ -28,7 +28,7 @@ from theseus.config import ConfigError
 from theseus.data.cache import building, cache_folder, settings
 from theseus.data.chat import ChatTemplate, encode_rendered
 from theseus.data.config import DataConfig
-from theseus.data.conversations import Conversations, render_rows
+from theseus.data.conversations import Conversations, check_rows, render_rows
 from theseus.data.docstring_chats import stdlib_chats
 from theseus.data.progress import progress
 from theseus.data.records import iter_records
@@ -55,6 +55,7 @@ def prepare_chats(data: DataConfig) -> Conversations:
         return Conversations.split(encoded, tokenizer, val_fraction=data.val_fraction, seed=data.seed,
                                    packing=data.packing, where=where)
     rows = list(chat_rows(data, files))
+    check_rows(rows, data.chat_field, data.train_on, where)  # before anything is rendered
     rendered, encoded = [], []
     with progress(f"sft: rendering the conversations of {where}", len(rows), "conversations") as advance:
         for conversation in render_rows(rows, template, data.chat_field, where):

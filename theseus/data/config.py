@@ -76,6 +76,14 @@ class DataConfig(Configurable):
                 for name, entry in self.mixture.items()}
 
 
+def check_documents(cfg: DataConfig, fix: str = "add task=sft, or drop data.chat_template") -> None:
+    """ConfigError when a corpus read as documents is given ``data.chat_template``, which renders
+    the conversations of task=sft (unused, it would hide a task left out)."""
+    if cfg.chat_template is not None:
+        raise ConfigError(f"data.chat_template={cfg.chat_template} renders the conversations of task=sft, but "
+                          f"this reads data.path as documents (data.text_field): {fix}")
+
+
 def check_source(key: str, entry: object) -> None:
     """ConfigError naming ``KEY.FIELD`` unless ``entry`` is ``{source, path, weight}`` with a known
     source, a positive weight, and a path where the source reads one (whether it exists is

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 
 import numpy as np
@@ -59,7 +59,7 @@ class Conversations:
               seed: int = 0, packing: bool = True, where: str = "the corpus") -> Conversations:
         """The ``encoded`` conversations (in row order), ``val_fraction`` of them (at least one,
         drawn by ``seed``) held out for validation; ConfigError for fewer than two."""
-        rows = split_rows(len(encoded), val_fraction, seed, "conversations", where)
+        rows = split_rows(len(encoded), val_fraction, seed, "conversation(s)", where)
         return cls(tokenizer, {split: [encoded[i] for i in held] for split, held in rows.items()}, rows, packing, seed)
 
     @property
@@ -91,6 +91,10 @@ class Conversations:
         fits = [i for i, (ids, mask) in enumerate(conversations) if len(ids) <= seq_len + 1 and mask.any()]
         too_long = sum(len(ids) > seq_len + 1 for ids, _ in conversations)
         untrained = len(conversations) - len(fits) - too_long
+        if not any(mask.any() for _, mask in conversations):
+            raise ConfigError(f"none of the {len(conversations)} {split} conversations has a token to train on (the "
+                              f"template marks no assistant turn in them): give conversations with assistant "
+                              f"messages, or set data.train_on=all")
         if not fits:
             raise ConfigError(f"none of the {len(conversations)} {split} conversations fits in architecture.seq_len + 1 = "
                               f"{seq_len + 1} tokens with a token to train on: raise architecture.seq_len "
@@ -132,8 +136,7 @@ class Conversations:
 def split_rows(n: int, val_fraction: float, seed: int, what: str, where: str) -> dict[str, list[int]]:
     """``{"val": [...], "train": [...]}``: ``val_fraction`` of ``n`` rows (at least one, drawn by
     ``seed``) held out for validation, each split's rows in order; ConfigError for fewer than two."""
-    if n < 2:
-        raise ConfigError(f"{where} has fewer than two {what} ({n}): one is held out for validation")
+    check_count(n, what, where)
     order = np.random.default_rng(seed).permutation(n)
     n_val = min(n - 1, max(1, round(val_fraction * n)))
     return {"val": sorted(map(int, order[:n_val])), "train": sorted(map(int, order[n_val:]))}
@@ -152,15 +155,44 @@ def pack(lengths: list[int], size: int) -> list[list[int]]:
     return windows
 
 
+def check_count(n: int, what: str, where: str) -> None:
+    """ConfigError unless ``where`` holds at least two of its ``what`` (one is held out)."""
+    if n < 2:
+        raise ConfigError(f"{where} holds {n} {what}: at least two are needed (one is held out for validation)")
+
+
+def check_rows(rows: Sequence[Mapping], chat_field: str, train_on: str, where: str) -> None:
+    """What can be seen of ``rows`` before they are rendered: at least two, each with its
+    messages (``row_messages``), and with ``train_on=assistant`` some assistant message (the loss
+    covers those alone). ConfigError."""
+    check_count(len(rows), "conversation(s)", where)
+    conversations = [row_messages(number, row, chat_field, where) for number, row in enumerate(rows, start=1)]
+    if train_on == "assistant" and not any(m["role"] == "assistant" for messages in conversations for m in messages):
+        raise ConfigError(f"no conversation of {where} has an assistant message, and the loss covers the assistant's "
+                          f"tokens (data.train_on=assistant): give conversations with assistant replies, or set "
+                          f"data.train_on=all")
+
+
+def row_messages(number: int, row: Mapping, chat_field: str, where: str) -> list[dict]:
+    """Row ``number``'s messages (its ``chat_field``, checked); ConfigError naming the row."""
+    if chat_field not in row:
+        raise ConfigError(f"row {number} of {where} has no field {chat_field!r} (it has "
+                          f"{', '.join(map(repr, row)) or 'none'}): set data.chat_field to the field of its messages")
+    return check_messages(row[chat_field], f"row {number} of {where}, field {chat_field!r},")
+
+
 def render_rows(rows: Iterable[Mapping], template: ChatTemplate, chat_field: str = "messages",
                 where: str = "the corpus") -> Iterator[tuple[str, list[tuple[int, int]]]]:
     """Each row's conversation (its ``chat_field``) rendered by ``template``: its text and the
-    character spans of the assistant's turns. ConfigError, naming the row, for a row without one."""
+    character spans of the assistant's turns. ConfigError, naming the row, for a row without one
+    or one the template fails on."""
     for number, row in enumerate(rows, start=1):
-        if chat_field not in row:
-            raise ConfigError(f"row {number} of {where} has no field {chat_field!r} (it has "
-                              f"{', '.join(map(repr, row)) or 'none'}): set data.chat_field to the field of its messages")
-        yield template.assistant_spans(check_messages(row[chat_field], f"row {number} of {where}, field {chat_field!r},"))
+        messages = row_messages(number, row, chat_field, where)
+        try:
+            rendered = template.assistant_spans(messages)
+        except ConfigError as exc:
+            raise ConfigError(f"row {number} of {where}: {exc}") from None
+        yield rendered
 
 
 class Windows:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from theseus.config import ConfigError
-from theseus.data.config import DataConfig, check_path
+from theseus.data.config import DataConfig, check_documents, check_path
 from theseus.data.loader import Loader
 from theseus.data.mixture import Mixture
 from theseus.data.prepare import prepare
@@ -101,6 +101,7 @@ def planned_vocab_size(cfg: DataConfig, declared: int | None = None) -> int:
 
 def open_source(cfg: DataConfig) -> Dataset:
     """One source's dataset (``data.source``, ``data.path``), prepared first if needed."""
+    check_documents(cfg)
     folder = _shard_folder(cfg.path) if cfg.source == "shards" else prepare(cfg)
     meta = read_meta(folder)
     tokens = read_tokens(folder, meta)

@@ -13,7 +13,7 @@ from pathlib import Path
 from theseus.config import ConfigError
 from theseus.data.config import DataConfig
 from theseus.data.records import SOURCES as RECORDS
-from theseus.data.records import Batch, read_batches
+from theseus.data.records import Batch, missing_field, read_batches
 from theseus.data.sources import read_text
 
 KINDS = {"int": "a number", "float": "a number", "bool": "a boolean", "list": "a list", "dict": "an object"}
@@ -68,8 +68,7 @@ def _texts(file: Path, batch: Batch, field: str, source: str) -> list[str]:
             rows = [row[field] for row in rows]
         except KeyError:
             number, row = next((n, row) for n, row in zip(batch.numbers, batch.rows, strict=True) if field not in row)
-            raise ConfigError(f"{file}:{number} has no field {field!r} (its fields: {', '.join(row) or 'none'}): "
-                              "set data.text_field to the one holding the text") from None
+            raise missing_field(f"{file}:{number}", field, list(row)) from None
     if all(type(text) is str for text in rows):
         return rows
     number, value = next((n, v) for n, v in zip(batch.numbers, rows, strict=True) if not isinstance(v, str))

@@ -27,10 +27,11 @@ import numpy as np
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose
 from theseus.data.cache import building, cache_folder, settings
-from theseus.data.config import DataConfig
+from theseus.data.config import DataConfig, check_documents
 from theseus.data.documents import Documents, documents
 from theseus.data.progress import progress
 from theseus.data.records import SOURCES as RECORDS
+from theseus.data.records import check_text_field
 from theseus.data.shards import META_FILE, ShardMeta, on_disk, read_meta, shard_file, token_dtype, write_meta
 from theseus.data.sources import corpus_files
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer, fit_tokenizer
@@ -65,6 +66,7 @@ def prepare(cfg: DataConfig) -> Path:
     folder = cache_folder(cfg, recorded)
     if (folder / META_FILE).is_file():
         return folder
+    check_text_field(files, cfg.source, cfg.text_field)
     total = sum(path.stat().st_size for path in files)
     if given is not None:
         tokenizer = given
@@ -184,6 +186,7 @@ def main(argv: list[str]) -> int:
     try:
         with configuration(compose(argv)):
             cfg = configure(DataConfig)
+        check_documents(cfg, fix="a run with task=sft prepares its conversations itself: drop data.chat_template")
         folder = prepare(cfg)
         meta = read_meta(folder)
     except ConfigError as exc:

@@ -34,6 +34,7 @@ COMPRESSED = (".gz", ".zst")
 BATCH_ROWS = 256  # rows per batch at most (jsonl, parquet); arrow keeps its files' own batches (datasets: 1000 rows)
 BATCH_BYTES = 1 << 20  # JSONL bytes per batch at most: a batch of long documents stays small
 STATE, DICT = "state.json", "dataset_dict.json"  # what save_to_disk writes into a Dataset's, a DatasetDict's folder
+PARQUET_MAGIC = b"PAR1"  # a parquet file's first (and last) four bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,11 +73,17 @@ def data_files(path: str, source: str, split: str = "train") -> list[Path]:
         return sorted(Path(p) for p in glob.glob(expanded, recursive=True) if Path(p).is_file())
     root = Path(expanded)
     if root.is_file():
+        if source != "parquet" and _is_parquet(root):
+            raise ConfigError(f"data.path={path} is a parquet file, which data.source={source} does not read: "
+                              f"use data.source=parquet")
         return [root]
     if not root.is_dir():
         raise ConfigError(f"data.path={path} does not exist: set data.path to a file, a folder or a glob")
     if source == "arrow":
         return arrow_files(root, split)
+    if (root / STATE).is_file() or (root / DICT).is_file():
+        raise ConfigError(f"data.path={path} is a folder written by datasets' save_to_disk, which "
+                          f"data.source={source} does not read: use data.source=arrow")
     files = sorted(p for p in root.rglob("*")
                    if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
     if source == "parquet":
@@ -84,6 +91,21 @@ def data_files(path: str, source: str, split: str = "train") -> list[Path]:
     if source == "jsonl":
         return [p for p in files if _plain_name(p).endswith(JSONL_NAMES)]
     return files
+
+
+def _is_parquet(file: Path) -> bool:
+    """Whether ``file`` begins as a parquet file does (its magic bytes)."""
+    with file.open("rb") as f:
+        return f.read(4) == PARQUET_MAGIC
+
+
+def missing_field(where: str, field: str, fields: Sequence[str], kind: str = "field") -> ConfigError:
+    """A row (at ``where``) without ``data.text_field``, whose fields (or columns: ``kind``) are
+    ``fields``: the fix is to name the one holding its text, or, rows of ``messages`` being
+    conversations, to fine-tune on them."""
+    fix = ("rows of messages are conversations, which task=sft reads: add task=sft" if "messages" in fields
+           else "set data.text_field to the one holding the text")
+    return ConfigError(f"{where} has no {kind} {field!r} (its {kind}s: {', '.join(fields) or 'none'}): {fix}")
 
 
 def arrow_files(folder: Path, split: str) -> list[Path]:
@@ -200,10 +222,31 @@ def _arrow_batches(file: Path, column: str | None) -> Iterator[Batch]:
                           "save the dataset again with save_to_disk") from exc
 
 
+def check_text_field(files: Sequence[Path], source: str, field: str) -> None:
+    """ConfigError naming the first file of ``files`` without ``field``, before anything is
+    prepared: a parquet or arrow file's schema is read (no row), a jsonl file's first row (the
+    others say so when they are read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for file in files:
+        try:
+            if source == "jsonl":
+                first = next(_jsonl_batches(file))
+                if first.rows and field not in first.rows[0]:
+                    raise missing_field(f"{file}:{first.numbers[0]}", field, list(first.rows[0]))
+            elif source == "parquet":
+                _checked_column(file, pq.read_schema(file), field)
+            elif source == "arrow":
+                with pa.OSFile(str(file)) as raw, pa.ipc.open_stream(raw) as reader:
+                    _checked_column(file, reader.schema, field)
+        except (pa.ArrowException, OSError):
+            continue  # not of its format: said where its rows are read
+
+
 def _checked_column(file: Path, schema: pa.Schema, column: str | None) -> list[str] | None:
     if column is not None and column not in schema.names:
-        raise ConfigError(f"{file} has no column {column!r} (its columns: {', '.join(schema.names)}): "
-                          "set data.text_field to the one holding the text")
+        raise missing_field(str(file), column, schema.names, kind="column")
     return None if column is None else [column]
 
 

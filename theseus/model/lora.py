@@ -72,6 +72,10 @@ class LoRA(Configurable):
         if unknown:
             raise ConfigError(f"architecture.lora.targets has {unknown[0]!r}, which is not a projection: choose "
                               f"among {', '.join(PROJECTIONS)} (e.g. architecture.lora.targets=[q,v])")
+        if self.rank and not self.targets:
+            raise ConfigError(f"architecture.lora.targets=[] adapts no projection, so architecture.lora.rank="
+                              f"{self.rank} would train every weight (a full fine-tune): name the projections "
+                              f"(e.g. architecture.lora.targets=[q,v]), or set architecture.lora.rank=0")
 
     @property
     def scale(self) -> float:
@@ -163,6 +167,11 @@ def adapters(projections: Mapping[str, Projection], family: Sequence[str], fuse:
     for target in wanted:
         served = GROUPS.get(target, (target,))
         in_shape, in_axes = projections[served[0]][:2]
+        full = min(math.prod(in_shape), *(math.prod(projections[t][2]) for t in served))
+        if settings.rank > full:
+            raise ConfigError(f"architecture.lora.rank={settings.rank} is more than the rank of the {target} "
+                              f"projection it adapts ({full}): a low-rank adapter past its weight's rank only adds "
+                              f"parameters; set architecture.lora.rank to at most {full}")
         out[target] = configure(Adapter, rank=settings.rank, scale=settings.scale, rate=settings.dropout,
                                 in_shape=in_shape, in_axes=in_axes, lead_shape=lead[0], lead_axes=lead[1],
                                 outs=tuple((t, *projections[t][2:]) for t in served))

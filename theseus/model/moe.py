@@ -79,6 +79,7 @@ class MoE(Module):
                            help="experts per mixture-of-experts layer")
     top_k: int = field("architecture.moe.top_k", default=2, check=POSITIVE, help="experts each token is sent to")
     expert_d_ff: int | None = field("architecture.moe.d_ff", default=None,
+                                    check=Range(gt=0, says="positive (or null: architecture.d_ff)"),
                                     help="hidden width of each expert; None: architecture.d_ff")
     capacity_factor: float | None = field(
         "architecture.moe.capacity_factor", default=1.25,
@@ -109,6 +110,10 @@ class MoE(Module):
         if self.top_k > self.n_experts:
             raise ConfigError(f"architecture.moe.top_k must be in [1, architecture.moe.n_experts={self.n_experts}], "
                               f"got {self.top_k}")
+        if self.shared_gate and not self.shared_d_ff:
+            raise ConfigError("architecture.moe.shared_gate=true gates the shared expert, but "
+                              "architecture.moe.shared_d_ff=0 gives none: set architecture.moe.shared_d_ff to its "
+                              "width, or drop architecture.moe.shared_gate")
 
     @classmethod
     def components(cls) -> list[type]:

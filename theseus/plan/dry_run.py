@@ -7,14 +7,16 @@ would make it fit), and with ``mesh.target`` the step's predicted time on that h
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import jax
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from theseus.base.compile_oom import DoesNotFit
-from theseus.plan.memory import fit_of
+from theseus.plan.fitting import Found, smallest_fit
+from theseus.plan.memory import fit_of, limit_of
 from theseus.plan.predict import Prediction, predict
 from theseus.training.metrics import format_bytes, format_duration, format_si
 from theseus.training.parts import Run
@@ -23,40 +25,38 @@ from theseus.training.settings import configure_settings
 from theseus.training.state import n_params
 from theseus.training.summary import describe
 
-ADVICE_COMPILE_BUDGET_S = 60.0  # a dry run whose step compiled faster compiles each setting it would advise
-
 
 def dry_run(cfg: DictConfig, assemble: Callable[..., Run], in_sweep: bool = False) -> dict[str, Any]:
     """Assemble ``cfg`` (``assemble``: ``theseus.recipe.assemble``), print its plan; returns the
-    plan's summary (a sweep's row): target, fits, memory, limit, step_s, chip_hours. A step that
-    runs out of device memory as it compiles is a ConfigError (DoesNotFit); ``in_sweep``, a
-    warning and a row that does not fit (what it needs against what the device has), so that
-    the sweep's other points are still planned."""
+    plan's summary (a sweep's row): target, fits, memory, limit, step_s, chip_hours, and
+    ``fits_with``, the overrides of the smallest change that fits when it does not (compiled:
+    ``theseus.plan.fitting``). A step that runs out of device memory as it compiles is a
+    ConfigError (DoesNotFit) naming that change; ``in_sweep``, a warning and a row that does not
+    fit (what it needs against what the device has), so that the sweep's other points are still
+    planned."""
     try:
         run = assemble(cfg)
     except DoesNotFit as exc:
+        layout = assemble(cfg, steps=None, announce=False)
+        limit, _ = limit_of(layout)
+        found = _smallest_fit(cfg, assemble, layout, limit, exc.oom.needed)
+        exc = exc.advised(found.advice())
         if not in_sweep:
-            raise
+            raise exc from None
         if jax.process_index() == 0:
             RunConsole().show(f"theseus: warning: {exc}")
         return {"target": configure_settings(cfg).mesh.target, "fits": False, "memory": exc.oom.needed,
-                "limit": exc.oom.available, "step_s": None, "chip_hours": None}
+                "limit": exc.oom.available, "step_s": None, "chip_hours": None, "fits_with": _overrides(found)}
     compiled, devices, target = run.compiled, run.devices, run.target
     peak, _ = run.peak
-
-    def compile_memory(key: str, value: int | str) -> dict[str, int]:
-        changed = cfg.copy()
-        OmegaConf.update(changed, key, value, force_add=True)
-        try:
-            return assemble(changed, announce=False).compiled.memory
-        except DoesNotFit as exc:  # a setting advised against: over, by what it needed
-            return {"total": exc.oom.needed}
-
     rows = describe(run, n_params(compiled.target.params))
     rows.append(("step time at 100% MFU", duration(run.flops_per_step / (peak * len(devices)))))
     rows.append(("compile time", duration(compiled.seconds)))
-    fit = (fit_of(run, compile_memory if compiled.seconds < ADVICE_COMPILE_BUDGET_S else None)
-           if compiled.memory else None)
+    fit = fit_of(run) if compiled.memory else None
+    found = None
+    if fit and not fit.fits:
+        found = _smallest_fit(cfg, assemble, run, fit.limit, fit.needed)
+        fit = dataclasses.replace(fit, advice=found.advice())
     rows += fit.rows() if fit else []
     prediction = _predict(run) if target else None
     if prediction:
@@ -69,7 +69,29 @@ def dry_run(cfg: DictConfig, assemble: Callable[..., Run], in_sweep: bool = Fals
     return {"target": target.name if target else None, "fits": fit.fits if fit else None,
             "memory": fit.needed if fit else None, "limit": fit.limit if fit else None,
             "step_s": prediction.step_s if prediction else None,
-            "chip_hours": _chip_hours(run, prediction.step_s) if prediction else None}
+            "chip_hours": _chip_hours(run, prediction.step_s) if prediction else None,
+            "fits_with": _overrides(found)}
+
+
+def _smallest_fit(cfg: DictConfig, assemble: Callable[..., Run], layout: Run, limit: int, needed: int) -> Found:
+    """The smallest change that fits, compiling at most ``trainer.fit_candidates`` (timed, said)."""
+    budget = layout.settings.trainer.fit_candidates
+    if budget and jax.process_index() == 0:
+        RunConsole().show(f"theseus: the step does not fit: compiling up to {budget} changed settings for one that "
+                          f"does (trainer.fit_candidates)")
+    return smallest_fit(cfg, assemble, layout, limit, needed, budget, score=_mfu)
+
+
+def _overrides(found: Found | None) -> list[str] | None:
+    return None if found is None or found.fit is None else [f"{k}={v}" for k, v in found.fit[0].items()]
+
+
+def _mfu(run: Run, step_s: float | None = None) -> float | None:
+    """The MFU of a run planned for a target at its predicted step time (or ``step_s``); None
+    without a target."""
+    if not run.target:
+        return None
+    return run.flops_per_step / ((step_s or _predict(run).step_s) * run.peak[0] * len(run.devices))
 
 
 def _predict(run: Run) -> Prediction:
@@ -86,8 +108,7 @@ def _chip_hours(run: Run, step_s: float) -> float:
 
 
 def _prediction_rows(run: Run, p: Prediction) -> list[tuple[str, str]]:
-    target, step, peak = run.target, p.step_s, run.peak[0]
-    mfu = run.flops_per_step / (step * peak * len(run.devices))
+    target, step = run.target, p.step_s
     return [
         ("predicted: compute / step", f"{duration(p.compute_s)} (FLOPs at peak)"),
         ("predicted: memory / step", f"{duration(p.memory_s)} (HBM bytes {p.bytes_source}, "
@@ -97,7 +118,7 @@ def _prediction_rows(run: Run, p: Prediction) -> list[tuple[str, str]]:
         ("predicted: step time", f"{duration(step)} ({p.bound}-bound; roofline, collectives not overlapped)"
          + (f"; XLA's estimate {duration(p.xla_optimal_s)}" if p.xla_optimal_s else "")),
         ("predicted: tokens / s", format_si(run.tokens_per_step / step)),
-        ("predicted: MFU", f"{mfu:.1%}"),
+        ("predicted: MFU", f"{_mfu(run, step):.1%}"),
         ("predicted: chip-hours",
          f"{_chip_hours(run, step):.3g} for trainer.max_steps={run.settings.trainer.max_steps}"),
     ]

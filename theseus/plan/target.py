@@ -61,22 +61,32 @@ class Target:
 
 
 def parse(name: str) -> tuple[str, str, int, int]:
-    """``"tpu:v5e-8"`` -> ``("tpu", "v5e", 8, 1)``; ``"gpu:h100x8x4"`` -> ``("gpu", "h100", 8, 4)``."""
+    """``"tpu:v5e-8"`` -> ``("tpu", "v5e", 8, 1)``; ``"gpu:h100x8x4"`` -> ``("gpu", "h100", 8, 4)``;
+    ConfigError naming ``mesh.target`` for a name, or a size, that is not sold."""
     tpu = re.fullmatch(r"tpu:(v\d+[a-z]?)-(\d+)", name)
     gpu = re.fullmatch(r"gpu:([a-z]\d+)x(\d+)(?:x(\d+))?", name)
-    if tpu and tpu.group(1) in TPU_VERSIONS and int(tpu.group(2)) % TPU_VERSIONS[tpu.group(1)][1] == 0:
-        return "tpu", tpu.group(1), int(tpu.group(2)), 1
-    if gpu and gpu.group(1) in GPU_MODELS and int(gpu.group(2)) >= 1:
-        return "gpu", gpu.group(1), int(gpu.group(2)), int(gpu.group(3) or 1)
+    if tpu and tpu.group(1) in TPU_VERSIONS:
+        version, n = tpu.group(1), int(tpu.group(2))
+        cores = TPU_VERSIONS[version][1]
+        chips = n // cores
+        if n % cores or chips < 1 or chips & (chips - 1):
+            unit = "TensorCores (two a chip)" if cores > 1 else "chips"
+            raise ConfigError(f"mesh.target={name}: a TPU {version} slice of {n} {unit} is not sold: give a power "
+                              f"of two of chips, e.g. mesh.target=tpu:{version}-{8 * cores}")
+        return "tpu", version, n, 1
+    if gpu and gpu.group(1) in GPU_MODELS:
+        model, gpus, nodes = gpu.group(1), int(gpu.group(2)), int(gpu.group(3) or 1)
+        if gpus < 1 or nodes < 1:
+            raise ConfigError(f"mesh.target={name}: {gpus} GPUs a node on {nodes} nodes is no machine: give at "
+                              f"least one of each, e.g. mesh.target=gpu:{model}x8 or gpu:{model}x8x4 (four nodes)")
+        return "gpu", model, gpus, nodes
     raise ConfigError(f"mesh.target={name} is not a known target: use tpu:<{'|'.join(TPU_VERSIONS)}>-<n> or "
                       f"gpu:<{'|'.join(GPU_MODELS)}>x<gpus per node>[x<nodes>], e.g. {EXAMPLES}")
 
 
 def torus(chips: int, dims: int) -> str:
-    """The slice's chip grid, powers of two as even as they go: 8 chips in 2 dims -> ``"2x4"``,
-    64 in 3 -> ``"4x4x4"``."""
-    if chips & (chips - 1):
-        raise ConfigError(f"a TPU slice of {chips} chips is not sold: use a power of two")
+    """The slice's chip grid (``chips`` a power of two, as ``parse`` checks), as even as it goes:
+    8 chips in 2 dims -> ``"2x4"``, 64 in 3 -> ``"4x4x4"``."""
     sides = [1] * dims
     for i in range(int(math.log2(chips))):
         sides[i % dims] *= 2

@@ -27,7 +27,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from theseus.config import ConfigError
 from theseus.model.source import run_of
-from theseus.training.frozen_base import FrozenBase, require_folder, trainable_part, with_part
+from theseus.training.frozen_base import FrozenBase, require_base_weights, trainable_part, with_part
 
 
 class Checkpointer:
@@ -247,7 +247,9 @@ def saved_base(path: Path) -> dict | None:
 
 def require_base(directory: Path) -> None:
     """ConfigError when the newest checkpoint in ``directory`` holds LoRA adapters whose base
-    folder is not there: said as such before anything reads the folder (``trainer.init_from``)."""
-    record = saved_base(directory)
+    folder is not there, or holds other weights: said before anything reads the folder
+    (``trainer.init_from``), or a resumed run writes into its directory."""
+    found = step_dir(directory)
+    record = _base_record(found) if found else None
     if record is not None:
-        require_folder(Path(record["folder"]), directory)
+        require_base_weights(record, found)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,15 +45,19 @@ class Compiled:
 
 
 def compile_steps(model: nn.Module, task: LossTask, plan: ShardingPlan, mesh: Mesh, settings: Settings,
-                  steps: Steps) -> Compiled:
+                  steps: Steps, announce: Callable[[], None] | None = None) -> Compiled:
     """The state's layout on ``mesh``; ``steps="train"``: the train and eval steps compiled,
-    ``"eval"``: the eval step alone, None: neither (a checkpoint to read)."""
+    ``"eval"``: the eval step alone, None: neither (a checkpoint to read). ``announce()`` is
+    called once the layout is known (the model built, its parameters fitting the mesh), before
+    anything compiles."""
     s = settings.trainer
     devices = list(mesh.devices.flat)
     tx, schedule = make_optimizer(settings.optimizer, s.max_steps)
     init, target, shardings = sharded_init(model, tx, model.seq_len, s.seed, plan, mesh)
     if steps is None:
         return Compiled(mesh, init, target, None, None, None, {})
+    if announce is not None:
+        announce()
     replicated = NamedSharding(mesh, PartitionSpec())
     micro = s.batch_size // s.grad_accum
     tokens = batch_of(task.example(model.seq_len), (s.grad_accum, micro), batch_sharding(mesh, accumulated=True))

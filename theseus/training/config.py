@@ -36,6 +36,11 @@ class TrainerConfig(Configurable):
                                   help="with trainer.dry_run: write each point (its overrides, fit, memory, predicted "
                                        "step time and chip-hours) as a line of this JSONL file", resumable=True,
                                   role=PLANNING)
+    fit_candidates: int = field("trainer.fit_candidates", default=4,
+                                check=Range(ge=0, says="0 (name none) or more"), resumable=True, role=PLANNING,
+                                help="a dry run whose step does not fit compiles at most this many changed settings "
+                                     "(trainer.grad_accum, mesh.fsdp, architecture.remat; fewest changes first) and "
+                                     "names the first that fits")
     skip_nonfinite: bool = field("trainer.skip_nonfinite", default=False,
                                  help="skip updates whose loss or gradients are NaN/Inf (counted) instead of stopping")
     init_from: str | None = field("trainer.init_from", default=None,
@@ -68,10 +73,17 @@ class TrainerConfig(Configurable):
         if steps is not None and (len(steps) != 2 or not 1 <= steps[0] <= steps[1]):
             raise ConfigError(f"trainer.profile_steps must be [START, END] with 1 <= START <= END (the steps "
                               f"to trace), got {list(steps)}")
+        if steps is not None and steps[0] > self.max_steps:
+            raise ConfigError(f"trainer.profile_steps={list(steps)} starts after the run's last step "
+                              f"(trainer.max_steps={self.max_steps}): nothing would be traced; start it by step "
+                              f"{self.max_steps}")
         if self.plan_file and not self.dry_run:
             raise ConfigError(f"trainer.plan_file={self.plan_file} is written by a dry run: add trainer.dry_run=true")
         if self.plan_file and not Path(self.plan_file).absolute().parent.is_dir():
             raise ConfigError(f"trainer.plan_file={self.plan_file}: its folder does not exist")
+        if self.plan_file and Path(self.plan_file).is_dir():
+            raise ConfigError(f"trainer.plan_file={self.plan_file} is a folder: give the file to write, e.g. "
+                              f"trainer.plan_file={Path(self.plan_file) / 'plan.jsonl'}")
         if not self.resume:
             raise ConfigError("trainer.resume is empty: set it to auto, last, never or a checkpoint path")
         for key, asked in (("init_optimizer", self.init_optimizer), ("init_data", self.init_data)):

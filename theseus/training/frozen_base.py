@@ -88,19 +88,21 @@ class FrozenBase:
     def check(self, saved: Mapping[str, str], checkpoint: Path) -> None:
         """ConfigError unless the folder ``saved`` (a checkpoint's record) names holds the weights
         the checkpoint's adapters trained on."""
-        folder = Path(saved["folder"])
-        require_folder(folder, checkpoint)
-        if fingerprint(folder) != saved["fingerprint"]:
-            raise ConfigError(f"checkpoint {checkpoint} holds LoRA adapters trained on the base {folder}, but the "
-                              f"weights in {folder} are not that base's: put back the weights the run started from "
-                              f"(or start a new run from these, in a new hydra.run.dir)")
+        require_base_weights(saved, checkpoint)
 
 
-def require_folder(folder: Path, holder: Path) -> None:
-    """ConfigError when ``folder`` (or file), the base that checkpoints in ``holder`` name, is not there."""
+def require_base_weights(saved: Mapping[str, str], holder: Path) -> None:
+    """ConfigError unless the base ``saved`` (the record of a checkpoint in ``holder``) names, a
+    folder or a GGUF file, is there and holds the weights the checkpoint's adapters trained on
+    (its fingerprint)."""
+    folder = Path(saved["folder"])
     if not folder.exists():
         raise ConfigError(f"{holder} holds LoRA adapters without their base, {folder}, which is not there: put the "
                           f"base folder back at {folder}")
+    if fingerprint(folder) != saved["fingerprint"]:
+        raise ConfigError(f"checkpoint {holder} holds LoRA adapters trained on the base {folder}, but the "
+                          f"weights in {folder} are not that base's: put back the weights the run started from "
+                          f"(or start a new run from these, in a new hydra.run.dir)")
 
 
 def trainable_part(params: Any) -> dict:

@@ -73,13 +73,21 @@ def check_model(cfg: DictConfig) -> int | None:
     The vocabulary is a stand-in here when undeclared (VOCAB_MULTIPLE): the run's own is known
     only once the data is prepared whenever the tokenizer comes from the corpus (``char`` is
     fitted to it, ``bpe`` trained on it may hold fewer tokens than ``data.bpe_vocab_size``, a
-    shard folder records its own in meta.json). Configuring a module allocates nothing;
-    ``configure_model`` then configures the run's model once, with the vocabulary.
+    shard folder records its own in meta.json). Every configurable part of the model's tree is
+    built too, as its ``setup()`` would build it (the checks of a mixture's experts, of LoRA's
+    settings). Configuring allocates nothing; ``configure_model`` then configures the run's
+    model once, with the vocabulary.
     """
     with configuration(cfg):
         declared = configure(Vocabulary).size
         model = configure(model_class(cfg), vocab_size=declared or VOCAB_MULTIPLE)
         task = configure(task_class(cfg))
+    for part in type(model).gather()[1:]:
+        if issubclass(part, nn.Module):
+            model.detached(part)
+        else:
+            with configuration(model.own_configuration()):
+                configure(part)
     if isinstance(task, LossTask):
         task.check_model(model)  # the model takes what the task passes it (sft: segments=)
     return declared

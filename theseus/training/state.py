@@ -14,6 +14,7 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from theseus.base.axis import ShardingPlan
+from theseus.config import ConfigError
 
 
 # The init runs once, and is mostly the random draws' hashing: LLVM's -O1 compiles it several
@@ -48,9 +49,31 @@ def param_shapes(model: nn.Module, seq_len: int) -> Any:
 
 
 def state_shardings(abstract: TrainState, plan: ShardingPlan, mesh: Mesh) -> Any:
-    """NamedShardings for every leaf of a (boxed) abstract state: params and moments by plan."""
+    """NamedShardings for every leaf of a (boxed) abstract state: params and moments by plan;
+    ConfigError for a parameter that the mesh does not split evenly (``check_divisible``)."""
+    check_divisible(abstract.params, plan, mesh)
     specs = plan.specs(abstract)
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def check_divisible(params: Any, plan: ShardingPlan, mesh: Mesh) -> None:
+    """ConfigError naming the first parameter (of boxed abstract ``params``) whose size along a
+    logical axis the mesh axes ``plan`` maps it to do not divide: an axis of 3 experts over
+    ``mesh.expert=2``, of 1 key/value head over ``mesh.tensor=2``. The fix: mesh sizes that divide
+    it, or the axis replicated (``mesh.rules.AXIS=null``)."""
+    boxed = jax.tree_util.tree_leaves_with_path(params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    for path, leaf in boxed:
+        if not isinstance(leaf, nn.Partitioned):
+            continue
+        for size, logical, axes in zip(leaf.value.shape, leaf.names, plan.spec(leaf.names)):
+            axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+            split = math.prod(mesh.shape[axis] for axis in axes)
+            if size % split:
+                name = "/".join(str(getattr(key, "key", key)) for key in path)
+                over = " x ".join(f"mesh.{axis}={mesh.shape[axis]}" for axis in axes)
+                raise ConfigError(f"parameter {name} {list(leaf.value.shape)} has {size} along its {logical!r} axis, "
+                                  f"which {over} does not split evenly: give mesh sizes that divide {size}, or keep "
+                                  f"that axis whole on every device (mesh.rules.{logical}=null)")
 
 
 def sharded_init(model: nn.Module, tx: optax.GradientTransformation, seq_len: int, seed: int,
