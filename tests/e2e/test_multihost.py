@@ -128,13 +128,13 @@ def test_every_process_measures_its_own_devices(corpus, tmp_path):
 
 EVALUATE = """
 import json, sys
-from pathlib import Path
 from theseus.base.distributed import initialize
 run, coordinator, index, *args = sys.argv[1:]
 if coordinator:
     initialize({"distributed": {"coordinator": coordinator, "num_processes": 2, "process_id": int(index)}})
 from theseus.evaluate import run_evaluations  # the trainer's evaluations of a checkpoint
-print("RESULT", json.dumps(run_evaluations(Path(run), None, args)))
+from theseus.model.source import parse_source
+print("RESULT", json.dumps(run_evaluations(parse_source(run, key=None), None, args)))
 """
 
 
