@@ -1,7 +1,8 @@
 """The wheels a lent GPU machine lacks to run ``gpu.py``, made here: theseus's own (its code and
 its entry points, through which it finds its options) and what theseus needs that the
-machine's Python does not have: Hydra, OmegaConf, ANTLR (OmegaConf's parser) and PyYAML (a
-fallback: transformers usually brings it). No package index is reachable there, so they travel
+machine's Python does not have: Hydra, OmegaConf, ANTLR (OmegaConf's parser), gguf (theseus's
+tokenizers read GGUF files), Jinja2 and MarkupSafe (chat templates) and PyYAML (a fallback:
+transformers usually brings it). No package index is reachable there, so they travel
 with the repository as the device tool's ``carry`` path; ``bootstrap.py`` installs them there.
 
     python benchmarks/gpu_bundle.py          # -> benchmarks/wheels/ (git-ignored)
@@ -23,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEELS = ROOT / "benchmarks" / "wheels"  # bootstrap.py reads them from here too
-MISSING_ON_DEVICE = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "PyYAML")
+MISSING_ON_DEVICE = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "gguf", "jinja2", "MarkupSafe", "PyYAML")
 NOT_PACKED = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}  # written by an installer, not in a wheel
 
 

@@ -52,8 +52,10 @@ def test_gpu_script_runs_from_its_bundle_where_hydra_and_theseus_are_not_install
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     installed = {path.name.split("-")[0] for path in target.glob("*.dist-info")}
-    assert installed == {"theseus", "hydra_core", "omegaconf", "antlr4_python3_runtime"}  # PyYAML: transformers'
+    assert installed == {"theseus", "hydra_core", "omegaconf", "antlr4_python3_runtime", "gguf",
+                         "jinja2", "markupsafe"}  # PyYAML: transformers'
     configs = json.loads((results / "gpu.json").read_text())["results"]["configs"]
+    assert "mfu" in configs["xla batch 2"], configs["xla batch 2"]  # else its error
     assert 0 < configs["xla batch 2"]["mfu"] < 1 and configs["xla batch 2"]["tokens_per_s"] > 0
     scanned = configs["xla batch 2 scan remat=full"]  # the scale knobs, at the first batch and implementation
     assert 0 < scanned["mfu"] < 1 and scanned["build_s"] > 0 and scanned["xla_memory"]["temp"] > 0

@@ -80,7 +80,8 @@ def test_cfg_job_shows_the_architecture_init_from_derives(flag_first, tmp_path):
 @pytest.mark.parametrize("experiment", [e for e in EXPERIMENTS if e != "pmm_regression"])
 def test_dry_run_of_each_experiment_prints_memory_and_writes_nothing(experiment, corpus, tmp_path):
     run_dir = tmp_path / "run"
-    data = [] if experiment == "sft_tiny" else small_data(corpus)  # sft reads conversations: its own
+    own_data = experiment in ("sft_tiny", "dpo_tiny")  # conversations and preference pairs: their own
+    data = [] if own_data else small_data(corpus)
     proc = run_python("-m", "theseus.run", f"+experiment={experiment}", *data,
                       "trainer.batch_size=2", "trainer.grad_accum=1", "trainer.dry_run=true",
                       f"hydra.run.dir={run_dir}")

@@ -35,6 +35,12 @@ def test_each_kind_is_told_apart(tmp_path, run_dir):
         assert (source.kind, source.run_dir, source.step, source.imported) == ("run", run_dir, step, False)
 
 
+def test_a_run_directory_named_by_a_number_names_no_step(tmp_path, run_dir):
+    """A multirun's run directories are 0, 1, ...: the newest checkpoint, not step 1."""
+    numbered = run_dir.rename(tmp_path / "1")
+    assert (parse_source(numbered).step, parse_source(numbered / "checkpoints" / "8").step) == (None, 8)
+
+
 def test_a_relative_path_is_resolved_and_named_as_given(tmp_path, monkeypatch, run_dir):
     monkeypatch.chdir(tmp_path)
     source = parse_source("run/checkpoints/8", key="dpo.reference")

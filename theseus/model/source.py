@@ -52,8 +52,10 @@ class ModelSource:
 
     @property
     def step(self) -> int | None:
-        """The step a run's path names (its step folder), else None: the newest."""
-        return int(self.path.name) if self.kind == "run" and self.path.name.isdigit() else None
+        """The step a run's path names (its step folder), else None: the newest. (A run directory
+        named by a number, as a multirun's are, names no step.)"""
+        named = self.kind == "run" and self.path.name.isdigit() and not (self.path / "checkpoints").is_dir()
+        return int(self.path.name) if named else None
 
     @property
     def imported(self) -> bool:
