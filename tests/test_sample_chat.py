@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from theseus.config import configuration, configure
-from theseus.data.chat import ChatTemplate, chat_prompt
+from theseus.conversation import Conversation
+from theseus.data.chat import ChatTemplate
 from theseus.data.chat_corpus import chat_tokenizer
 from theseus.data.config import DataConfig
 from theseus.model.models.gpt import GPT
-from theseus.sample import reply
+from theseus.model.sampling import Sampling
 
 CORPUS = [[{"role": "user", "content": "Say ok."}, {"role": "assistant", "content": "ok"}],
           [{"role": "user", "content": "Say no."}, {"role": "assistant", "content": "no, not ok"}]]
@@ -50,11 +51,12 @@ def test_chat_reply_stops_at_the_end_of_turn_token(kind):
     params["wte"]["embedding"] = jnp.asarray(wte)
     params["lm_head"] = jnp.asarray(head)
     trained = types.SimpleNamespace(cfg={"data.tokenizer": kind}, tokenizer=tokenizer, model=model, params=params)
+    chat = Conversation.of(trained, sampling=Sampling(0.0), max_new_tokens=8)
 
-    prompt = chat_prompt(template, tokenizer, "Say ok.")
+    prompt = chat.prompt("Say ok.")
     assert tokenizer.decode(prompt.tolist()) == "<|user|>\nSay ok.<|endoftext|>\n<|assistant|>\n"
     assert prompt[-1] == newline and template.end_of_turn(tokenizer) == tokenizer.eot
-    assert reply(trained, "Say ok.", 8, temperature=0.0) == "ok"
+    assert chat.say("Say ok.") == ("ok", [o, k])
     if kind == "char":  # a character the corpus never had: refused, not dropped
         with pytest.raises(ValueError, match="character 'z' is not in the char vocabulary"):
-            reply(trained, "Say z.", 8, temperature=0.0)
+            chat.say("Say z.")

@@ -418,17 +418,6 @@ def train(config: Sequence[str] | DictConfig, run_dir: str | Path) -> float:
         return execute(cfg, run_dir, run)
 
 
-def use_compilation_cache() -> None:
-    """Keep compiled programs across runs in JAX's persistent cache (~/.cache/theseus/jax), unless
-    JAX_COMPILATION_CACHE_DIR names another place: a job run again starts without compiling."""
-    import jax
-
-    from theseus.base.hardware import CACHE
-
-    if not jax.config.jax_compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", str(CACHE.parent / "jax"))
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     completion = {"-sc", "--shell-completion"} & set(argv)
@@ -445,6 +434,8 @@ def main(argv: list[str] | None = None) -> None:
             registry.store()
             checked = None, []
         else:
+            from theseus.base.compilation_cache import use_compilation_cache
+
             use_compilation_cache()
             from theseus.interop.init_from import command_line_choice
 

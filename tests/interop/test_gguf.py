@@ -22,7 +22,8 @@ from interop.gguf_files import (CHATML, EVERY_KIND, FAMILIES, ORIGINALS, byte_le
 from interop.hf_models import CORPUS, hf_logits, hf_model, target_of, theseus_model, torch, transformers
 
 from theseus.config import ConfigError
-from theseus.data.chat import ChatTemplate, chat_prompt
+from theseus.conversation import Conversation
+from theseus.data.chat import ChatTemplate
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.data.gguf_file import open_gguf
@@ -202,7 +203,8 @@ def test_chat_template_renders_as_transformers(tokenizer_file):
     assert template.special == {name: getattr(reference, name) for name in template.special}
     assert template.render(messages)[0] == reference.apply_chat_template(messages, tokenize=False)
     ids = reference.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=True, return_dict=False)
-    assert chat_prompt(template, HFTokenizer.from_file(tokenizer_file), "What is 2+2?").tolist() == ids
+    chat = Conversation(None, None, HFTokenizer.from_file(tokenizer_file), template)  # what sample --chat renders
+    assert chat.prompt("What is 2+2?").tolist() == ids
 
 
 def test_an_exported_tokenizer_is_the_gguf_files_in_transformers(tokenizer_file, tmp_path):

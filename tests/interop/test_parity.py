@@ -21,7 +21,8 @@ from theseus.config import ConfigError
 from theseus.interop.hf_config import SPECIAL_TOKENS, architecture, arch_of, hf_config, model_type, read_config
 from theseus.interop.hf_weights import WEIGHTS_FILE, to_hf
 from theseus.interop.loading import load_params
-from theseus.model.generate import generate
+from theseus.model.generate import complete, generate
+from theseus.model.sampling import Sampling
 
 MIXED = ("qwen2_moe", "gemma2", "gemma3")  # layers that differ (dense and sparse, sliding and global)
 
@@ -74,17 +75,25 @@ def test_the_exported_config_is_the_checkpoints_own(any_hf_folder, tmp_path):
 
 @pytest.mark.slow
 def test_greedy_generation_equals_transformers(any_hf_folder):
-    """Through the KV cache, 27 positions: past every family's sliding window (8 or 12)."""
+    """Through the KV cache, to 27 positions: past every family's sliding window (8 or 12); two
+    prompts, of 7 tokens and of 4 (then 3 padding tokens), in one batch, each row at its own
+    positions, as transformers continues each alone: its tokens, and each token's
+    log-probability (which a wrong mask shows where the argmax stays)."""
     model = theseus_model(any_hf_folder)
     params = load_params(any_hf_folder, arch_of(model), target_of(model))
-    prompt = np.random.default_rng(1).integers(0, model.vocab_size, size=(2, 7))
+    prompts, lengths = np.random.default_rng(1).integers(0, model.vocab_size, size=(2, 7)), [7, 4]
     hf = transformers.AutoModelForCausalLM.from_pretrained(any_hf_folder).eval()
-    with torch.no_grad():
-        expected = hf.generate(torch.from_numpy(prompt), attention_mask=torch.ones_like(torch.from_numpy(prompt)),
-                               do_sample=False, max_new_tokens=20, min_new_tokens=20, pad_token_id=0).numpy()
-    tokens = generate(model, params, prompt, max_new_tokens=20, temperature=0.0)
-    assert expected.shape == (2, 27)
-    np.testing.assert_array_equal(np.asarray(tokens), expected)
+    ours = complete(model, params, prompts, lengths, 20, Sampling(0.0), logprobs=True)
+    for row, length in enumerate(lengths):
+        prompt = torch.from_numpy(prompts[row:row + 1, :length])
+        with torch.no_grad():
+            out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=20,
+                              min_new_tokens=20, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        tokens = out.sequences[0, length:]
+        logprobs = torch.stack([torch.log_softmax(step[0].double(), -1)[t] for step, t in zip(out.logits, tokens)])
+        np.testing.assert_array_equal(np.asarray(ours.tokens[row]), tokens.numpy())
+        np.testing.assert_allclose(np.asarray(ours.logprobs[row]), logprobs.numpy(), atol=2e-4)
+    np.testing.assert_array_equal(generate(model, params, prompts, 20, temperature=0.0)[0, 7:], ours.tokens[0])
 
 
 @pytest.mark.parametrize("seq_len", [24])

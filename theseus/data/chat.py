@@ -257,14 +257,6 @@ def encode_rendered(text: str, spans: Sequence[tuple[int, int]], tokenizer: Toke
     return ids, mask
 
 
-def chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, message: str) -> np.ndarray:
-    """int32 ``[n]``: a one-message conversation from the user, with the generation prompt;
-    ValueError for a character a char vocabulary lacks (its Hugging Face form would drop it)."""
-    tokenizer.encode(message)
-    text, _ = template.render([{"role": "user", "content": message}], add_generation_prompt=True)
-    return tokenize(tokenizer, text)[0]
-
-
 def check_messages(messages: object, where: str) -> list[dict]:
     """``messages`` as a list of ``{role, content}`` dicts; ConfigError naming ``where`` otherwise."""
     if not isinstance(messages, list) or not messages:

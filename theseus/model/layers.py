@@ -16,7 +16,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -370,39 +370,70 @@ def causal_mask(queries: jax.Array, keys: jax.Array, window: int | None) -> jax.
     return (gap >= 0) if window is None else (gap >= 0) & (gap < window)
 
 
-def softcapped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
-                         cap: float) -> jax.Array:
-    """Attention whose scores are soft-capped, ``cap * tanh(scores / cap)`` (Gemma 2's), which the
-    fused kernels do not compute: ``q: [batch, seq, heads, head_dim]``, ``k, v: [batch, keys,
-    kv_heads, head_dim]``, ``mask: bool`` broadcasting to ``[batch, heads, seq, keys]`` -> like q.
-    Scores and softmax in float32; each kv head serves ``heads / kv_heads`` query heads in turn."""
-    groups = q.shape[2] // k.shape[2]
-    k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
-    scores = jnp.einsum("bshd,bthd->bhst", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
-    scores = jnp.where(mask, cap * jnp.tanh(scores / cap), jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bhst,bthd->bshd", weights, v)
-
-
 class KVCache(Module):
     """Keys and values of the positions seen so far, for decoding a chunk at a time.
 
-    Its variables (collection ``cache``) are ``[batch, max_len, kv_heads, head_dim]``, sized by
-    the call that creates them (``theseus.model.generate`` creates them at prompt + new tokens).
-    A sliding ``window`` masks the keys more than ``window - 1`` positions back (they stay cached).
+    Its variables (collection ``cache``) are ``[batch, kv_heads, max_len, head_dim]`` (the
+    layout ``cached_attention``'s products read as they are), sized by the call that creates
+    them (``theseus.model.generate`` creates them at its cache length) and laid out over the
+    mesh as the batch and the kv heads are (``nn.with_logical_constraint``). A sliding
+    ``window`` masks the keys more than ``window - 1`` positions back (they stay cached).
     """
 
     window: int | None = None  # not a config key: the attention's sliding window
 
     @nn.compact
     def __call__(self, k: jax.Array, v: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Write ``k, v: [batch, seq, kv_heads, head_dim]`` at ``positions``; return every cached
-        key and value and the causal mask ``bool[seq, max_len]`` of the queries at ``positions``."""
-        keys = self.variable("cache", "key", jnp.zeros, k.shape, k.dtype)
-        values = self.variable("cache", "value", jnp.zeros, v.shape, v.dtype)
-        keys.value = jax.lax.dynamic_update_slice_in_dim(keys.value, k, positions[0], axis=1)
-        values.value = jax.lax.dynamic_update_slice_in_dim(values.value, v, positions[0], axis=1)
-        return keys.value, values.value, causal_mask(positions, jnp.arange(keys.value.shape[1]), self.window)
+        """Write ``k, v: [batch, seq, kv_heads, head_dim]`` at ``positions`` (``int32[seq]``, every
+        row alike, or ``[batch, seq]``, each row its own, consecutive); return every cached key and
+        value and the causal mask ``bool[batch, 1, seq, max_len]`` of the queries there."""
+        batch, seq, kv, head_dim = k.shape
+        positions = jnp.broadcast_to(positions, (batch, seq))
+        rows = jnp.arange(batch)[:, None]
+        cached = []
+        for name, new in (("key", k), ("value", v)):
+            variable = self.variable("cache", name, jnp.zeros, (batch, kv, seq, head_dim), new.dtype)
+            # row b at positions[b], in place (no bounds check: the caller sizes the cache)
+            written = variable.value.at[rows, :, positions].set(new, mode="promise_in_bounds", unique_indices=True,
+                                                                 indices_are_sorted=True)
+            variable.value = nn.with_logical_constraint(written, (BATCH, KV_HEADS, None, HEAD_DIM))
+            cached.append(variable.value)
+        mask = causal_mask(positions, jnp.arange(cached[0].shape[2]), self.window)[:, None]
+        return cached[0], cached[1], mask
+
+
+def grown(cache: Any, length: int) -> Any:
+    """A model's ``cache`` collection with every KVCache's keys and values padded with zeros to
+    ``length`` positions: the cache a first chunk created at its own length, given room to go on."""
+    def grow(path, x):
+        if path[-1] not in (DictKey("key"), DictKey("value")):
+            return x
+        return jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, length - x.shape[-2]), (0, 0)])
+
+    return jax.tree_util.tree_map_with_path(grow, cache)
+
+
+def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                     softcap: float | None = None) -> jax.Array:
+    """Queries ``q: [batch, seq, heads, head_dim]`` attending to keys and values laid out as a
+    KVCache's, ``k, v: [batch, kv_heads, keys, head_dim]``, where ``mask: bool[batch | 1, 1, seq,
+    keys]``; query head n reads kv head n // (heads / kv_heads), as ``jax.nn.dot_product_attention``
+    groups them. Scores (times ``scale``, then soft-capped to ``softcap * tanh(scores / softcap)``
+    if set: Gemma 2's, which the fused kernels do not compute) and softmax in float32. Written out,
+    a kv head's queries as the rows of one product, so that both products read the cache in its
+    own layout: nothing larger than the queries is copied at a step (for two rows or more; XLA
+    copies a one-row cache, which measures cheaper than a second row)."""
+    batch, seq, heads, head_dim = q.shape
+    kv, length = k.shape[1], k.shape[2]
+    group = heads // kv
+    rows = q.reshape(batch, seq, kv, group, head_dim).transpose(0, 2, 3, 1, 4).reshape(batch, kv, group * seq, head_dim)
+    scores = jnp.einsum("bkqh,bksh->bkqs", rows, k, preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        scores = softcap * jnp.tanh(scores / softcap)
+    mask = jnp.broadcast_to(mask[:, :, None], (batch, 1, group, seq, length)).reshape(batch, 1, group * seq, length)
+    probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkqs,bksh->bkqh", probs, v).reshape(batch, kv, group, seq, head_dim)
+    return out.transpose(0, 3, 1, 2, 4).reshape(batch, seq, heads, head_dim)
 
 
 class Attention(Module):
@@ -412,7 +443,8 @@ class Attention(Module):
     ``head_dim`` wide (d_model / n_heads unless set), through ``jax.nn.dot_product_attention``
     (``attention_impl=cudnn``: cuDNN flash attention). Dropout applies to the output (the fused
     kernels have none on the probabilities). With ``decode``, keys and values go through a
-    KVCache and queries see every cached position up to their own. With ``segments``, a query
+    KVCache and queries see every cached position up to their own (``cached_attention``, which
+    also computes soft-capped scores, which the fused kernels do not). With ``segments``, a query
     sees only the earlier keys of its own segment (packed sequences stay apart).
 
     What other families add, each a field at a default that changes nothing: ``qk_norm`` (the
@@ -523,29 +555,22 @@ class Attention(Module):
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
         same = None if segments is None else (segments[:, None, :, None] == segments[:, None, None, :])
-        if self.cache is not None:  # a masked step over the cache: XLA's kernel (the flash kernels want whole sequences)
-            k, v, mask = self.cache(k, v, positions)
-            out = self.attend(q, k, v, mask, implementation="xla")
-        elif self.attn_softcap is not None:  # [batch, 1, seq, seq]: a key sees itself and those before, per segment
+        if self.cache is not None:  # a masked step over the cache (the flash kernels want whole sequences)
+            out = cached_attention(q, *self.cache(k, v, positions), self.scale, self.attn_softcap)
+        elif self.attn_softcap is not None:  # written out too: a key sees itself and those before, per segment
             index = jnp.arange(x.shape[1])
-            mask = causal_mask(index, index, self.sliding_window)
-            out = self.attend(q, k, v, mask if same is None else mask & same)
+            mask = causal_mask(index, index, self.sliding_window)[None, None]
+            out = cached_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                                   mask if same is None else mask & same, self.scale, self.attn_softcap)
         else:
             window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
             out = jax.nn.dot_product_attention(q, k, v, mask=same, scale=self.scale, is_causal=True,
                                                local_window_size=window, implementation=self.attention_impl)
-        y = dense("bsnh,nhd->bsd", out, self.wo, self.bo, dtype, self._matmul_dtype)
+        # jnp.einsum contracts its letters in alphabetical order: heads (h) before head_dim (k),
+        # as they lie in memory, or XLA transposes wo and the output at every call
+        y = dense("bshk,hkd->bsd", out, self.wo, self.bo, dtype, self._matmul_dtype)
         (y,) = adapt(self.lora, out, {"o": y}, deterministic)
         return self.drop(y, deterministic=deterministic)
-
-    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-               implementation: str | None = None) -> jax.Array:
-        """Attention of ``q: [batch, seq, heads, head_dim]`` over ``k, v: [batch, keys, kv_heads,
-        head_dim]`` where ``mask`` (bool, broadcasting to ``[batch, heads, seq, keys]``) allows."""
-        if self.attn_softcap is not None:
-            return softcapped_attention(q, k, v, mask, self.scale, self.attn_softcap)
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=self.scale,
-                                            implementation=implementation or self.attention_impl)
 
     def flops(self, seq: int) -> int:
         """Projections (q, o: d_model x heads x head_dim; k, v: d_model x kv width) and their adapters,

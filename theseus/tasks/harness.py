@@ -38,7 +38,8 @@ from theseus.base.native_output import native_lines_filtered
 from theseus.base.mesh import on_devices
 from theseus.config import ConfigError
 from theseus.data.tokenizer import Tokenizer
-from theseus.model.generate import continue_prompts
+from theseus.model.generate import complete
+from theseus.model.sampling import Sampling
 from theseus.tasks.multiple_choice import encode_text, log_likelihoods
 
 try:
@@ -190,18 +191,21 @@ class HarnessLM(TemplateLM):
 
     def _continue(self, rows: list[tuple[int, list[int], list[str]]], budget: int, temperature: float) -> list[str]:
         """The text each ``(index, context ids, stop sequences)`` of ``rows`` continues with, in
-        steps (see ``generate_until``) until ``budget`` tokens or one of its stop sequences."""
+        steps (see ``generate_until``) until ``budget`` tokens or one of its stop sequences. A
+        row ends early at the end-of-text token when that token's text is one of its stop
+        sequences (the text is cut there anyway)."""
         produced: list[list[int]] = [[] for _ in rows]
         texts = [""] * len(rows)
         live = list(range(len(rows)))
+        eot = self.tokenizer.eot
+        stop_tokens = [eot] if eot is not None and self.tokenizer.decode([eot]) else []
         while live:
             done = len(produced[live[0]])  # rows move in lockstep: every live row has made as many
             step = min(budget - done, self.max_length - 1 if not done else self.max_length // 2)
             prompts = [(rows[i][1] + produced[i])[-(self.max_length - step):] for i in live]
-            width = min(1 << (max(map(len, prompts)) - 1).bit_length(), self.max_length + 1 - step)
             slots = live + [live[0]] * (self.batch_size - len(live))  # a full batch: one compiled shape
             prompts += [prompts[0]] * (len(slots) - len(live))
-            tokens = np.zeros((len(slots), width), np.int32)
+            tokens = np.zeros((len(slots), max(map(len, prompts))), np.int32)
             for slot, prompt in enumerate(prompts):
                 tokens[slot, :len(prompt)] = prompt
             rngs = jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), rows[i][0]), done)
@@ -209,11 +213,11 @@ class HarnessLM(TemplateLM):
             with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
                 # every process passes the same prompts; the rows come back split over the
                 # batch axes, on other processes' devices too: gathered onto every process
-                new = multihost_utils.process_allgather(continue_prompts(
-                    self.model, self.params, tokens, [len(p) for p in prompts], step, temperature=temperature,
-                    rngs=rngs, vocab_size=self.vocab_size), tiled=True)
+                out = complete(self.model, self.params, tokens, [len(p) for p in prompts], step, Sampling(temperature),
+                               keys=rngs, stop_tokens=stop_tokens, vocab_size=self.vocab_size)
+                new, lengths = multihost_utils.process_allgather((out.tokens, out.lengths), tiled=True)
             for slot, i in enumerate(live):
-                produced[i] += new[slot].tolist()
+                produced[i] += new[slot, :lengths[slot]].tolist()
                 # ids past the tokenizer's (a checkpoint's vocabulary may be larger) decode to
                 # nothing, as Hugging Face's tokenizers decode them
                 texts[i] = self.tokenizer.decode([token for token in produced[i] if token < self.tokenizer.vocab_size])

@@ -169,8 +169,8 @@ class GPT(Module):
         if not self.tie_embeddings:
             init = nn.initializers.normal(self.init_std)
             self.lm_head = param(self, "lm_head", init, (EMBED, VOCAB), (self.d_model, self.vocab_size))
-        if self.decode:
-            self.index = self.variable("cache", "index", jnp.zeros, (), jnp.int32)  # positions cached so far
+        if self.decode:  # the next position: int32 (every row alike) or int32[batch] (theseus.model.generate's)
+            self.index = self.variable("cache", "index", jnp.zeros, (), jnp.int32)
 
     def layer_cls(self, index: int) -> type[Module]:
         """The block class of layer ``index`` (unrolled layers; a scan repeats ``block_cls``)."""
@@ -231,14 +231,15 @@ class GPT(Module):
         return scan(self.h, x, positions, segments)[0]
 
     def _positions(self, seq: int) -> jax.Array:
-        """``int32[seq]``: 0 .. seq-1, or when decoding the next ``seq`` after those cached."""
+        """``int32[seq]``: 0 .. seq-1, or when decoding the ``seq`` from the cache's index on
+        (``int32[batch, seq]`` when the index is each row's)."""
         if not self.decode:
             if seq > self.seq_len:
                 raise ValueError(f"a sequence of {seq} tokens exceeds architecture.seq_len ({self.seq_len})")
             return jnp.arange(seq)
         start = self.index.value
         self.index.value = start + seq
-        return start + jnp.arange(seq)
+        return start[..., None] + jnp.arange(seq)
 
     def flops(self, seq: int) -> int:
         """Forward + backward FLOPs of one sequence of ``seq`` tokens.

@@ -1,0 +1,77 @@
+"""How a next token is chosen from a model's logits: greedy, or drawn after transformers' warpers.
+
+    sampling = Sampling(temperature=0.7, top_k=50, top_p=0.9)
+    sampling.check(vocab_size)                          # ValueError naming the bad setting
+    tokens, logps = choose(logits, keys, sampling.temperature, sampling.top_k, sampling.top_p)
+
+``logits: [batch, vocab]``; ``keys: key[batch]``, one per row, so that a row's draw depends on
+its own key alone. Temperature 0 takes the argmax; otherwise the logits are divided by the
+temperature, then ``top_k`` keeps the k likeliest (transformers' ``TopKLogitsWarper``: every
+token scoring below the k-th is removed) and ``top_p`` the smallest set whose probability
+exceeds p (``TopPLogitsWarper``: tokens in ascending order are removed while their cumulative
+probability is at most 1 - p; the likeliest always stays; tokens tied with the last one kept
+all stay, where transformers keeps those its sort puts last), in that order, as transformers
+applies them, and a token is drawn from the softmax of what remains. The log-probability
+returned is GRPO's: of the chosen token under ``log_softmax(logits / temperature)``, the whole
+vocabulary, no warper (temperature 0 counts as 1), in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """``temperature`` (0: greedy), ``top_k`` (None: every token), ``top_p`` (None or 1: every
+    token; 0: the likeliest alone, as transformers keeps at least one)."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def check(self, vocab_size: int) -> None:
+        """ValueError naming the setting out of range (a vocabulary of ``vocab_size`` ids)."""
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be 0 (greedy) or positive, got {self.temperature}")
+        if self.top_k is not None and not 1 <= self.top_k <= vocab_size:
+            raise ValueError(f"top_k must be between 1 and the vocabulary size ({vocab_size}), got {self.top_k}")
+        if self.top_p is not None and not 0 <= self.top_p <= 1:
+            raise ValueError(f"top_p must be between 0 and 1, got {self.top_p}")
+
+    @property
+    def nucleus(self) -> float | None:
+        """``top_p`` when it removes anything (below 1), else None."""
+        return self.top_p if self.top_p is not None and self.top_p < 1 else None
+
+
+def warp(logits: jax.Array, temperature: jax.Array, top_k: int | None, top_p: jax.Array | None) -> jax.Array:
+    """``logits: [batch, vocab]`` divided by ``temperature`` (> 0), then top-k, then top-p: the
+    removed tokens at -inf (float32)."""
+    logits = logits.astype(jnp.float32) / temperature
+    if top_k is not None:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if top_p is not None:
+        ascending = jnp.sort(logits, axis=-1)
+        removed = jnp.cumsum(jax.nn.softmax(ascending, axis=-1), axis=-1) <= 1 - top_p  # a prefix of ascending
+        first_kept = jnp.minimum(removed.sum(axis=-1, keepdims=True), logits.shape[-1] - 1)  # the likeliest stays
+        logits = jnp.where(logits < jnp.take_along_axis(ascending, first_kept, axis=-1), -jnp.inf, logits)
+    return logits
+
+
+def choose(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: int | None,
+           top_p: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """``(tokens int32[batch], logps float32[batch])`` from ``logits: [batch, vocab]`` and
+    ``keys: key[batch]`` (see the module). ``temperature`` is traced (one program for all of
+    them, greedy included); ``top_k`` is static; ``top_p`` traced, or None for no nucleus."""
+    logits = logits.astype(jnp.float32)
+    hot = temperature > 0
+    scale = jnp.where(hot, temperature, 1.0)
+    tokens = jax.lax.cond(hot, lambda: jax.vmap(jax.random.categorical)(keys, warp(logits, scale, top_k, top_p)),
+                          lambda: jnp.argmax(logits, axis=-1)).astype(jnp.int32)  # greedy: no warper, no draw
+    logps = jnp.take_along_axis(jax.nn.log_softmax(logits / scale, axis=-1), tokens[:, None], axis=-1)[:, 0]
+    return tokens, logps
