@@ -141,18 +141,20 @@ def save(name: str, results: Any) -> Path:
 
 
 def machine() -> dict[str, Any]:
-    """The host and JAX backend the figures were measured on."""
+    """The host and JAX backend the figures were measured on: the processor (model, vendor and
+    family, its vector extensions, clock and cores, the float32 vector peak), Python, JAX, the
+    devices, ``XLA_FLAGS`` and the load average when the record was written."""
     import jax
+    import jax.numpy as jnp
 
-    return {"cpu": _cpu_model(), "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-            "jax": jax.__version__, "backend": jax.default_backend(), "devices": jax.device_count(),
-            "device_kind": jax.devices()[0].device_kind, "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    from theseus.base.processor import processor
 
-
-def _cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    cpu = processor()
+    described = {} if cpu is None else {
+        "cpu_vendor": cpu.vendor, "cpu_family": cpu.family, "cpu_model_number": cpu.model_number,
+        "vector_extensions": cpu.extensions, "fma_bits": cpu.fma_bits, "ghz": cpu.ghz, "physical_cores": cpu.cores,
+        "peak_flops_float32": cpu.peak(jnp.float32), "peak_flops_bfloat16": cpu.peak(jnp.bfloat16)}
+    return {"cpu": cpu.model if cpu else platform.processor() or platform.machine(), **described,
+            "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(), "jax": jax.__version__,
+            "backend": jax.default_backend(), "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind,
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_average": os.getloadavg()}

@@ -99,10 +99,11 @@ def test_peak_flops_sources(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="trainer.peak_flops"):
         peak_flops(h200, jnp.bfloat16, override=0.0)
 
-    monkeypatch.setattr(hardware, "CACHE", tmp_path / "peaks.json")
-    monkeypatch.setattr(hardware, "_measure", lambda dtype, device: 8e9)
     cpu = jax.devices("cpu")[0]
     shared = len(jax.local_devices(backend="cpu"))
+    monkeypatch.setattr(hardware, "CACHE", tmp_path / "peaks.json")
+    monkeypatch.setattr(hardware, "_measure", lambda dtype, device: 8e9)
+    monkeypatch.setattr(hardware, "processor", lambda: None)  # a host that does not describe its processor
     assert peak_flops(cpu, jnp.float32) == (8e9 / shared, "measured")
 
 

@@ -50,14 +50,15 @@ print(auto_cpu_devices(MeshConfig(), 12, cores=4), auto_cpu_devices(MeshConfig()
       auto_cpu_devices(MeshConfig(fsdp=2), 12, cores=4), auto_cpu_devices(MeshConfig(cpu_devices=1), 12, cores=4))
 assemble(compose(["+experiment=gpt_tiny", "data.source=text", f"data.path={sys.argv[1]}",
                    f"data.cache_dir={tempfile.mkdtemp()}", "trainer.batch_size=12", "logger.mode=disabled"]), steps=None)
-print(jax.device_count(), len(os.sched_getaffinity(0)))
+from theseus.base.processor import processor
+print(jax.device_count(), processor().cores if processor() else len(os.sched_getaffinity(0)))  # physical cores
 """
 
 
 @pytest.mark.slow
 def test_a_cpu_run_gets_a_device_per_core_when_nothing_chose_a_count(corpus):
-    """Unset mesh.cpu_devices on a data-parallel mesh: the most devices, one per core at most,
-    that split the micro-batch; any mesh size, count or XLA flag given leaves the choice to it."""
+    """Unset mesh.cpu_devices on a data-parallel mesh: the most devices, one per physical core at
+    most, that split the micro-batch; any mesh size, count or XLA flag given leaves the choice to it."""
     proc = run_python("-c", AUTO, str(corpus))
     assert proc.returncode == 0, proc.stderr[-2000:]
     choices, made = proc.stdout.splitlines()[-2:]

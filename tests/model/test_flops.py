@@ -68,3 +68,65 @@ def test_flops_agrees_with_xla_cost_analysis_within_5_percent(cfg):
     compiled = jax.jit(jax.grad(loss)).lower(params, x).compile()
     xla = compiled.cost_analysis()["flops"]
     assert abs(model.flops(seq) - xla) / xla < 0.05, (model.flops(seq), xla)
+
+
+def lora_step_gradient(model, seq: int):
+    """What a LoRA train step differentiates, abstractly: ``(grad, train, frozen, tokens, mask)``,
+    ``grad(train, frozen, tokens)`` the gradient of the loss of one sequence with respect to the
+    trainable params alone (``optimizer.trainable``), the frozen ones an input it does not
+    differentiate, as ``training.step.train_step`` splits them."""
+    from theseus.training.optimizer import trainable
+    from theseus.training.step import combine, partition
+
+    tokens = jax.ShapeDtypeStruct((1, seq + 1), jnp.int32)
+    params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, seq), jnp.int32))["params"]
+    mask = trainable(params)
+    train, frozen = partition(params, mask)
+
+    def loss(train, frozen, tokens):
+        return cross_entropy(model.apply({"params": combine(train, frozen)}, tokens[:, :-1]), tokens[:, 1:])
+
+    return jax.grad(loss), train, frozen, tokens, mask
+
+
+@pytest.mark.parametrize("cfg", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_lora_flops_count_four_per_frozen_weight_and_six_per_adapter(cfg):
+    model = build(GPT, {**cfg, "architecture.lora.rank": 4, "architecture.lora.targets": ["q", "v", "down"]})
+    seq = 64
+    *_, mask = lora_step_gradient(model, seq)
+    params = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, seq), jnp.int32)))["params"]
+    adapters = sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                   if "lora_" in jax.tree_util.keystr(path))
+    assert adapters > 0
+    attention = 12 * model.n_layers * model.d_model * seq**2
+    frozen = 4 * matmul_params(params, model.tie_embeddings) * seq
+    assert model.flops(seq, trainable=mask) == frozen + 6 * adapters * seq + attention
+    everything = jax.tree.map(lambda _: True, mask)  # a mask that trains every weight: the convention's 6
+    assert model.flops(seq, trainable=everything) == 6 * (matmul_params(params, model.tie_embeddings) + adapters) * seq \
+        + attention
+
+
+@pytest.mark.parametrize("cfg", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_lora_flops_agree_with_xla_within_5_percent(cfg):
+    """XLA's count of the gradient a LoRA step takes (the adapters alone, the base an input)
+    against ``flops(seq, trainable=mask)``; the count of every weight's gradient is a third
+    larger in the projections and the head, over the 5%."""
+    model = build(GPT, {**cfg, "architecture.lora.rank": 8})
+    seq = 64
+    grad, train, frozen, tokens, mask = lora_step_gradient(model, seq)
+    xla = jax.jit(grad).lower(train, frozen, tokens).compile().cost_analysis()["flops"]
+    assert abs(model.flops(seq, trainable=mask) - xla) / xla < 0.05, (model.flops(seq, trainable=mask), xla)
+    assert abs(model.flops(seq) - xla) / xla > 0.15  # counting the frozen weights' gradients is far off
+
+
+def test_a_sliding_window_layer_counts_each_query_against_its_window_only():
+    """Attention's seq^2 becomes seq x window in the sliding layers (MaxText's convention for
+    Gemma's local layers); the global ones (every ``global_every``-th) and a window no shorter
+    than the sequence count in full; the projections do not change."""
+    seq, window = 64, 16
+    full = build(GPT, LLAMA).flops(seq)
+    per_layer = 12 * 6 * 32 * seq  # heads x head_dim x seq: each key a query meets
+    assert build(GPT, {**LLAMA, "architecture.sliding_window": window}).flops(seq) == full - 2 * per_layer * (seq - window)
+    mixed = {**LLAMA, "architecture.sliding_window": window, "architecture.global_every": 2}  # layer 1 global
+    assert build(GPT, mixed).flops(seq) == full - per_layer * (seq - window)
+    assert build(GPT, {**LLAMA, "architecture.sliding_window": seq}).flops(seq) == full

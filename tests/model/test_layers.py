@@ -208,3 +208,24 @@ def test_embedding_lookup_and_tied_head():
     np.testing.assert_array_equal(emb.apply(params, tokens), table[tokens])
     x = normal(1, 3, D, seed=1)
     np.testing.assert_allclose(emb.apply(params, x, method=Embedding.attend), x @ table.T, atol=1e-6)
+
+
+def test_bfloat16_matmuls_multiply_in_bfloat16_and_keep_float32_activations():
+    """``architecture.dtype.matmul=bfloat16`` on a float32 model: every weight's product takes
+    bfloat16 inputs and returns float32 (its sums in float32), so the MLP equals the float32 MLP
+    of bfloat16-rounded inputs and weights, not the float32 MLP itself."""
+    mlp = build(MLP, **{"architecture.dtype.matmul": "bfloat16", "architecture.bias": False})
+    x = normal(2, 5, D, seed=1)
+    p = random_params(mlp, x)
+    y = mlp.apply(p, x)
+    assert y.dtype == jnp.float32
+    text = jax.jit(mlp.apply).lower(p, x).as_text()
+    assert "bf16" in text and "dot_general" in text
+    rounded = lambda a: np.asarray(jnp.asarray(a).astype(jnp.bfloat16), np.float64)  # noqa: E731
+    w_in, w_out = p["params"]["w_in"][0], p["params"]["w_out"]
+    h = rounded(x) @ rounded(w_in)
+    h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))  # GELU (tanh), in float32 between
+    np.testing.assert_allclose(np.asarray(y, np.float64), rounded(h.astype(np.float32)) @ rounded(w_out), rtol=1e-4,
+                               atol=1e-5)
+    exact = build(MLP, **{"architecture.bias": False}).apply(p, x)
+    assert not np.allclose(np.asarray(y), np.asarray(exact), rtol=1e-5, atol=1e-6)  # the products did round

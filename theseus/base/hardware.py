@@ -1,5 +1,5 @@
-"""Peak FLOP/s per device: a table of accelerators, and a measured peak for the rest (CPUs);
-and the choices that need a particular backend (``check_attention_impl``).
+"""Peak FLOP/s per device: a table of accelerators, a CPU's vector peak (``processor``), and a
+measured peak for the rest; and the choices that need a particular backend (``check_attention_impl``).
 
 The table is keyed by the strings JAX reports as ``device.device_kind``. Figures are dense
 (no structured sparsity) and per JAX device: one chip, except TPU v2/v3 and TPU7x, whose
@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from theseus.base.processor import processor
 from theseus.config import ConfigError
 
 
@@ -113,10 +114,12 @@ def measure_peak(dtype: Any, *, device: jax.Device | None = None, cache_path: Pa
 
 
 def peak_flops(device: jax.Device, dtype: Any, override: float | None = None) -> tuple[float, str]:
-    """The peak FLOP/s of ``device`` and its source: "config", "table: <chip>" or "measured".
+    """The peak FLOP/s of ``device`` and its source: "config", "table: <chip>", "vector peak:
+    <how>" (a CPU: cores x clock x FLOPs per cycle, ``theseus.base.processor``) or "measured"
+    (a device none of those describes: a chain of matrix products, ``measure_peak``).
 
-    A measured CPU peak is the host's, shared by every local CPU device (as simulated with
-    ``--xla_force_host_platform_device_count``), so each device gets its share.
+    A CPU's peak is the host's, shared by every local CPU device (``mesh.cpu_devices``, or
+    simulated with ``--xla_force_host_platform_device_count``), so each device gets its share.
     """
     if override is not None:
         if not override > 0:
@@ -127,6 +130,10 @@ def peak_flops(device: jax.Device, dtype: Any, override: float | None = None) ->
     if peak is not None:
         return peak, f"table: {chip.name}"
     shared = len(jax.local_devices(backend="cpu")) if device.platform == "cpu" else 1
+    host = processor() if device.platform == "cpu" else None
+    if host is not None and host.peak(dtype):
+        devices = f", shared by {shared} devices" if shared > 1 else ""
+        return host.peak(dtype) / shared, f"vector peak: {host.describe(dtype)}{devices}"
     return measure_peak(dtype, device=device) / shared, "measured"
 
 

@@ -13,6 +13,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 
 from theseus.base.axis import BATCH_MESH_AXES, LOGICAL_AXES, MESH_AXES, ShardingPlan
+from theseus.base.processor import processor
 from theseus.config import PLANNING, ConfigError, Configurable, field
 from theseus.config.errors import suggest
 
@@ -129,16 +130,19 @@ def use_cpu_devices(n: int | None, given: bool = True) -> None:
 
 def auto_cpu_devices(config: MeshConfig, examples: int, cores: int | None = None) -> int | None:
     """The CPU device count a run gets when ``mesh.cpu_devices`` is unset: the most devices, at
-    most one per core, that split ``examples`` (a micro-batch) evenly. None (JAX's default)
-    where the choice is not theseus's to make: a mesh given sizes, a count set by
-    ``XLA_FLAGS`` or ``JAX_NUM_CPU_DEVICES``, several processes. On a GPU or TPU the count is
-    the idle CPU backend's: the mesh is made of the accelerator's devices."""
+    most one per physical core (``theseus.base.processor``: a core's SMT siblings share its
+    FMA units, so a device each would halve every device's products), that split ``examples``
+    (a micro-batch) evenly. None (JAX's default) where the choice is not theseus's to make: a
+    mesh given sizes, a count set by ``XLA_FLAGS`` or ``JAX_NUM_CPU_DEVICES``, several
+    processes. On a GPU or TPU the count is the idle CPU backend's: the mesh is made of the
+    accelerator's devices."""
     pinned = "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
     laid_out = any(getattr(config, axis) != getattr(MeshConfig, axis) for axis in MESH_AXES)  # not the defaults
     if (config.cpu_devices is not None or pinned or laid_out or jax.config.jax_num_cpu_devices != -1
             or jax.distributed.is_initialized()):
         return None
-    cores = cores or len(os.sched_getaffinity(0))
+    host = processor()
+    cores = cores or (host.cores if host else len(os.sched_getaffinity(0)))
     return max(n for n in range(1, cores + 1) if examples % n == 0)
 
 

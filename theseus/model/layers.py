@@ -26,7 +26,7 @@ from jax.tree_util import DictKey
 from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, VOCAB
 from theseus.base.hardware import check_attention_impl
 from theseus.config import POSITIVE, RUNTIME, ConfigError, configure, field
-from theseus.model.lora import GATE_UP, QKV, LoRA, adapt, adapters
+from theseus.model.lora import GATE_UP, QKV, LoRA, adapt, adapters, lora_flops
 from theseus.model.module import Module, param
 
 
@@ -70,9 +70,15 @@ def leaf_name(path: tuple) -> str:
     return next((str(p.key) for p in reversed(path) if isinstance(p, DictKey)), "")
 
 
-def dense(equation: str, x: jax.Array, w: jax.Array, b: jax.Array | None, dtype: jnp.dtype) -> jax.Array:
-    """``einsum(equation, x, w) + b`` computed in ``dtype`` (no bias when ``b`` is None)."""
-    y = jnp.einsum(equation, x.astype(dtype), w.astype(dtype))
+def dense(equation: str, x: jax.Array, w: jax.Array, b: jax.Array | None, dtype: jnp.dtype,
+          inputs: jnp.dtype | None = None) -> jax.Array:
+    """``einsum(equation, x, w) + b`` computed in ``dtype`` (no bias when ``b`` is None); with
+    ``inputs`` another dtype (a module's ``_matmul_dtype``), x and w multiplied in it, the product
+    accumulated in float32 and returned in ``dtype``."""
+    if inputs is None or jnp.dtype(inputs) == jnp.dtype(dtype):
+        y = jnp.einsum(equation, x.astype(dtype), w.astype(dtype))
+    else:
+        y = jnp.einsum(equation, x.astype(inputs), w.astype(inputs), preferred_element_type=jnp.float32).astype(dtype)
     return y if b is None else y + b.astype(dtype)
 
 
@@ -100,7 +106,7 @@ class Embedding(Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """Logits against the embedding: ``x: [batch, seq, d_model] -> [batch, seq, vocab_size]``."""
-        return dense("bsd,vd->bsv", x, self.embedding, None, self._activation_dtype)
+        return dense("bsd,vd->bsv", x, self.embedding, None, self._activation_dtype, self._matmul_dtype)
 
 
 class PositionEmbedding(Module):
@@ -342,17 +348,18 @@ class MLP(Module):
         dtype = self._activation_dtype
         # one [batch, seq, hidden] product per input projection: an einsum to [n_in, batch, seq,
         # hidden] makes XLA transpose activations and their gradients (a fifth of gpt_small's CPU step)
-        h = [dense("bsd,df->bsf", x, self.w_in[i], self.b_in[i] if self.bias else None, dtype)
+        h = [dense("bsd,df->bsf", x, self.w_in[i], self.b_in[i] if self.bias else None, dtype, self._matmul_dtype)
              for i in range(self.n_in)]
         h = activate(list(adapt(self.lora, x, dict(zip(("gate", "up")[2 - self.n_in:], h, strict=True)),
                                 deterministic)), self.activation)
         h = nn.with_logical_constraint(h, (BATCH, SEQ, MLP_HIDDEN))
-        y = dense("bsf,fd->bsd", h, self.w_out, self.b_out if self.bias else None, dtype)
+        y = dense("bsf,fd->bsd", h, self.w_out, self.b_out if self.bias else None, dtype, self._matmul_dtype)
         (y,) = adapt(self.lora, h, {"down": y}, deterministic)
         return self.drop(y, deterministic=deterministic)
 
     def flops(self, seq: int) -> int:
-        return 6 * (self.n_in + 1) * self.d_model * self.hidden * seq
+        """The input and output projections and their adapters."""
+        return self.dense_flops("w_in", seq) + self.dense_flops("w_out", seq) + lora_flops(self.lora, seq)
 
 
 def causal_mask(queries: jax.Array, keys: jax.Array, window: int | None) -> jax.Array:
@@ -538,9 +545,9 @@ class Attention(Module):
     def __call__(self, x: jax.Array, positions: jax.Array, deterministic: bool = True,
                  segments: jax.Array | None = None) -> jax.Array:
         dtype = self._activation_dtype
-        q = dense("bsd,dnh->bsnh", x, self.wq, self.bq, dtype)  # [batch, seq, heads, head_dim]
-        k = dense("bsd,dnh->bsnh", x, self.wk, self.bk, dtype)  # [batch, seq, kv_heads, head_dim]
-        v = dense("bsd,dnh->bsnh", x, self.wv, self.bv, dtype)
+        q = dense("bsd,dnh->bsnh", x, self.wq, self.bq, dtype, self._matmul_dtype)  # [batch, seq, heads, head_dim]
+        k = dense("bsd,dnh->bsnh", x, self.wk, self.bk, dtype, self._matmul_dtype)  # [batch, seq, kv_heads, head_dim]
+        v = dense("bsd,dnh->bsnh", x, self.wv, self.bv, dtype, self._matmul_dtype)
         q, k, v = adapt(self.lora, x, {"q": q, "k": k, "v": v}, deterministic)
         q = nn.with_logical_constraint(q, (BATCH, SEQ, HEADS, HEAD_DIM))
         if self.q_norm is not None:
@@ -561,15 +568,17 @@ class Attention(Module):
                                                local_window_size=window, implementation=self.attention_impl)
         # jnp.einsum contracts its letters in alphabetical order: heads (h) before head_dim (k),
         # as they lie in memory, or XLA transposes wo and the output at every call
-        y = dense("bshk,hkd->bsd", out, self.wo, self.bo, dtype)
+        y = dense("bshk,hkd->bsd", out, self.wo, self.bo, dtype, self._matmul_dtype)
         (y,) = adapt(self.lora, out, {"o": y}, deterministic)
         return self.drop(y, deterministic=deterministic)
 
     def flops(self, seq: int) -> int:
-        """Projections (q, o: d_model x heads x head_dim; k, v: d_model x kv width), then scores and
-        values: 2 x 2 x seq^2 x heads x head_dim forward, x 3 with backward, in full (not causal-halved)."""
-        projections = 2 * self.d_model * (self.n_heads + self.kv_heads) * self.head_dim
-        return 6 * projections * seq + 12 * self.n_heads * self.head_dim * seq**2
+        """Projections (q, o: d_model x heads x head_dim; k, v: d_model x kv width) and their adapters,
+        then scores and values: 2 x 2 x seq x keys x heads x head_dim forward, x 3 with backward, in
+        full (not causal-halved), where a query's keys are ``seq``, or ``sliding_window`` when fewer."""
+        projections = sum(self.dense_flops(name, seq) for name in ("wq", "wk", "wv", "wo"))
+        keys = min(seq, self.sliding_window or seq)
+        return projections + lora_flops(self.lora, seq) + 12 * self.n_heads * self.head_dim * seq * keys
 
 
 class Block(Module):

@@ -134,6 +134,17 @@ class Adapter(Module):
         h = jnp.tensordot(x, self.a.astype(dtype), len(self.in_shape)) * jnp.asarray(self.scale, dtype)
         return tuple(jnp.tensordot(h, b.astype(dtype), 1) for b in self.b)  # [batch, seq, rank] x [rank, *out]
 
+    def flops(self, seq: int) -> int:
+        """``A`` and each ``B`` at every position (stacked adapters: each entry at its share)."""
+        share = seq / math.prod(self.lead_shape)  # an expert's adapter sees its own rows only
+        names = ["a", *(("b",) if len(self.outs) == 1 else (f"b_{name}" for name in self.names))]
+        return sum(self.dense_flops(name, share) for name in names)
+
+
+def lora_flops(layer_adapters: Mapping[str, Adapter], seq: int) -> int:
+    """Forward + backward FLOPs of a layer's adapters over ``seq`` positions."""
+    return sum(adapter.flops(seq) for adapter in layer_adapters.values())
+
 
 def adapters(projections: Mapping[str, Projection], family: Sequence[str], fuse: Sequence[str] = (),
              why: str | None = None, lead: tuple[tuple[int, ...], tuple] = ((), ())) -> dict[str, Adapter]:

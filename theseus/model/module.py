@@ -1,7 +1,8 @@
 """Module: a flax.linen.Module whose hyperparameters are config fields.
 
 It adds to Linen: ``components()`` (the configurable child types), dtypes from config,
-a ``sharding`` plan over logical axes, ``flops(seq)``, and two channels from a model to the
+a ``sharding`` plan over logical axes, ``flops(seq)`` (what a step computes: a frozen weight's
+gradient is not), and two channels from a model to the
 train step that name no model family: what its layers sow into ``AUXILIARY`` (a penalty added
 to the objective, metrics logged beside the loss; ``auxiliary``) and parameters the step
 updates by a rule of their own instead of the optimizer (``outside_optimizer``). Values are
@@ -11,8 +12,10 @@ clones) and is active again while its lazy ``setup()`` builds children.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -31,6 +34,8 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 AUXILIARY = "auxiliary"
 PENALTY = "penalty"
 Rule = Callable[[jax.Array, jax.Array], jax.Array]  # (parameter, its gradient) -> the new parameter
+# While ``flops(seq, trainable=mask)`` runs: the mask (params' tree of Python bools), else None (all train)
+_TRAINABLE: contextvars.ContextVar[Any] = contextvars.ContextVar("trainable", default=None)
 
 
 class Module(nn.Module, Configurable):
@@ -45,6 +50,12 @@ class Module(nn.Module, Configurable):
     activation_dtype: str = field(
         "architecture.dtype.activation", default="auto", choices=("auto", *DTYPES), kw_only=True,
         help="dtype of activations and matmuls; auto: bfloat16 on GPU/TPU, float32 on CPU", role=RUNTIME,
+    )
+    matmul_dtype: str = field(
+        "architecture.dtype.matmul", default="auto", choices=("auto", *DTYPES), kw_only=True,
+        help="dtype of the weights' matrix products' inputs, accumulated in float32 and returned in the activation "
+             "dtype (bfloat16: a CPU's AVX512_BF16 or AMX units; the losses change); auto: the activation dtype",
+        role=RUNTIME,
     )
     # The configuration in force when this module was built (None: defaults). A dataclass
     # field, so that Flax's clones keep it; excluded from comparison, hashing and repr.
@@ -75,6 +86,10 @@ class Module(nn.Module, Configurable):
         return jnp.dtype(self.activation_dtype)
 
     @property
+    def _matmul_dtype(self) -> jnp.dtype:
+        return self._activation_dtype if self.matmul_dtype == "auto" else jnp.dtype(self.matmul_dtype)
+
+    @property
     def sharding(self) -> ShardingPlan:
         """Logical axis -> mesh axes for this module's parameters; empty: replicated."""
         return ShardingPlan()
@@ -82,12 +97,26 @@ class Module(nn.Module, Configurable):
     def flops(self, seq: int) -> int:
         """Forward + backward FLOPs of one sequence of ``seq`` positions (default 0).
 
-        An override may count through its children either way: bound (``self.mlp.flops(seq)``,
-        the children ``setup()`` made) or unbound (``self.detached(MLP).flops(seq)``). Called
-        on an unbound module, it runs on an abstract binding (``jax.eval_shape`` of ``init``:
-        no parameter is allocated), so both kinds compose.
+        Called as ``model.flops(seq, trainable=mask)`` (``mask``: the params' tree of bools the
+        train step differentiates, ``theseus.training.optimizer.trainable``), a frozen weight's
+        gradient is not counted: an override counts its matrix products with ``dense_flops``.
+        It may count through its children either way: bound (``self.mlp.flops(seq)``, the
+        children ``setup()`` made) or unbound (``self.detached(MLP).flops(seq)``). Called on an
+        unbound module, it runs on an abstract binding (``jax.eval_shape`` of ``init``: no
+        parameter is allocated), so both kinds compose.
         """
         return 0
+
+    def dense_flops(self, name: str, positions: float) -> int:
+        """Forward + backward FLOPs of the products ``x @ W`` of this module's parameter ``name``
+        with ``positions`` rows of ``x`` (each row meets every element of W once): per element
+        and row 2 forward, 2 for x's gradient and 2 for W's, this last left out when W is frozen
+        (not trainable in the mask ``flops(seq, trainable=mask)`` was given)."""
+        weight = nn.unbox(self.get_variable("params", name))
+        mask = _TRAINABLE.get()
+        for key in (*self.scope.path, name) if mask is not None else ():
+            mask = mask.get(key, True) if isinstance(mask, Mapping) else mask
+        return round((4 if mask is False else 6) * math.prod(weight.shape) * positions)
 
     def outside_optimizer(self) -> Mapping[str, Rule]:
         """Parameters the train step updates itself, by leaf name: their gradients are taken out
@@ -117,10 +146,17 @@ class Module(nn.Module, Configurable):
 
 
 def _bound_for_flops(flops):
-    """Wrap ``flops`` so that, called on an unbound module, it runs bound to abstract variables."""
+    """Wrap ``flops`` so that, called on an unbound module, it runs bound to abstract variables,
+    and with ``trainable=mask``, under that mask (``dense_flops`` reads it)."""
 
     @functools.wraps(flops)
-    def wrapped(self, seq: int) -> int:
+    def wrapped(self, seq: int, trainable: Any = None) -> int:
+        if trainable is not None:
+            token = _TRAINABLE.set(nn.unbox(trainable))
+            try:
+                return wrapped(self, seq)
+            finally:
+                _TRAINABLE.reset(token)
         if self.scope is not None:
             return flops(self, seq)
         counted = []

@@ -53,7 +53,7 @@ from theseus.base.axis import (
 )
 from theseus.config import NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, Range, configure, field
 from theseus.model.layers import ACTIVATIONS, MLP, Block, activate, dense, n_inputs, param
-from theseus.model.lora import adapt, adapters
+from theseus.model.lora import adapt, adapters, lora_flops
 from theseus.model.module import AUXILIARY, PENALTY, Module, Rule
 
 ROUTE_BIAS = "b_route"  # the name of bias-balanced routing's per-expert bias (a bias: never weight-decayed)
@@ -206,11 +206,11 @@ class MoE(Module):
         matrix product per expert), which a CPU runs faster than with the batch outermost."""
         dtype = self._activation_dtype
         x = x.transpose(1, 0, 2, 3)
-        h = [dense("ebcd,edf->ebcf", x, self.w_in[i], None, dtype) for i in range(self.n_in)]
+        h = [dense("ebcd,edf->ebcf", x, self.w_in[i], None, dtype, self._matmul_dtype) for i in range(self.n_in)]
         h = activate(list(adapt(self.lora_expert, x, dict(zip(("gate", "up")[2 - self.n_in:], h, strict=True)),
                                 deterministic)), self.activation)
         h = nn.with_logical_constraint(h, (EXPERT_AXIS, EXPERT_BATCH, None, MLP_HIDDEN))
-        out = dense("ebcf,efd->ebcd", h, self.w_out, None, dtype)
+        out = dense("ebcf,efd->ebcd", h, self.w_out, None, dtype, self._matmul_dtype)
         (out,) = adapt(self.lora_expert, h, {"down": out}, deterministic)
         out = out.transpose(1, 0, 2, 3)
         return nn.with_logical_constraint(out, (EXPERT_BATCH, EXPERT_AXIS, None, None))
@@ -255,10 +255,11 @@ class MoE(Module):
     def flops(self, seq: int) -> int:
         """The router (d_model x experts) for every token, the ``top_k`` experts each token
         visits (not all of them; capacity's empty slots are not counted), the shared expert."""
-        router = 6 * self.d_model * self.n_experts * seq
-        experts = 6 * (self.n_in + 1) * self.d_model * self.hidden * self.top_k * seq
-        shared = self.shared.flops(seq) + (6 * self.d_model * seq if self.gate is not None else 0) if self.shared else 0
-        return router + experts + shared
+        visits = self.top_k * seq  # tokens the experts see, spread over them: each expert's weights meet a share
+        experts = sum(self.dense_flops(name, visits / self.n_experts) for name in ("w_in", "w_out"))
+        shared = self.shared.flops(seq) + (self.dense_flops("shared_gate", seq) if self.gate is not None else 0) \
+            if self.shared else 0
+        return self.dense_flops("router", seq) + experts + lora_flops(self.lora_expert, visits) + shared
 
 
 def _top_k(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:

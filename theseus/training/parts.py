@@ -24,6 +24,7 @@ from theseus.training.batches import batch_sharding
 from theseus.training.compiled import Compiled
 from theseus.training.frozen_base import FrozenBase
 from theseus.training.logger import LoggerConfig
+from theseus.training.optimizer import trainable
 from theseus.training.settings import Settings
 from theseus.training.state import TrainState
 
@@ -76,9 +77,22 @@ class Run:
         return self.sequences_per_step * self.model.seq_len
 
     @functools.cached_property
+    def trainable(self) -> Any:
+        """Per parameter, whether the train step differentiates and updates it (``optimizer.trainable``:
+        a LoRA run's adapters alone)."""
+        return trainable(self.compiled.target.params)
+
+    @property
+    def trained_params(self) -> int:
+        """Parameters the train step updates."""
+        return sum(leaf.size for leaf, trains in zip(jax.tree.leaves(self.compiled.target.params),
+                                                     jax.tree.leaves(self.trainable), strict=True) if trains)
+
+    @functools.cached_property
     def flops_per_step(self) -> int:
-        """Model FLOPs of one optimizer step: ``model.flops(seq)`` per sequence."""
-        return self.model.flops(self.model.seq_len) * self.sequences_per_step
+        """Model FLOPs of one optimizer step: ``model.flops(seq)`` per sequence, frozen weights'
+        gradients left out (the step does not compute them)."""
+        return self.model.flops(self.model.seq_len, trainable=self.trainable) * self.sequences_per_step
 
     @functools.cached_property
     def peak(self) -> tuple[float, str]:

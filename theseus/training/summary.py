@@ -17,8 +17,8 @@ from theseus.training.parts import Run
 from theseus.training.console import RunConsole
 from theseus.training.state import bytes_per_device
 
-FLOPS_CONVENTION = ("model.flops(seq): forward+backward, 6 x matmul params x seq + 12 x n_layers x d_model x seq^2 "
-                    "per sequence; MFU = FLOP/s / (peak x devices)")
+FLOPS_CONVENTION = ("model.flops(seq): forward+backward, 6 x matmul params x seq (4 for a frozen weight: no gradient) "
+                    "+ 12 x n_layers x d_model x seq^2 per sequence; MFU = FLOP/s / (peak x devices)")
 
 
 def describe(run: Run, params: int) -> list[tuple[str, str]]:
@@ -26,7 +26,9 @@ def describe(run: Run, params: int) -> list[tuple[str, str]]:
     compiled, devices, target = run.compiled, run.devices, run.target
     peak, source = run.peak
     rows = [
-        ("model", f"{type(run.model).__name__}: {params:,} parameters"),
+        ("model", f"{type(run.model).__name__}: {params:,} parameters"
+         + (f", {run.trained_params:,} trained ({run.trained_params / params:.2%})" if run.trained_params < params
+            else "")),
         ("mesh", " x ".join(f"{k}={v}" for k, v in run.mesh_shape.items())
          + f" = {len(devices)} x {devices[0].device_kind}"
          + (f" on {target.process_count} hosts" if target and target.process_count > 1 else "")),
@@ -49,7 +51,8 @@ def record(run: Run, params: int, say) -> dict[str, Any]:
     if ratio is not None and abs(ratio - 1) > 0.25:
         say(f"warning: analytic FLOPs/step {analytic:.3e} differ from XLA's {measured:.3e} by more than 25%")
     peak, source = run.peak
-    return {"n_params": params, "flops_per_step": analytic, "xla_flops_per_step": measured,
+    return {"n_params": params, "n_trained_params": run.trained_params, "flops_per_step": analytic,
+            "xla_flops_per_step": measured,
             "flops_ratio_xla": ratio, "peak_flops": peak, "peak_flops_source": source,
             "device_kind": jax.local_devices()[0].device_kind, "n_devices": jax.device_count(),
             "mesh": run.mesh_shape, "flops_convention": FLOPS_CONVENTION}

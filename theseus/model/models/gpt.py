@@ -31,6 +31,7 @@ from theseus.model.layers import (
     check_heads,
     check_norm,
     check_vocab_size,
+    dense,
     packed,
     param,
 )
@@ -211,7 +212,8 @@ class GPT(Module):
             for i, block in enumerate(self.h):
                 x = block(x, positions, deterministic, **packed(self.layer_cls(i), segments))
         x = self.ln_f(x)
-        logits = self.wte.attend(x) if self.tie_embeddings else x @ self.lm_head.astype(x.dtype)
+        logits = (self.wte.attend(x) if self.tie_embeddings else
+                  dense("bsd,dv->bsv", x, self.lm_head, None, x.dtype, self._matmul_dtype))
         if self.logit_softcap is not None:
             logits = (self.logit_softcap * jnp.tanh(logits.astype(jnp.float32) / self.logit_softcap)).astype(x.dtype)
         return nn.with_logical_constraint(logits, (BATCH, SEQ, VOCAB))
@@ -244,11 +246,14 @@ class GPT(Module):
 
         Convention (PaLM's; nanoGPT's estimate_mfu): 6 x (parameters in matmuls) x seq, plus
         12 x n_layers x d_model x seq^2 for attention scores and values, in full (not halved
-        for causality). Lookups, norms and elementwise ops are not counted. It is the blocks'
-        count plus the output head's matmul (d_model x vocab_size).
+        for causality; a sliding-window layer's queries meet ``min(seq, sliding_window)`` keys,
+        not ``seq``). Lookups, norms and elementwise ops are not counted. It is the blocks'
+        count plus the output head's matmul (d_model x vocab_size); ``flops(seq, trainable=mask)``
+        leaves out the gradients of frozen weights (``Module.dense_flops``).
         """
         blocks = self.h if isinstance(self.h, Sequence) else [self.h] * self.n_layers  # scanned: one, n times
-        return sum(block.flops(seq) for block in blocks) + 6 * self.d_model * self.vocab_size * seq
+        head = self.wte.dense_flops("embedding", seq) if self.tie_embeddings else self.dense_flops("lm_head", seq)
+        return sum(block.flops(seq) for block in blocks) + head
 
 
 def segment_positions(segments: jax.Array) -> jax.Array:
