@@ -17,7 +17,8 @@ from common import RESULTS, ROOT, show
 from theseus.training.metrics import format_bytes
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ("overhead", "flops", "startup", "scaling", "data", "prepare", "scale", "large_dry_run", "torch_cpu", "moe", "lora")
+SCRIPTS = ("overhead", "flops", "startup", "scaling", "data", "prepare", "scale", "large_dry_run", "torch_cpu", "moe", "lora",
+           "rollout")
 
 
 def checks() -> list[tuple[str, str, str, bool]]:
@@ -60,6 +61,8 @@ def checks() -> list[tuple[str, str, str, bool]]:
                      v["compile_s"] < 120))
     torch_ratio = r["torch_cpu"]["ratio"]
     rows.append(("CPU tokens/s, theseus / PyTorch eager", f"{torch_ratio:.2f}", "> 1 (aim 1.5)", torch_ratio > 1))
+    rows += [(f"GRPO rollout tokens/s / transformers' generate, {mode}", f"{v['ratio']:.2f}x", ">= 2x", v["ratio"] >= 2)
+             for mode, v in r["rollout"]["sampling"].items()]
     return rows
 
 

@@ -40,9 +40,9 @@ from theseus.model.source import ModelSource
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
 from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
-from theseus.tasks.task import START, LossTask, Task, task_class
+from theseus.tasks.task import START, LossTask, StepLayout, Task, task_class
 from theseus.training import init_from
-from theseus.training.batches import batch_share
+from theseus.training.batches import batch_share, global_batch
 from theseus.training.checkpoint import require_base
 from theseus.training.compiled import Compiled, Steps, compile_steps
 from theseus.training.frozen_base import FrozenBase, fingerprint
@@ -75,7 +75,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
                           f"run it with python -m theseus.run")
     target = _target(settings)
     devices = target.devices if target else _local_devices(settings, auto=tokenizer is None)
-    _check_batch(settings, settings.mesh.shape(len(devices)), target.process_count if target else jax.process_count())
+    _check_batch(settings, settings.mesh.shape(len(devices)), target.process_count if target else jax.process_count(),
+                 task)
     declared_vocab = check_model(cfg)  # the model's own checks, before the data (which can take minutes)
 
     dataset = None if target or tokenizer else task.dataset(settings.data)
@@ -100,16 +101,26 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
                      target.hbm if target else None):  # a compile out of device memory: one line
         compiled = compile_steps(model, task, plan, mesh, settings, steps, announce=say)
     share = (0, 1) if target else batch_share(mesh, settings.trainer.batch_size // settings.trainer.grad_accum)
+    start = _start(settings, model, source)
+    rollout = None if dataset is None or steps is None else task.rollout(
+        _layout(settings, model, mesh, plan, share, lambda: start(compiled, lambda text: None)[0].params), dataset)
     run = Run(composed=composed, derived=derived, cfg=cfg, record=scrub(OmegaConf.to_container(cfg, resolve=True),
               secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,
               devices=devices, compiled=compiled, dataset=dataset, evaluations=evaluations, batch_share=share,
-              start=_start(settings, model, source), target=target, base=_frozen_base(source, model),
+              start=start, target=target, base=_frozen_base(source, model), rollout=rollout,
               exports=exportable(without_adapters(model)))  # merged, a LoRA run's
     if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
     if dataset is not None and steps is not None and not settings.trainer.dry_run:
         _score_reference(run, source)
     return run
+
+
+def _layout(settings: Settings, model, mesh, plan, share: tuple[int, int], start) -> StepLayout:
+    """Where the run's steps run, for a task that makes its own batches (``LossTask.rollout``)."""
+    s = settings.trainer
+    return StepLayout(model, mesh, plan.rules(), s.batch_size, s.grad_accum, share, s.seed,
+                      place=lambda host: global_batch(host, mesh, s.batch_size, s.grad_accum), start=start)
 
 
 def derived_before_data(cfg: DictConfig) -> dict[str, Any]:
@@ -153,8 +164,8 @@ def _local_devices(settings: Settings, auto: bool) -> list:
     return jax.devices()
 
 
-def _check_batch(settings: Settings, mesh_shape: dict[str, int], processes: int) -> None:
-    """The batch splits over accumulation, the batch's mesh axes and the processes."""
+def _check_batch(settings: Settings, mesh_shape: dict[str, int], processes: int, task: LossTask) -> None:
+    """The batch splits over accumulation, the batch's mesh axes and the processes, as the task needs."""
     s = settings.trainer
     parallel = math.prod(mesh_shape[axis] for axis in BATCH_MESH_AXES)
     if s.batch_size % (s.grad_accum * parallel):
@@ -164,6 +175,7 @@ def _check_batch(settings: Settings, mesh_shape: dict[str, int], processes: int)
     if s.batch_size % processes:
         raise ConfigError(f"trainer.batch_size={s.batch_size} must divide by the {processes} "
                           f"processes: each reads an equal share of every batch")
+    task.check_batch(s.batch_size, s.grad_accum, processes)
 
 
 def _say_compiling(model, devices: list, settings: Settings) -> None:

@@ -21,6 +21,7 @@ from support import DRIVER, run_python
 pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
 EXPERIMENT = "+experiment=gpt_tiny"
+GRPO = ["task=grpo", "data.source=jsonl", "data.path={ws}/prompts.jsonl"]
 
 
 def _case(name, overrides, *expect, argv_head=(), run_dir=None):
@@ -168,6 +169,24 @@ CASES = [
           "give a run directory"),
     _case("resume_never_on_used_dir", ["trainer.resume=never"], "{ws}/used already has checkpoints",
           "choose a new hydra.run.dir", run_dir="{ws}/used"),
+    # task=grpo: its reward, its prompts, its batch (GRPO is the prompts of {ws}/prompts.jsonl, rewards_ok.py beside)
+    _case("grpo_without_reward", [*GRPO], "task=grpo needs grpo.reward", "e.g. grpo.reward=rewards:correct"),
+    _case("grpo_reward_not_importable", [*GRPO, "grpo.reward=no_such_rewards:correct", "grpo.max_completion_length=8"],
+          "cannot import 'no_such_rewards', asked for by grpo.reward=no_such_rewards:correct (looked for in {ws}"),
+    _case("grpo_reward_not_module_function", [*GRPO, "grpo.reward=correct"], "grpo.reward=correct is not module:function"),
+    _case("grpo_batch_not_whole_groups", [*GRPO, "grpo.reward=rewards_ok:correct", "trainer.batch_size=12"],
+          "trainer.batch_size=12 counts completions: it must divide by grpo.num_generations=8",
+          "trainer.batch_size=8"),
+    _case("grpo_completion_too_long", [*GRPO, "grpo.reward=rewards_ok:correct"],
+          "no train prompt fits architecture.seq_len + 1 = 65 tokens with grpo.max_completion_length=512",
+          "raise architecture.seq_len or lower grpo.max_completion_length"),
+    _case("grpo_fitted_tokenizer", [*GRPO, "grpo.reward=rewards_ok:correct", "data.tokenizer=char"],
+          "task=grpo samples completions, which a data.tokenizer=char fitted to the prompts may not express"),
+    _case("grpo_text_source", ["task=grpo", "grpo.reward=rewards_ok:correct"],
+          "task=grpo reads prompt rows, not data.source=text"),
+    _case("grpo_row_without_prompt", ["task=grpo", "data.source=jsonl", "data.path={ws}/no_prompts.jsonl",
+                                      "grpo.reward=rewards_ok:correct"],
+          "{ws}/no_prompts.jsonl line 1 has no field 'prompt' (it has 'question')"),
     # what only the trainer sees: the prepared splits against the context length
     _case("seq_len_longer_than_val_split", ["architecture.seq_len=2048"], "architecture.seq_len"),
     _case("no_validation_split", ["data.val_fraction=0"], "data.val_fraction"),
@@ -186,6 +205,11 @@ def ws(tmp_path_factory) -> Path:
     (ws / "experiments").mkdir()
     (ws / "experiments" / "typo.yaml").write_text("# @package _global_\narchitecture:\n  n_layer: 2\n")
     (ws / "experiments" / "broken.yaml").write_text("architecture: [\n")
+    (ws / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"{i} + 1 =", "answer": str(i + 1)}) + "\n"
+                                              for i in range(20)))
+    (ws / "no_prompts.jsonl").write_text(json.dumps({"question": "1 + 1 ="}) + "\n")
+    (ws / "rewards_ok.py").write_text("def correct(prompts, completions, completion_ids, answer, **kwargs):\n"
+                                      "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
     (ws / "used" / "checkpoints" / "5").mkdir(parents=True)  # a run that trainer.resume=never must not touch
     (ws / "used" / "checkpoints" / "5" / "state").write_text("saved")
     from theseus.data.config import DataConfig

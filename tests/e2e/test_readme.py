@@ -48,6 +48,8 @@ SHORTEN = {
     "+sweep=lr": "trainer.max_steps=10",
     "trainer.init_from=$HOME/models/my-llama": "trainer.max_steps=3 trainer.batch_size=4 trainer.eval_batches=1",
     "trainer.init_from=smollm2": "trainer.max_steps=2 trainer.eval_batches=1",
+    "data.path=reverse_chats.jsonl": "trainer.max_steps=20",  # tests/e2e/test_grpo.py runs the GRPO section whole
+    "+experiment=grpo_tiny": "trainer.max_steps=4 trainer.eval_every=2",
 }
 
 

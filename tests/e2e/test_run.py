@@ -80,11 +80,18 @@ def test_cfg_job_shows_the_architecture_init_from_derives(flag_first, tmp_path):
 @pytest.mark.parametrize("experiment", [e for e in EXPERIMENTS if e != "pmm_regression"])
 def test_dry_run_of_each_experiment_prints_memory_and_writes_nothing(experiment, corpus, tmp_path):
     run_dir = tmp_path / "run"
-    own_data = experiment in ("sft_tiny", "dpo_tiny")  # conversations and preference pairs: their own
+    own_data = experiment in ("sft_tiny", "dpo_tiny", "grpo_tiny")  # conversations, pairs, prompts: their own
     data = [] if own_data else small_data(corpus)
+    batch = 8 if experiment == "grpo_tiny" else 2  # GRPO's: a group of completions of one prompt
+    if experiment == "grpo_tiny":  # its prompts and reward beside the command, as the README makes them
+        (tmp_path / "reverse_prompts.jsonl").write_text("".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"reverse {w}"}], "answer": w[::-1]}) + "\n"
+            for w in ("abcd", "bcde", "cdef", "defg")))
+        (tmp_path / "rewards.py").write_text("def correct(completions, answer, **kwargs):\n"
+                                             "    return [1.0] * len(completions)\n")
     proc = run_python("-m", "theseus.run", f"+experiment={experiment}", *data,
-                      "trainer.batch_size=2", "trainer.grad_accum=1", "trainer.dry_run=true",
-                      f"hydra.run.dir={run_dir}")
+                      f"trainer.batch_size={batch}", "trainer.grad_accum=1", "trainer.dry_run=true",
+                      f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "theseus dry run" in proc.stderr and "XLA temp / device" in proc.stderr
     assert "step time at 100% MFU" in proc.stderr

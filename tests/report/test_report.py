@@ -7,6 +7,7 @@ import json
 import re
 import time
 from html.parser import HTMLParser
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -332,3 +333,15 @@ def test_serving_a_sweep_not_made_yet_waits_for_it_and_a_dropped_browser_is_no_e
         proc.terminate()
         _, stderr = proc.communicate(timeout=30)
     assert stderr == ""
+
+
+def test_a_runs_latest_samples_are_in_its_entry(tmp_path):
+    """A GRPO run's evaluations showed prompts, completions and rewards (``samples.jsonl``): the
+    report holds the latest evaluation's; a run without them has none."""
+    run = write_run(tmp_path / "grpo")
+    write_run(tmp_path / "lm", lr=3e-3)
+    shown = [{"step": step, "prompt": [{"role": "user", "content": f"reverse {word}"}], "completion": word[::-1],
+              "correct": 1.0} for step in (50, 200) for word in ("abcd", "efgh")]
+    (run / "samples.jsonl").write_text("".join(json.dumps(row) + "\n" for row in shown))
+    entries = {Path(entry["path"]).name: entry for entry in document([tmp_path])["runs"]}
+    assert entries["grpo"]["samples"] == shown[2:] and entries["lm"]["samples"] == []

@@ -14,6 +14,7 @@ import sys
 import pytest
 from synthetic_runs import append_steps, write_run, write_sweep
 
+from theseus.report.data import document
 from theseus.report.page import render
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -156,3 +157,14 @@ def test_served_page_follows_growing_metrics_and_new_jobs(served, browser):
     wait(browser, lambda d: "6" in runs_table(d))
     assert runs_table(browser)["6"]["label"] == "optimizer.lr=0.03, trainer.seed=0"
     assert runs_table(browser)["6"]["status"] == "running"
+
+
+def test_a_grpo_runs_samples_are_shown(tmp_path, browser):
+    run = write_run(tmp_path / "grpo")
+    shown = [{"step": 200, "prompt": [{"role": "user", "content": "reverse abcd"}], "completion": "dcba", "correct": 1.0}]
+    (run / "samples.jsonl").write_text("".join(json.dumps(row) + "\n" for row in shown))
+    browser.get(render(run).resolve().as_uri())
+    wait(browser, lambda d: d.find_elements("css selector", "table.samples td"))
+    label = document([run])["runs"][0]["label"]
+    assert browser.find_element("id", "samples").text.split("\n") == [f"{label}: step 200", "prompt completion correct",
+                                                                      "reverse abcd dcba 1"]

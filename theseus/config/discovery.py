@@ -24,6 +24,7 @@ import tomllib
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 from theseus.config.errors import ConfigError
 
@@ -82,6 +83,36 @@ def load_modules() -> Project | None:
         for name in project.imports:
             _import(name, f"{project.pyproject} ([tool.theseus] imports)")
     return project
+
+
+def object_spec(spec: str, key: str) -> tuple[str, str]:
+    """``(module, name)`` of ``module:name`` (dotted names); ConfigError naming ``key`` otherwise."""
+    module, _, name = spec.partition(":")
+    if not module or not name or not all(part.isidentifier() for part in (*module.split("."), *name.split("."))):
+        raise ConfigError(f"{key}={spec} is not module:function: e.g. {key}=rewards:correct for the function "
+                          f"correct of rewards.py in the working directory or your project's folder")
+    return module, name
+
+
+def user_object(spec: str, key: str) -> Any:
+    """The object ``spec`` (``module:name``, the module dotted) names, imported as a user's modules
+    are: from the working directory (a ``rewards.py`` beside the command) or the project's folder
+    (``find_project``), both put on ``sys.path``. ConfigError naming ``key`` when ``spec`` is not of
+    that form, the module does not import, or it has no such name."""
+    module, name = object_spec(spec, key)
+    project = find_project()
+    folders = [str(Path.cwd()), *([str(project.root)] if project else [])]
+    for folder in folders:
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    _import(module, f"{key}={spec} (looked for in {' and '.join(folders)})")
+    found: Any = sys.modules[module]
+    for part in name.split("."):
+        if not hasattr(found, part):
+            raise ConfigError(f"{key}={spec}: the module {module} ({getattr(sys.modules[module], '__file__', '?')}) "
+                              f"has no {name}")
+        found = getattr(found, part)
+    return found
 
 
 def _import(name: str, asked_by: str) -> None:

@@ -102,6 +102,18 @@ class ChatTemplate:
                           f"Jinja file")
 
     @classmethod
+    def found(cls, tokenizer: str, given: str | None = None) -> ChatTemplate | None:
+        """``find``'s template, or None where there is none (a task whose rows may be plain text
+        or conversations: dpo's pairs, grpo's prompts). A ``given`` file that does not read is
+        still a ConfigError."""
+        try:
+            return cls.find(tokenizer, given)
+        except ConfigError:
+            if given is not None:
+                raise
+            return None
+
+    @classmethod
     def own(cls, tokenizer: str) -> ChatTemplate | None:
         """The template the tokenizer ``data.tokenizer`` names holds: a GGUF file's
         ``tokenizer.chat_template``; ``chat_template.jinja`` beside a tokenizer.json, else its

@@ -32,7 +32,7 @@ from theseus.data.conversations import Conversations, check_rows, render_rows
 from theseus.data.docstring_chats import stdlib_chats
 from theseus.data.progress import progress
 from theseus.data.records import iter_records
-from theseus.data.sources import corpus_files
+from theseus.data.sources import rows_files
 from theseus.data.tokenizer import EOT, NAMES, ByteTokenizer, CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 CHAT_SOURCES = ("stdlib", "jsonl", "parquet", "arrow")
@@ -95,12 +95,8 @@ def rendered_folder(data: DataConfig, files: list[Path], template: ChatTemplate 
 def chat_files(data: DataConfig) -> list[Path]:
     """The files ``data``'s conversations come from (``corpus_files``); ConfigError for a source
     that is not a chat source, or a mixture."""
-    if data.mixture:
-        raise ConfigError("task=sft reads one source of conversations: drop data.mixture, set data.source and data.path")
-    if data.source not in CHAT_SOURCES:
-        raise ConfigError(f"task=sft reads conversations, not data.source={data.source}: use data.source=jsonl, "
-                          "parquet or arrow (rows with a list of messages), or stdlib (docstring questions)")
-    return corpus_files(data)
+    return rows_files(data, "sft", "conversations", CHAT_SOURCES,
+                      "jsonl, parquet or arrow (rows with a list of messages), or stdlib (docstring questions)")
 
 
 def chat_rows(data: DataConfig, files: list[Path]) -> Iterator[dict]:

@@ -40,6 +40,16 @@ def corpus_files(cfg: DataConfig) -> list[Path]:
     return files
 
 
+def rows_files(data: DataConfig, task: str, rows: str, sources: tuple[str, ...], use: str) -> list[Path]:
+    """The files of ``data``'s one source of ``rows`` that ``task=TASK`` reads (``corpus_files``);
+    ConfigError for a mixture, or a source not among ``sources`` (``use``: which to use, in words)."""
+    if data.mixture:
+        raise ConfigError(f"task={task} reads one source of {rows}: drop data.mixture, set data.source and data.path")
+    if data.source not in sources:
+        raise ConfigError(f"task={task} reads {rows}, not data.source={data.source}: use data.source={use}")
+    return corpus_files(data)
+
+
 def stdlib_files() -> list[Path]:
     """This interpreter's standard library ``.py`` files, sorted by path."""
     root = Path(sysconfig.get_paths()["stdlib"])

@@ -33,7 +33,8 @@
       <section><h2>Runs</h2><div id=runs></div></section>
       <section id=seeds-section><h2>Seeds</h2><div id=seeds></div></section>
       <section id=parallel-section><h2>Swept keys against the final val_loss</h2><div id=parallel class=parallel></div></section>
-      <section><h2>Charts</h2><div id=charts class=charts></div></section>`;
+      <section><h2>Charts</h2><div id=charts class=charts></div></section>
+      <section id=samples-section><h2>Samples</h2><div id=samples></div></section>`;
     document.getElementById("xaxis").onchange = (e) => { state.x = e.target.value; drawCharts(); };
     document.getElementById("smoothing").oninput = (e) => {
       state.smoothing = Number(e.target.value); document.getElementById("smoothing-value").textContent = e.target.value; drawCharts(); };
@@ -102,7 +103,21 @@
       <td class=num>${g.best ? "" : g.p === null ? "n/a" : (g.p < 1e-4 ? g.p.toExponential(1) : g.p.toFixed(4)) + (g.p < 0.01 ? " ✓" : "")}</td></tr>`);
   }
 
-  function drawTables() { drawRuns(); drawSeeds(); }
+  function drawSamples() {
+    // Each run's latest evaluation examples (a GRPO run's prompts, completions and rewards).
+    const runs = state.data.runs.filter((r) => r.samples && r.samples.length && !state.hidden.has(r.path));
+    document.getElementById("samples-section").hidden = !runs.length;
+    const text = (v) => typeof v === "string" ? v : Array.isArray(v) ? v.map((m) => m.content ?? JSON.stringify(m)).join(" / ") : JSON.stringify(v);
+    document.getElementById("samples").innerHTML = runs.map((r) => {
+      const keys = Object.keys(r.samples[0]).filter((k) => !["step", "prompt", "completion"].includes(k));
+      return `<h3>${esc(r.label)}: step ${esc(r.samples[0].step)}</h3><table class=samples><thead><tr><th>prompt</th><th>completion</th>${
+        keys.map((k) => `<th class=num>${esc(k)}</th>`).join("")}</tr></thead><tbody>${r.samples.map((s) => `<tr><td><pre>${
+        esc(text(s.prompt))}</pre></td><td><pre>${esc(text(s.completion))}</pre></td>${
+        keys.map((k) => `<td class=num>${esc(s[k])}</td>`).join("")}</tr>`).join("")}</tbody></table>`;
+    }).join("");
+  }
+
+  function drawTables() { drawRuns(); drawSeeds(); drawSamples(); }
 
   function drawParallel() {
     const p = state.data.parallel, section = document.getElementById("parallel-section");

@@ -80,6 +80,7 @@ def run_entry(run: Run, row: dict[str, Any], settings: dict[str, Any]) -> dict[s
                  for key, value in (*settings.items(), *((key, row.get(key)) for key in
                                                         ("loss", "val_loss", "tokens_per_s", "mfu", "step")))},
         "series": series,
+        "samples": run.samples,
     }
 
 

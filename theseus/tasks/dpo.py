@@ -154,10 +154,7 @@ class DirectPreference(LossTask):
     def chat_template(self, data: DataConfig) -> ChatTemplate | None:
         """The template conversational pairs are rendered with (``ChatTemplate.find``); None when
         there is none (standard pairs need none, and the tokenizer holds none of its own)."""
-        try:
-            return ChatTemplate.find(data.tokenizer, data.chat_template)
-        except ConfigError:
-            return None
+        return ChatTemplate.found(data.tokenizer, data.chat_template)
 
     def longest_window(self, dataset: Preferences) -> int:
         """What the longest pair fills (its longer sequence: ``seq_len + 1`` tokens): a longer

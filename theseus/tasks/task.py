@@ -9,13 +9,18 @@ A ``LossTask`` is trained by ``theseus.training.Trainer``: it fixes what one exa
 array, or a pytree of arrays: ``dpo``'s tokens beside float reference log-probs) and the loss the
 optimizer descends. A task whose examples need a fixed model's outputs (``dpo``: the reference's
 log-probs) names it by ``reference`` and computes them in ``reference_outputs``; the recipe loads
-that model, has every example scored once before training, and the dataset keeps the results. A ``JobTask`` runs the whole job itself (its own models and
-fitting loop), as the ``regression`` task does.
+that model, has every example scored once before training, and the dataset keeps the results. A
+task whose batches depend on the current params (GRPO's completions) makes them through its
+``rollout``: the loader then yields what it needs (prompts), and before each step the rollout
+turns them into the step's examples with the params the step starts from. A ``JobTask`` runs
+the whole job itself (its own models and fitting loop), as the ``regression`` task does.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +37,54 @@ from theseus.model.source import ModelSource
 
 
 START = "start"  # LossTask.reference: the run's own starting weights
+
+
+class BatchError(RuntimeError):
+    """A batch the task cannot make from what it was given (GRPO: a reward function that raised):
+    the trainer saves a checkpoint of the last step and stops the run with this one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLayout:
+    """Where and how a run's steps run: what a task making its own batches (``LossTask.rollout``) needs."""
+
+    model: nn.Module
+    mesh: Any  # jax.sharding.Mesh
+    rules: Any  # the model's logical-axis rules
+    batch_size: int  # examples a step, every process's together (trainer.batch_size)
+    grad_accum: int
+    share: tuple[int, int]  # (index, count): this process reads share index of count of every batch
+    seed: int  # trainer.seed
+    place: Callable[[Any], Any]  # this process's [batch_size / count, *example] -> the step's global batch
+    start: Callable[[], Any] | None = None  # the params the run starts from, loaded when called
+
+
+class Rollout(abc.ABC):
+    """Makes a task's batches with the current params (``LossTask.rollout``): the trainer asks it
+    for each step's examples, and its evaluations go through it."""
+
+    @abc.abstractmethod
+    def batch(self, params: Any, loader: Any, step: int) -> tuple[Any, dict[str, float]]:
+        """The examples of the step after ``step``, ``[grad_accum, micro, *example]`` on the mesh,
+        made with ``params`` from ``next(loader)`` (when it needs new data), and the metrics logged
+        with that step (host floats). BatchError: it cannot make them (one line)."""
+
+    @abc.abstractmethod
+    def evaluate(self, params: Any) -> dict[str, float]:
+        """The metrics of an evaluation of ``params`` (``val_loss`` among them)."""
+
+    @property
+    def samples(self) -> list[dict]:
+        """A few examples of the latest evaluation (prompts, completions, scores), to show."""
+        return []
+
+    def get_state(self) -> Any:
+        """What a checkpoint keeps so that a resumed run makes the batches this one would have
+        (JSON-serialisable, the same on every process; every process calls it); None: nothing."""
+        return None
+
+    def set_state(self, state: Any) -> None:
+        """Continue from ``get_state``'s ``state`` (None: a checkpoint saved none)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +173,15 @@ class LossTask(Task):
     def val_metrics(self, val_loss: float, bytes_per_token: float | None) -> dict[str, float]:
         """The metrics logged at an evaluation, from the mean validation loss."""
         return {"val_loss": val_loss}
+
+    def check_batch(self, batch_size: int, grad_accum: int, processes: int) -> None:
+        """ConfigError unless the task can make batches of ``trainer.batch_size`` (split into
+        ``grad_accum`` micro-batches and over ``processes``); any, by default."""
+
+    def rollout(self, layout: StepLayout, dataset: Any) -> Rollout | None:
+        """What makes this task's batches from ``dataset``'s with the current params, or None (the
+        default): the loader's batches are the examples."""
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

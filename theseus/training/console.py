@@ -26,6 +26,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from theseus.base.line_prefix import replaced_output
+from theseus.tasks.rewards import shown
 from theseus.training.metrics import format_duration, format_si
 
 TRANSCRIPT = "run.log"  # in a run directory: what its console showed (Hydra's job log writes there too)
@@ -95,9 +96,19 @@ def evaluation_line(step: int, metrics: Mapping[str, float]) -> str:
     return f"eval step {step}: " + " ".join(f"{key} {value:.4g}" for key, value in metrics.items())
 
 
+def sample_line(sample: Mapping[str, object]) -> str:
+    """``  sample: PROMPT -> COMPLETION  [reward 1]``: one of an evaluation's examples, its texts
+    on one line (a conversation as its last message), cut at 100 characters each."""
+    texts = [shown(sample[key], 100) for key in ("prompt", "completion")]
+    scores = " ".join(f"{key} {value if value is None else f'{value:.4g}'}" for key, value in sample.items()
+                      if key not in ("prompt", "completion"))
+    return f"  sample: {texts[0]} -> {texts[1]}" + (f"  [{scores}]" if scores else "")
+
+
 def status(metrics: Mapping[str, float], eta: float | None) -> str:
-    """``loss 2.345 tok/s 12.3k mfu 4.1% eta 1m23s``: the fields present, in that order."""
-    parts = [f"{key} {metrics[key]:.4g}" for key in ("loss", "val_loss") if key in metrics]
+    """``loss 2.345 tok/s 12.3k mfu 4.1% eta 1m23s``: the fields present, in that order (a
+    rollout's ``reward`` after the loss)."""
+    parts = [f"{key} {metrics[key]:.4g}" for key in ("loss", "reward", "val_loss") if key in metrics]
     if "tokens_per_s" in metrics:
         parts.append(f"tok/s {format_si(metrics['tokens_per_s'])}")
     if "mfu" in metrics:

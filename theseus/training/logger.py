@@ -14,7 +14,9 @@ the same W&B run; the jobs of a sweep (``-m``) share a W&B group, the sweep's fo
 job type ``sweep`` (a single run: ``train``); the git commit of the working directory is
 recorded when it is in a repository. In W&B the metrics are grouped into sections
 (``train/loss``, ``val/loss``, ``optim/lr``, ``throughput/mfu``; ``SECTIONS``), while
-``metrics.jsonl`` keeps the flat names (``loss``, ``val_loss``, ``lr``, ``mfu``).
+``metrics.jsonl`` keeps the flat names (``loss``, ``val_loss``, ``lr``, ``mfu``). A task's
+examples shown at evaluations (GRPO's prompts, completions and rewards) go to ``samples.jsonl``
+and a W&B table ``samples``.
 
 W&B's service is a process of its own, and a scheduler signals every process of a job
 (``scancel``, a time limit): when it has gone, the run says so once and goes on without W&B
@@ -39,7 +41,7 @@ import numpy as np
 
 from theseus.config import ConfigError, Configurable, field
 from theseus.training.console import Progress
-from theseus.training.records import RESULT, WANDB_ID, error_line, record_failure
+from theseus.training.records import RESULT, SAMPLES, WANDB_ID, error_line, record_failure
 from theseus.training.tensorboard import TensorBoard, job_hparams
 
 
@@ -129,9 +131,10 @@ class RunLogger:
         self._run_dir = run_dir
         (run_dir / RESULT).unlink(missing_ok=True)  # a new attempt: not failed (yet)
         self._tensorboard = TensorBoard(run_dir, job_hparams()) if config.tensorboard and not complete else None
+        for name in (SAMPLES, "metrics.jsonl"):  # what steps after the checkpoint wrote: they run again
+            if (run_dir / name).exists():
+                _truncate(run_dir / name, start_step)
         path = run_dir / "metrics.jsonl"
-        if path.exists():
-            _truncate(path, start_step)
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
         self._progress = Progress(total_steps, start_step, record=record)
 
@@ -159,6 +162,24 @@ class RunLogger:
         """``step`` has finished, between logged steps: the progress bar moves to it."""
         if self._open:
             self._progress.advance(step)
+
+    def samples(self, step: int, samples: list[Mapping[str, Any]]) -> None:
+        """Record an evaluation's examples (a rollout's prompts, completions and rewards) at ``step``:
+        a JSON line each in ``samples.jsonl``, and a W&B table (``samples``)."""
+        if not self._open or not samples:
+            return
+        with open(self._run_dir / SAMPLES, "a", encoding="utf-8") as file:
+            file.writelines(json.dumps({"step": int(step), **sample}) + "\n" for sample in samples)
+        columns = list(samples[0])
+
+        def table(run) -> None:
+            import wandb
+
+            rows = [[json.dumps(v) if isinstance(v, list) else v for v in sample.values()] for sample in samples]
+            run.log({"samples": wandb.Table(columns=["step", *columns], data=[[int(step), *row] for row in rows])},
+                    step=int(step))
+
+        self._wandb(table)
 
     def summary(self, **values: Any) -> None:
         """Set W&B run-summary entries."""

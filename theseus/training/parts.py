@@ -19,7 +19,7 @@ from theseus.base.hardware import peak_flops
 from theseus.base.mesh import on_devices
 from theseus.data.config import DataConfig
 from theseus.tasks.evaluation import EvaluationConfig, Evaluations, evaluate
-from theseus.tasks.task import LossTask
+from theseus.tasks.task import LossTask, Rollout
 from theseus.training.batches import batch_sharding
 from theseus.training.compiled import Compiled
 from theseus.training.frozen_base import FrozenBase
@@ -52,6 +52,7 @@ class Run:
     target: Any = None  # mesh.target's theseus.plan.target.Target, for a dry run
     base: FrozenBase | None = None  # a LoRA run's base from trainer.init_from: what its checkpoints name, not hold
     exports: bool = False  # theseus.export writes its model as a Hugging Face folder (its end offers the command)
+    rollout: Rollout | None = None  # what makes the task's batches with the current params (task=grpo)
 
     @property
     def mesh_shape(self) -> dict[str, int]:
@@ -109,7 +110,11 @@ class Run:
     def evaluate(self, params: Any, split: str = "val") -> dict[str, float]:
         """Every evaluation's metrics (``val_loss``, the task's ``val_NAME``, per source, multiple-choice
         and lm-eval tasks) on ``trainer.eval_batches`` batches of each validation split (the same
-        each time; ``split="all"``: every example of a dataset of rows, pairs or conversations)."""
+        each time; ``split="all"``: every example of a dataset of rows, pairs or conversations); a
+        task with a rollout evaluates through it (GRPO: rewards of greedy completions of the
+        validation prompts)."""
+        if self.rollout is not None:
+            return self.rollout.evaluate(params)
         return evaluate(params, self.evaluations, loss=self.compiled.eval_step, val_metrics=self.task.val_metrics,
                         sharding=batch_sharding(self.compiled.mesh), rules=self.plan.rules(),
                         share=self.batch_share, batch_size=self.micro_batch,

@@ -29,6 +29,7 @@ from theseus.config.schema import flatten
 from theseus.config.yaml_file import load_yaml
 
 METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"  # an evaluation's examples, one JSON line each with its step (theseus.training.logger)
 RESULT = "result.json"
 SUMMARY_METRICS = ("val_loss", "tokens_per_s", "mfu")  # a job's final values in the sweep summary
 FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "tokens_per_s": "{:,.0f}", "mfu": "{:.2%}"}
@@ -94,6 +95,14 @@ class Run:
             return json.loads(path.read_text()) if path.is_file() else {}
         except json.JSONDecodeError:
             return {}
+
+    @property
+    def samples(self) -> list[dict[str, Any]]:
+        """The examples the latest evaluation showed (``samples.jsonl``: a GRPO run's prompts,
+        completions and rewards), each with its ``step``; empty when it logged none."""
+        rows = read_metrics(self.path / SAMPLES)
+        latest = max((row.get("step", 0) for row in rows), default=None)
+        return [row for row in rows if row.get("step", 0) == latest]
 
     def elapsed(self) -> dict[int, float]:
         """Training seconds at each logged step: the sum of ``step_time`` x steps since the

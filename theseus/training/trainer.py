@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jax
 
+from theseus.tasks.task import BatchError
 from theseus.training.batches import global_batch
 from theseus.training.checkpoint import Checkpointer
 from theseus.training.logger import RunLogger
@@ -22,13 +23,17 @@ from theseus.training.metrics import throughput
 from theseus.training.parts import Run
 from theseus.training.preemption import Preemption
 from theseus.training.profiler import Profiler
-from theseus.training.console import TRANSCRIPT, RunConsole, evaluation_line
+from theseus.training.console import TRANSCRIPT, RunConsole, evaluation_line, sample_line
 from theseus.training.state import TrainState, n_params
 from theseus.training.summary import describe, record, report_end
 
 
+ROLLOUT = "rollout"  # the entry of a checkpoint's data state holding a rollout's
+
+
 class TrainingError(RuntimeError):
-    """A run that cannot go on (non-finite values): reported in one line, like a ConfigError."""
+    """A run that cannot go on (non-finite values, a batch its task cannot make): reported in one
+    line, like a ConfigError."""
 
 
 class Trainer:
@@ -58,15 +63,17 @@ class Trainer:
             loop.preemption, preemption.step = preemption, loop.step
             hooks = self.hooks()
             with loop.logger:
-                if loop.step >= loop.last_step:
-                    loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
-                    self._evaluate_now(loop, log=False)
-                elif loop.step == 0 and self.settings.init_from:
-                    self._evaluate_now(loop, log=True)  # the baseline: the curve starts from the model given
+                with self._stopping_on_batch_errors(loop, f"evaluating step {loop.step}"):
+                    if loop.step >= loop.last_step:
+                        loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
+                        self._evaluate_now(loop, log=False)
+                    elif loop.step == 0 and self.settings.init_from:
+                        self._evaluate_now(loop, log=True)  # the baseline: the curve starts from the model given
                 while loop.step < loop.last_step and not loop.stop:
-                    self.take_step(loop)
-                    with loop.window.pause():  # the hooks' time is not step time
-                        for hook in hooks:
+                    with self._stopping_on_batch_errors(loop, f"making step {loop.step + 1}"):
+                        self.take_step(loop)
+                    with loop.window.pause(), self._stopping_on_batch_errors(loop, f"evaluating step {loop.step}"):
+                        for hook in hooks:  # the hooks' time is not step time
                             hook(loop)
                 loop.profiler.close(loop.state)
                 loop.checkpointer.wait()
@@ -91,6 +98,8 @@ class Trainer:
                                     process_index=index, process_count=count, prefetch=run.prefetch)
         if loader_state is not None:
             loader.set_state(loader_state)
+            if run.rollout is not None:  # the completions it was reusing when the checkpoint was taken
+                run.rollout.set_state(loader_state.get(ROLLOUT))
         params = n_params(state.params)
         if jax.process_index() == 0:
             self.console.show_table("theseus run", describe(run, params))
@@ -119,12 +128,35 @@ class Trainer:
         return [self.log, self.progress, self.preempt, self.evaluate, self.checkpoint]
 
     def take_step(self, loop: LoopState) -> None:
-        """One optimizer step on the loader's next batch (dispatched: nothing waits for it)."""
+        """One optimizer step on the loader's next batch (dispatched: nothing waits for it), or on
+        the batch the task's rollout makes with the current params (it waits for them)."""
         loop.profiler.on_step(loop.step + 1, loop.state)
-        batch = global_batch(next(loop.loader), loop.compiled.mesh, self.settings.batch_size, self.settings.grad_accum)
+        rollout = self.parts.rollout
+        if rollout is None:
+            batch, made = global_batch(next(loop.loader), loop.compiled.mesh, self.settings.batch_size,
+                                       self.settings.grad_accum), {}
+        else:
+            batch, made = rollout.batch(loop.state.params, loop.loader, loop.step)
         loop.state, loop.metrics = loop.compiled.step(loop.state, batch, loop.dropout_key)
         loop.step += 1
-        loop.window.add(loop.metrics, loop.loader.last_wait)
+        loop.window.add({**loop.metrics, **made}, loop.loader.last_wait)
+
+    @contextlib.contextmanager
+    def _stopping_on_batch_errors(self, loop: LoopState, doing: str):
+        """A batch the task cannot make (a reward function that failed: ``BatchError``) stops the
+        run in one line (TrainingError, saying what it was ``doing``), after a checkpoint of the
+        last step taken."""
+        position = loop.loader.get_state()  # before the step: a failed rollout has drawn its prompts
+        try:
+            yield
+        except BatchError as exc:
+            saved = ""
+            if loop.step > 0:
+                if loop.step not in loop.checkpointer.steps():
+                    loop.checkpointer.save(loop.step, loop.state, self._data_state(loop, position), self.parts.record)
+                loop.checkpointer.wait()
+                saved = f"; checkpoint step {loop.step} saved: fix it and run the same command to resume"
+            raise TrainingError(f"{exc} ({doing}){saved}") from exc
 
     def log(self, loop: LoopState) -> None:
         """Every ``trainer.log_every`` steps: log the metrics of the steps since the last log
@@ -158,19 +190,32 @@ class Trainer:
             self._evaluate_now(loop, log=True)
 
     def _evaluate_now(self, loop: LoopState, log: bool) -> None:
-        """Evaluate the current params and show the numbers; ``log``: also log them."""
+        """Evaluate the current params and show the numbers, and a few of the task's examples (a
+        rollout's prompts, completions and rewards); ``log``: also log them."""
         metrics = self.parts.evaluate(loop.state.params)
         loop.val_loss, loop.evaluation = metrics["val_loss"], (loop.step, metrics)
+        samples = self.parts.rollout.samples if self.parts.rollout is not None else []
         if log:
             loop.logger.log(loop.step, metrics, progress=False)
+            loop.logger.samples(loop.step, samples)
         loop.logger.message(evaluation_line(loop.step, metrics))
+        for sample in samples:
+            loop.logger.message(sample_line(sample))
 
     def checkpoint(self, loop: LoopState) -> None:
         """Every ``trainer.checkpoint_every`` steps, and when stopping: save (asynchronously)."""
         if loop.due(self.settings.checkpoint_every) or loop.stop:
             self._check_finite(loop.state, loop.checkpointer)
-            loop.checkpointer.save(loop.step, loop.state, loop.loader.get_state(), self.parts.record,
+            loop.checkpointer.save(loop.step, loop.state, self._data_state(loop), self.parts.record,
                                    loop.val_loss if loop.evaluated else None)
+
+    def _data_state(self, loop: LoopState, position: dict | None = None) -> dict:
+        """What a checkpoint keeps of the data: the loader's position (``position``: one taken
+        before) and a rollout's state."""
+        state = dict(position or loop.loader.get_state())
+        if self.parts.rollout is not None:
+            state[ROLLOUT] = self.parts.rollout.get_state()
+        return state
 
     def _check_finite(self, state: TrainState, checkpointer: Checkpointer) -> None:
         """Stop (TrainingError) once a step's loss or gradients were NaN/Inf, unless skipping them."""
