@@ -166,5 +166,7 @@ def test_a_grpo_runs_samples_are_shown(tmp_path, browser):
     browser.get(render(run).resolve().as_uri())
     wait(browser, lambda d: d.find_elements("css selector", "table.samples td"))
     label = document([run])["runs"][0]["label"]
-    assert browser.find_element("id", "samples").text.split("\n") == [f"{label}: step 200", "prompt completion correct",
-                                                                      "reverse abcd dcba 1"]
+    samples = browser.find_element("id", "samples")
+    texts = [[cell.text for cell in samples.find_elements("css selector", selector)]
+             for selector in ("h3", "table.samples th", "table.samples tbody td")]
+    assert texts == [[f"{label}: step 200"], ["prompt", "completion", "correct"], ["reverse abcd", "dcba", "1"]]
