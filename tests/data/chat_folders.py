@@ -8,7 +8,7 @@ from pathlib import Path
 
 import tokenizers
 from support import ROOT
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 CORPUS = ROOT / "theseus" / "data" / "tokenizer.py"  # any local text
 
@@ -61,6 +61,18 @@ def chatml_folder(folder: Path) -> Path:
     bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]).save(str(folder / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
               "chat_template": CHATML}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def chatml_bos_folder(folder: Path) -> Path:
+    """A BPE with ChatML's tokens and a BOS its post-processor adds (as Llama's), ``<|im_end|>`` its eos."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"])
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 3)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "bos_token": "<s>",
+              "pad_token": "<|endoftext|>", "chat_template": CHATML}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
 

@@ -9,8 +9,7 @@ import types
 
 import numpy as np
 import pytest
-from data.chat_folders import CHATML, bpe, llama3_folder
-from tokenizers import processors
+from data.chat_folders import chatml_bos_folder, llama3_folder
 
 from theseus.config import ConfigError
 from theseus.data.config import DataConfig
@@ -24,17 +23,6 @@ STANDARD = [{"prompt": f"Q{i}: what is {i} and {i + 1}?", "answer": str(2 * i + 
 CONVERSATIONAL = [{"prompt": [{"role": "user", "content": row["prompt"]}], "answer": row["answer"]} for row in STANDARD]
 CONVERSATIONAL[0]["prompt"].insert(0, {"role": "system", "content": "You add."})
 
-
-def chatml_bos_folder(folder):
-    """A BPE with ChatML's tokens and a BOS its post-processor adds (as Llama's), ``<|im_end|>`` its eos."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"])
-    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 3)])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "bos_token": "<s>",
-              "pad_token": "<|endoftext|>", "chat_template": CHATML}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
 
 
 def write(path, rows):

@@ -8,13 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data.chat_folders import CHATML, bpe
-from tokenizers import processors
+from data.chat_folders import chatml_bos_folder
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]
 
 
 def standard_rows(n: int = 12) -> list[dict]:
@@ -35,17 +32,6 @@ def conversational_rows(n: int = 12) -> list[dict]:
     return rows
 
 
-def tokenizer_folder(folder: Path) -> Path:
-    """A BPE with ChatML's tokens and a BOS its post-processor adds (as Llama's), ``<|im_end|>`` its eos."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = bpe(SPECIAL)
-    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 3)])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "bos_token": "<s>",
-              "pad_token": "<|endoftext|>", "chat_template": CHATML}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
-
 
 def random_llama(folder: Path, seed: int) -> Path:
     """A tiny Llama with weights drawn from N(0, 0.2) by ``seed``, and the tokenizer above."""
@@ -58,7 +44,7 @@ def random_llama(folder: Path, seed: int) -> Path:
         for p in model.parameters():
             p.normal_(0.0, 0.2)
     model.eval().save_pretrained(folder, safe_serialization=True)
-    return tokenizer_folder(folder)
+    return chatml_bos_folder(folder)
 
 
 def transformers_logps(folder: Path, pairs) -> np.ndarray:
