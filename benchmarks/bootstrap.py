@@ -1,4 +1,4 @@
-"""Run a benchmark script on a machine whose Python lacks some of theseus's requirements (a lent
+"""Run a benchmark script on a machine whose Python lacks some of theseus's requirements (an offline
 GPU: JAX, Flax, Optax, Orbax, tokenizers and transformers, but no Hydra, no theseus, no package
 index). Installs the wheels of the bundle (``gpu_bundle.py`` makes it) whose distribution this
 Python does not have, then runs the script in a process that sees them:

@@ -1,4 +1,4 @@
-"""The wheels a lent GPU machine lacks to run ``gpu.py``, made here: theseus's own (its code and
+"""The wheels an offline GPU machine lacks to run ``gpu.py``, made here: theseus's own (its code and
 its entry points, through which it finds its options) and what theseus needs that the
 machine's Python does not have: Hydra, OmegaConf, ANTLR (OmegaConf's parser), gguf (theseus's
 tokenizers read GGUF files), Jinja2 and MarkupSafe (chat templates) and PyYAML (a fallback:

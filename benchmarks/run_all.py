@@ -1,5 +1,5 @@
 """Run every CPU benchmark, each in a fresh process, then check the headline figures against
-their targets. The GPU script (benchmarks/gpu.py) runs only where a GPU is lent.
+their targets. The GPU script (benchmarks/gpu.py) runs only on a GPU machine.
 
     python benchmarks/run_all.py
 """

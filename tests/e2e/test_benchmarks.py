@@ -1,4 +1,4 @@
-"""The benchmark scripts run, small, on the CPU: the GPU script must not first fail on a lent
+"""The benchmark scripts run, small, on the CPU: the GPU script must not first fail on an offline
 GPU (rehearsed from its bundle in an environment like that machine's), and the FLOPs script's
 counts are checked against XLA's compiled program."""
 
@@ -14,7 +14,7 @@ from support import ROOT, bare_env, fresh_python, run_python, site_of
 
 pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
-# what a lent GPU machine's Python has (and what these require): no Hydra, no W&B, no theseus
+# what an offline GPU machine's Python has (and what these require): no Hydra, no W&B, no theseus
 ON_DEVICE = ["jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "tokenizers", "transformers"]
 ABSENT = ("import importlib.util as u; "
           "print(*(m for m in ('hydra', 'omegaconf', 'wandb', 'theseus', 'sqlalchemy', 'yaml') if not u.find_spec(m)))")
@@ -35,7 +35,7 @@ def test_model_flops_equal_the_matrix_products_xla_compiles(tmp_path):
 
 
 def test_gpu_script_runs_from_its_bundle_where_hydra_and_theseus_are_not_installed(tmp_path):
-    """The lent GPU's case, rehearsed on the CPU: a Python with only what that machine has (JAX,
+    """The offline GPU machine's case, rehearsed on the CPU: a Python with only what that machine has (JAX,
     Flax, Optax, Orbax, tokenizers, transformers and their requirements), the bundle made here,
     the bootstrap installing what is missing and running gpu.py small."""
     wheels, results = tmp_path / "wheels", tmp_path / "results"
