@@ -86,10 +86,10 @@ def prepare_pairs(data: DataConfig, reference_free: bool = False) -> Preferences
     where = "the standard library" if data.source == "stdlib" else f"data.path={data.path}"
     if (folder / META).is_file():
         tokenizer, pairs = read_pairs(folder, given)
-        return Preferences(tokenizer, pairs, split_rows(len(pairs), data.val_fraction, data.seed, "pairs", where),
+        return Preferences(tokenizer, pairs, split_rows(len(pairs), data.val_fraction, data.seed, "pair(s)", where),
                            folder.name, folder.parent, data.seed, reference_free)
     tokenizer, pairs = encode_rows(data, list(pair_rows(data, files)), template, given, where)
-    split = split_rows(len(pairs), data.val_fraction, data.seed, "pairs", where)  # ConfigError before writing
+    split = split_rows(len(pairs), data.val_fraction, data.seed, "pair(s)", where)  # ConfigError before writing
     with building(folder) as scratch:
         write_pairs(scratch, tokenizer, pairs)
     return Preferences(tokenizer, pairs, split, folder.name, folder.parent, data.seed, reference_free)
