@@ -50,7 +50,7 @@ def qwen2_moe_folder(tmp_path_factory) -> Path:
 
 
 def _family_folder(name: str):
-    """The session fixture ``<name>_folder`` of one of FAMILIES."""
+    """The fixture ``<name>_folder`` of one of FAMILIES, made once for the whole test run."""
 
     @pytest.fixture(scope="session", name=f"{name}_folder")
     def folder(tmp_path_factory) -> Path:

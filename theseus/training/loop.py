@@ -101,7 +101,7 @@ class LoopState:
     evaluated: bool = False  # whether this step evaluated
     logged: dict[str, float] = field(default_factory=dict)  # the latest log window's metrics
     evaluation: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the latest evaluation
-    began: float = field(default_factory=time.perf_counter)  # when this session's loop was made
+    began: float = field(default_factory=time.perf_counter)  # when this process's loop was made
     stop: int | None = None  # the signal every process agreed to stop on
     profiler: Profiler = field(default_factory=lambda: Profiler(None, Path()))  # trainer.profile_steps; off
 

@@ -59,7 +59,7 @@ def record(run: Run, params: int, say) -> dict[str, Any]:
 
 
 def report_end(run: Run, loop: LoopState, console: RunConsole) -> None:
-    """The session's summary table, then the commands that go on from the run."""
+    """This process's summary table of the run, then the commands that go on from the run."""
     run_dir, step = loop.run_dir, loop.step
     kept = loop.checkpointer.steps()
     if loop.stop:
