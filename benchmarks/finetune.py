@@ -15,13 +15,14 @@ over a local text), in float32 (``--matmul bfloat16``: the weights' products in 
 theseus runs at its defaults for the CPU (a JAX device per core, the batch split over them);
 PyTorch with ``torch.set_num_threads`` = the cores JAX uses, and with ``--torch-threads`` more
 settings beside (on a loaded machine PyTorch's spinning OpenMP threads can cost it more than they
-give: the ratio is against its fastest). The sides alternate in one process, a window of
-``--steps`` steps at a time (A B B A ...); reported per case: seconds per step (median of
-windows), torch / theseus (> 1: theseus is faster) as a ratio of medians and as the median of
-paired windows, the CPU seconds each side's process spent per step (on a loaded machine, where
-wall time measures the scheduler's share as much as the work), the first step's loss on each
-side (the same weights and batch: they must agree), XLA's FLOPs of the step, and the load
-average while it ran.
+give: the ratio is against its fastest). Each side runs in a process of its own, kept between
+its windows of ``--steps`` steps, and the sides alternate (A B B A ...): in one process PyTorch's
+spinning OpenMP threads and XLA's took each other's cores (theseus's full step ran at half
+speed there). Reported per case: seconds per step (median of windows), torch / theseus (> 1:
+theseus is faster) as a ratio of medians and as the median of paired windows, the CPU seconds
+each side's process spent per step (on a loaded machine, where wall time measures the
+scheduler's share as much as the work), the first step's loss on each side (the same weights
+and batch: they must agree), XLA's FLOPs of the step, and the load average while it ran.
 
     python benchmarks/finetune.py [--cases full lora] [--rounds 4 --steps 2] [--model PATH] [--layers 30]
 """
@@ -29,7 +30,6 @@ average while it ran.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -41,7 +41,7 @@ import jax
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import ROOT, child, device_batch, interleaved, make_run, save, show, spread
+from common import ROOT, Worker, device_batch, interleaved, make_run, save, serve, show, spread
 
 # SmolLM2-135M's shape (its config.json), the weights random
 SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
@@ -77,33 +77,33 @@ def theseus_overrides(model: Path, corpus: Path, case: str, batch: int, seq: int
 class Theseus:
     """theseus's compiled train step (``run.compiled.step``) from the model's weights."""
 
-    def __init__(self, run, batches: list[np.ndarray]):
+    def __init__(self, run, batches: np.ndarray):
+        self.run = run
         self.step = run.compiled.step
         self.state, _ = run.start(run.compiled, lambda _: None)
         self.batches = [device_batch(run, b) for b in batches]
         self.key = jax.random.key(0)
-        self.losses: list[float] = []
-        self.cpu: list[float] = []  # CPU seconds of the process per step, each window
-        self.xla_flops = run.compiled.xla_flops
-        self.analytic_flops = run.flops_per_step
+        self.done = 0
 
-    def window(self, steps: int) -> float:
+    def window(self, steps: int) -> dict:
         began, cpu = time.perf_counter(), time.process_time()
-        for i in range(steps):
-            self.state, metrics = self.step(self.state, self.batches[(len(self.losses) + i) % len(self.batches)],
-                                            self.key)
-        self.losses.append(float(metrics["loss"]))  # waits for the last step
-        self.cpu.append((time.process_time() - cpu) / steps)
-        return (time.perf_counter() - began) / steps
+        for _ in range(steps):
+            self.state, metrics = self.step(self.state, self.batches[self.done % len(self.batches)], self.key)
+            self.done += 1
+        loss = float(metrics["loss"])  # waits for the last step
+        return timing(began, cpu, steps, loss)
+
+    def summary(self) -> dict:
+        return {"jax_devices": self.run.mesh_shape, "xla_flops": self.run.compiled.xla_flops,
+                "analytic_flops": self.run.flops_per_step}
 
 
 class Transformers:
     """transformers' model (+ peft's LoRA) with torch's AdamW and clipping, eager, float32."""
 
-    def __init__(self, model: Path, case: str, batches: list[np.ndarray], threads: int, matmul: str):
+    def __init__(self, model: Path, case: str, batches: np.ndarray, threads: int, matmul: str):
         import transformers
 
-        self.threads = threads
         self.autocast = matmul == "bfloat16"  # torch.autocast: the products in bfloat16, the weights float32
         torch.set_num_threads(threads)
         where = dict(gguf_file=model.name) if model.suffix == ".gguf" else {}
@@ -122,14 +122,12 @@ class Transformers:
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": DECAY},
                                             {"params": rest, "weight_decay": 0.0}], lr=LR, betas=BETAS, eps=EPS)
         self.batches = [torch.from_numpy(b.reshape(-1, b.shape[-1]).astype(np.int64)) for b in batches]
-        self.losses: list[float] = []
-        self.cpu: list[float] = []
+        self.done = 0
 
-    def window(self, steps: int) -> float:
-        torch.set_num_threads(self.threads)
+    def window(self, steps: int) -> dict:
         began, cpu = time.perf_counter(), time.process_time()
-        for i in range(steps):
-            tokens = self.batches[(len(self.losses) + i) % len(self.batches)]
+        for _ in range(steps):
+            tokens = self.batches[self.done % len(self.batches)]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
                 logits = self.model(input_ids=tokens[:, :-1]).logits
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
@@ -137,48 +135,73 @@ class Transformers:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.params, CLIP)
             self.optimizer.step()
-        self.losses.append(loss.item())
-        self.cpu.append((time.process_time() - cpu) / steps)
-        return (time.perf_counter() - began) / steps
+            self.done += 1
+        return timing(began, cpu, steps, loss.item())
+
+    def summary(self) -> dict:
+        return {"trained_params": int(sum(p.numel() for p in self.params))}
+
+
+def timing(began: float, cpu: float, steps: int, loss: float) -> dict:
+    """A window's answer: wall and CPU seconds per step since ``began``/``cpu``, the last loss, the load."""
+    return {"seconds": (time.perf_counter() - began) / steps, "cpu": (time.process_time() - cpu) / steps,
+            "loss": loss, "load": os.getloadavg()[0]}
 
 
 def torch_side(threads: int) -> str:
     return f"transformers, {threads} thread{'s' if threads > 1 else ''}"
 
 
-def measure(case: str, model: Path, corpus: Path, args) -> dict:
-    """One case: both sides built from ``model``, warmed up a window each, then interleaved."""
-    run = make_run(theseus_overrides(model, corpus, case, args.batch, args.seq, args.matmul))
-    loader = run.dataset.loader("train", run.model.seq_len, args.batch, seed=0)
-    batches = [next(loader) for _ in range(4)]  # [1, batch, seq + 1] each
-    loader.close()
-    sides = {"theseus": Theseus(run, batches)}
-    for threads in args.torch_threads:
-        sides[torch_side(threads)] = Transformers(model, case, batches, threads, args.matmul)
-    first = {name: side.window(1) for name, side in sides.items()}  # compilation, allocation; the first losses
-    loads = [os.getloadavg()[0]]
+def side(name: str, case: str, model: Path, corpus: Path, args):
+    """Side ``name`` ("theseus" or "torch:THREADS") of ``case``, built in this process."""
+    batches = np.load(corpus.with_suffix(".npy"))  # [4, 1, batch, seq + 1]: the batches every side trains on
+    if name == "theseus":
+        return Theseus(make_run(theseus_overrides(model, corpus, case, args.batch, args.seq, args.matmul)), batches)
+    return Transformers(model, case, batches, int(name.split(":")[1]), args.matmul)
 
-    def timed(name, side):
+
+def measure(case: str, model: Path, corpus: Path, options: list[str], args) -> dict:
+    """One case: each side in a worker process of its own (built one after another, its first
+    window run), then their windows interleaved."""
+    names = {"theseus": "theseus", **{torch_side(n): f"torch:{n}" for n in args.torch_threads}}
+    workers = {}
+    for name, side_name in names.items():
+        workers[name] = Worker(__file__, *options, "--side", side_name, case, str(model), str(corpus))
+    windows: dict[str, list[dict]] = {name: [] for name in workers}
+
+    def timed(name):
         def call():
-            seconds = side.window(args.steps)
-            loads.append(os.getloadavg()[0])
-            print(f"{case}, {name}: {seconds:.3f} s/step, load {loads[-1]:.1f}", file=sys.stderr, flush=True)
-            return seconds
+            answer = workers[name].window(args.steps)
+            windows[name].append(answer)
+            print(f"{case}, {name}: {answer['seconds']:.3f} s/step, load {answer['load']:.1f}", file=sys.stderr,
+                  flush=True)
+            return answer["seconds"]
         return call
 
-    samples = interleaved({name: timed(name, side) for name, side in sides.items()}, args.rounds)
-    ours = sides["theseus"]
-    fastest = min((name for name in sides if name != "theseus"), key=lambda name: np.median(samples[name]))
+    samples = interleaved({name: timed(name) for name in workers}, args.rounds)
+    summaries = {name: worker.close() for name, worker in workers.items()}
+    fastest = min((name for name in workers if name != "theseus"), key=lambda name: np.median(samples[name]))
+    ours = summaries["theseus"]
     return {"overrides": theseus_overrides(model, corpus, case, args.batch, args.seq, args.matmul),
-            "jax_devices": run.mesh_shape, "trained_params": int(sum(p.numel() for p in sides[fastest].params)),
+            "jax_devices": ours["jax_devices"], "trained_params": summaries[fastest]["trained_params"],
             "step_s": {name: spread(v) for name, v in samples.items()}, "fastest_torch": fastest,
-            "cpu_s_per_step": {name: spread(side.cpu[1:]) for name, side in sides.items()},
+            "cpu_s_per_step": {name: spread([w["cpu"] for w in windows[name]]) for name in workers},
             "ratio": float(np.median(samples[fastest]) / np.median(samples["theseus"])),
             "paired_ratio": float(np.median(np.divide(samples[fastest], samples["theseus"]))),
-            "first_loss": {name: side.losses[0] for name, side in sides.items()},
-            "last_loss": {name: side.losses[-1] for name, side in sides.items()},
-            "first_window_s": first, "xla_flops": ours.xla_flops, "analytic_flops": ours.analytic_flops,
-            "load": spread(loads), "samples": samples}
+            "first_loss": {name: worker.ready["loss"] for name, worker in workers.items()},
+            "last_loss": {name: windows[name][-1]["loss"] for name in workers},
+            "first_window_s": {name: worker.ready["seconds"] for name, worker in workers.items()},
+            "xla_flops": ours["xla_flops"], "analytic_flops": ours["analytic_flops"],
+            "load": spread([w["load"] for name in workers for w in windows[name]]), "samples": samples}
+
+
+def batches(model: Path, corpus: Path, args) -> np.ndarray:
+    """Four batches from theseus's loader over ``corpus``: ``[4, 1, batch, seq + 1]`` tokens."""
+    run = make_run(theseus_overrides(model, corpus, "full", args.batch, args.seq, args.matmul), steps=None)
+    loader = run.dataset.loader("train", run.model.seq_len, args.batch, seed=0)
+    taken = np.stack([next(loader) for _ in range(4)])
+    loader.close()
+    return taken
 
 
 def main() -> None:
@@ -197,23 +220,24 @@ def main() -> None:
                              "(theseus: architecture.dtype.matmul; PyTorch: torch.autocast)")
     parser.add_argument("--torch-threads", type=int, nargs="+", default=[len(os.sched_getaffinity(0))],
                         help="PyTorch's intra-op threads, one side each (default: the cores JAX uses)")
-    parser.add_argument("--child", nargs=3, metavar=("CASE", "MODEL", "CORPUS"), help=argparse.SUPPRESS)
+    parser.add_argument("--side", nargs=4, metavar=("SIDE", "CASE", "MODEL", "CORPUS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:  # one case in this process: its JSON on the last line
-        case, model, corpus = args.child
-        return print(json.dumps(measure(case, Path(model), Path(corpus), args)))
+    if args.side:  # a worker: one side of one case, its windows as asked (common.serve)
+        name, case, model, corpus = args.side
+        built = side(name, case, Path(model), Path(corpus), args)
+        return serve(built.window, built.summary)
     if args.model is not None and not args.model.exists():
         parser.error(f"--model {args.model} does not exist: give a Hugging Face folder or a .gguf file")
     options = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items()
-               if key in ("batch", "seq", "rounds", "steps", "matmul")]
-    options += ["--torch-threads", *map(str, args.torch_threads)]
+               if key in ("batch", "seq", "matmul")]
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.txt"
         corpus.write_text("\n\n".join(path.read_text() for path in TEXT))
         model = args.model.resolve() if args.model else random_smollm2(Path(tmp) / "smollm2", args.layers)
-        # each case in a fresh process: a full fine-tune holds the model, its gradients and AdamW's
-        # moments on both sides (~10 GB for SmolLM2's shape), freed before the next case
-        results = {case: child(__file__, *options, "--child", case, str(model), str(corpus)) for case in args.cases}
+        np.save(corpus.with_suffix(".npy"), batches(model, corpus, args))
+        # each case's sides in fresh processes: a full fine-tune holds the model, its gradients and
+        # AdamW's moments on every side (~10 GB for SmolLM2's shape), freed before the next case
+        results = {case: measure(case, model, corpus, options, args) for case in args.cases}
     rows = [(case, r["step_s"]["theseus"]["median"],
              ", ".join(f"{r['step_s'][torch_side(n)]['median']:.3f}" for n in args.torch_threads), r["ratio"],
              r["paired_ratio"], f"{r['cpu_s_per_step']['theseus']['median']:.3f} / "

@@ -76,10 +76,50 @@ def dense(equation: str, x: jax.Array, w: jax.Array, b: jax.Array | None, dtype:
     ``inputs`` another dtype (a module's ``_matmul_dtype``), x and w multiplied in it, the product
     accumulated in float32 and returned in ``dtype``."""
     if inputs is None or jnp.dtype(inputs) == jnp.dtype(dtype):
-        y = jnp.einsum(equation, x.astype(dtype), w.astype(dtype))
+        y = weight_product(equation, x.astype(dtype), w.astype(dtype))
     else:
-        y = jnp.einsum(equation, x.astype(inputs), w.astype(inputs), preferred_element_type=jnp.float32).astype(dtype)
+        y = weight_product(equation, x.astype(inputs), w.astype(inputs), jnp.float32).astype(dtype)
     return y if b is None else y + b.astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def weight_product(equation: str, x: jax.Array, w: jax.Array, accumulate: jnp.dtype | None = None) -> jax.Array:
+    """``einsum(equation, x, w)`` (accumulated in ``accumulate``, default x's dtype), whose backward
+    pass computes both gradients as einsums of their own. Differentiating the einsum instead leaves
+    XLA's CPU backend a weight gradient contracting over the leading (token) axes, which it feeds to
+    its matrix-product kernels through a transposed copy of the activations' gradient: 0.15 of a
+    SwiGLU MLP's step (XLA's GPU and TPU backends compile both forms alike)."""
+    return jnp.einsum(equation, x, w, preferred_element_type=accumulate)
+
+
+def _weight_product_forward(equation, x, w, accumulate):
+    return weight_product(equation, x, w, accumulate), (x, w)
+
+
+def _weight_product_backward(equation, accumulate, residuals, dy):
+    x, w = residuals
+    ins, out = equation.split("->")
+    x_axes, w_axes = ins.split(",")
+    dy = dy.astype(x.dtype)
+    dx = jnp.einsum(f"{out},{w_axes}->{x_axes}", dy, w, preferred_element_type=accumulate).astype(x.dtype)
+    # the tokens' axes (x's and y's, not w's: batch, seq) merged into one, so that the weight's
+    # gradient contracts a single axis, which XLA's CPU backend multiplies in place; contracting
+    # several, it copies an operand transposed first
+    tokens = "".join(a for a in x_axes if a in out and a not in w_axes)
+    if len(tokens) > 1 and tokens in x_axes and tokens in out:
+        x, dy = _merged(x, x_axes, tokens), _merged(dy, out, tokens)
+        x_axes, out = x_axes.replace(tokens, "T"), out.replace(tokens, "T")
+    dw = jnp.einsum(f"{x_axes},{out}->{w_axes}", x, dy, preferred_element_type=accumulate).astype(w.dtype)
+    return dx, dw
+
+
+def _merged(a: jax.Array, axes: str, run: str) -> jax.Array:
+    """``a`` with its axes ``run`` (adjacent in ``axes``) reshaped into one."""
+    start = axes.index(run)
+    return a.reshape(*a.shape[:start], -1, *a.shape[start + len(run):])
+
+
+weight_product.defvjp(_weight_product_forward, _weight_product_backward)
 
 
 class Embedding(Module):
