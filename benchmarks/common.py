@@ -110,10 +110,10 @@ def child(script: str, *args: str) -> Any:
 
 
 class Worker:
-    """A side of a comparison in a process of its own, kept between its timed windows: another
-    side's threads (PyTorch's spinning OpenMP pool, XLA's) cannot run into its time, nor its
-    memory into theirs. ``python SCRIPT ARGS`` must call ``serve(side.window, summary)``; each
-    ``window(steps)`` here is answered there, and ``close()`` returns ``summary()``."""
+    """A side of a comparison in a process of its own, where another side's threads (PyTorch's
+    spinning OpenMP pool, XLA's) cannot run into its time. ``python SCRIPT ARGS`` must call
+    ``serve(window, summary)``: ``ready`` holds its first window's answer, each ``window(steps)``
+    here is answered there, and ``close()`` returns ``summary()``."""
 
     def __init__(self, script: str, *args: str):
         self.process = subprocess.Popen([sys.executable, script, *args], cwd=ROOT, stdin=subprocess.PIPE,

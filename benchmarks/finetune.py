@@ -15,10 +15,11 @@ over a local text), in float32 (``--matmul bfloat16``: the weights' products in 
 theseus runs at its defaults for the CPU (a JAX device per core, the batch split over them);
 PyTorch with ``torch.set_num_threads`` = the cores JAX uses, and with ``--torch-threads`` more
 settings beside (on a loaded machine PyTorch's spinning OpenMP threads can cost it more than they
-give: the ratio is against its fastest). Each side runs in a process of its own, kept between
-its windows of ``--steps`` steps, and the sides alternate (A B B A ...): in one process PyTorch's
-spinning OpenMP threads and XLA's took each other's cores (theseus's full step ran at half
-speed there). Reported per case: seconds per step (median of windows), torch / theseus (> 1:
+give: the ratio is against its fastest). The sides take turns (A B B A ...), each turn a fresh
+process that builds its side, runs a first window and then a timed one of ``--steps`` steps,
+one side's process at a time: in one process PyTorch's OpenMP threads and XLA's took each
+other's cores, and with every side's process resident this virtual machine ran them all slower.
+Reported per case: seconds per step (median of windows), torch / theseus (> 1:
 theseus is faster) as a ratio of medians and as the median of paired windows, the CPU seconds
 each side's process spent per step (on a loaded machine, where wall time measures the
 scheduler's share as much as the work), the first step's loss on each side (the same weights
@@ -161,38 +162,37 @@ def side(name: str, case: str, model: Path, corpus: Path, args):
 
 
 def measure(case: str, model: Path, corpus: Path, options: list[str], args) -> dict:
-    """One case: each side in a worker process of its own (built one after another, its first
-    window run), then their windows interleaved."""
+    """One case: its sides take turns (A B B A ...), each turn a fresh worker process that builds
+    its side, runs a first window (compilation, allocation) and then the timed one. One side's
+    process at a time: with all of them resident (a full fine-tune holds ~4 GB a side), this
+    virtual machine ran every side up to 2x slower, theseus's most."""
     names = {"theseus": "theseus", **{torch_side(n): f"torch:{n}" for n in args.torch_threads}}
-    workers = {}
-    for name, side_name in names.items():
-        workers[name] = Worker(__file__, *options, "--side", side_name, case, str(model), str(corpus))
-    windows: dict[str, list[dict]] = {name: [] for name in workers}
+    windows: dict[str, list[dict]] = {name: [] for name in names}
 
-    def timed(name):
+    def turn(name):
         def call():
-            answer = workers[name].window(args.steps)
+            worker = Worker(__file__, *options, "--side", names[name], case, str(model), str(corpus))
+            answer = {**worker.window(args.steps), "first": worker.ready, **worker.close()}
             windows[name].append(answer)
             print(f"{case}, {name}: {answer['seconds']:.3f} s/step, load {answer['load']:.1f}", file=sys.stderr,
                   flush=True)
             return answer["seconds"]
         return call
 
-    samples = interleaved({name: timed(name) for name in workers}, args.rounds)
-    summaries = {name: worker.close() for name, worker in workers.items()}
-    fastest = min((name for name in workers if name != "theseus"), key=lambda name: np.median(samples[name]))
-    ours = summaries["theseus"]
+    samples = interleaved({name: turn(name) for name in names}, args.rounds)
+    fastest = min((name for name in names if name != "theseus"), key=lambda name: np.median(samples[name]))
+    ours = windows["theseus"][0]
     return {"overrides": theseus_overrides(model, corpus, case, args.batch, args.seq, args.matmul),
-            "jax_devices": ours["jax_devices"], "trained_params": summaries[fastest]["trained_params"],
+            "jax_devices": ours["jax_devices"], "trained_params": windows[fastest][0]["trained_params"],
             "step_s": {name: spread(v) for name, v in samples.items()}, "fastest_torch": fastest,
-            "cpu_s_per_step": {name: spread([w["cpu"] for w in windows[name]]) for name in workers},
+            "cpu_s_per_step": {name: spread([w["cpu"] for w in windows[name]]) for name in names},
             "ratio": float(np.median(samples[fastest]) / np.median(samples["theseus"])),
             "paired_ratio": float(np.median(np.divide(samples[fastest], samples["theseus"]))),
-            "first_loss": {name: worker.ready["loss"] for name, worker in workers.items()},
-            "last_loss": {name: windows[name][-1]["loss"] for name in workers},
-            "first_window_s": {name: worker.ready["seconds"] for name, worker in workers.items()},
+            "first_loss": {name: windows[name][0]["first"]["loss"] for name in names},
+            "last_loss": {name: windows[name][-1]["loss"] for name in names},
+            "first_window_s": {name: spread([w["first"]["seconds"] for w in windows[name]]) for name in names},
             "xla_flops": ours["xla_flops"], "analytic_flops": ours["analytic_flops"],
-            "load": spread([w["load"] for name in workers for w in windows[name]]), "samples": samples}
+            "load": spread([w["load"] for name in names for w in windows[name]]), "samples": samples}
 
 
 def batches(model: Path, corpus: Path, args) -> np.ndarray:
@@ -235,8 +235,6 @@ def main() -> None:
         corpus.write_text("\n\n".join(path.read_text() for path in TEXT))
         model = args.model.resolve() if args.model else random_smollm2(Path(tmp) / "smollm2", args.layers)
         np.save(corpus.with_suffix(".npy"), batches(model, corpus, args))
-        # each case's sides in fresh processes: a full fine-tune holds the model, its gradients and
-        # AdamW's moments on every side (~10 GB for SmolLM2's shape), freed before the next case
         results = {case: measure(case, model, corpus, options, args) for case in args.cases}
     rows = [(case, r["step_s"]["theseus"]["median"],
              ", ".join(f"{r['step_s'][torch_side(n)]['median']:.3f}" for n in args.torch_threads), r["ratio"],

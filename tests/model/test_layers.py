@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 
 from theseus.config import configuration, configure
-from theseus.model.layers import MLP, Attention, Embedding, LayerNorm, RMSNorm, RoPE
+from theseus.model.layers import MLP, Attention, Embedding, LayerNorm, RMSNorm, RoPE, weight_product
 
 D = 16
 SMALL = {"architecture.d_model": D, "architecture.n_heads": 4, "architecture.d_ff": 24}
@@ -229,3 +231,26 @@ def test_bfloat16_matmuls_multiply_in_bfloat16_and_keep_float32_activations():
                                atol=1e-5)
     exact = build(MLP, **{"architecture.bias": False}).apply(p, x)
     assert not np.allclose(np.asarray(y), np.asarray(exact), rtol=1e-5, atol=1e-6)  # the products did round
+
+
+@pytest.mark.parametrize("equation", ["bsd,df->bsf", "bshk,hkd->bsd", "bsd,vd->bsv", "ebcd,edf->ebcf",
+                                      "nbsd,ndf->nbsf"])
+def test_weight_products_gradients_are_the_einsums(equation):
+    """``weight_product``'s own backward (the weight's gradient over one merged token axis)
+    gives the gradients that differentiating ``jnp.einsum`` gives; with bfloat16 inputs
+    accumulated in float32 as well, each gradient in its input's dtype."""
+    sizes = dict(zip("bsdfhkvecn", (2, 5, 6, 7, 3, 4, 9, 2, 3, 2), strict=True))
+    ins, out = equation.split("->")
+    x_axes, w_axes = ins.split(",")
+    x, w = normal(*(sizes[a] for a in x_axes), seed=1), normal(*(sizes[a] for a in w_axes), seed=2)
+    weights = normal(*(sizes[a] for a in out), seed=3)  # a loss that weighs every output differently
+    for dtype, accumulate, tolerance in ((jnp.float32, None, 1e-5), (jnp.bfloat16, jnp.float32, 1e-2)):
+        def loss(product, x, w):
+            return jnp.sum(product(x.astype(dtype), w.astype(dtype)).astype(jnp.float32) * weights)
+        ours = jax.grad(functools.partial(loss, lambda x, w: weight_product(equation, x, w, accumulate)),
+                        argnums=(0, 1))(x, w)
+        theirs = jax.grad(functools.partial(loss, lambda x, w: jnp.einsum(equation, x, w,
+                                                                          preferred_element_type=accumulate)),
+                          argnums=(0, 1))(x, w)
+        for got, expected in zip(ours, theirs, strict=True):
+            np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
