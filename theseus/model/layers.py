@@ -15,12 +15,14 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import string
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.tree_util import DictKey
 
 from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, VOCAB
@@ -79,7 +81,11 @@ def dense(equation: str, x: jax.Array, w: jax.Array, b: jax.Array | None, dtype:
         y = weight_product(equation, x.astype(dtype), w.astype(dtype))
     else:
         y = weight_product(equation, x.astype(inputs), w.astype(inputs), jnp.float32).astype(dtype)
+    y = checkpoint_name(y, WEIGHT_PRODUCT)  # what architecture.remat=dots keeps (a custom_vjp hides its dot)
     return y if b is None else y + b.astype(dtype)
+
+
+WEIGHT_PRODUCT = "weight_product"  # the checkpoint name of every dense's product
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
@@ -107,8 +113,9 @@ def _weight_product_backward(equation, accumulate, residuals, dy):
     # several, it copies an operand transposed first
     tokens = "".join(a for a in x_axes if a in out and a not in w_axes)
     if len(tokens) > 1 and tokens in x_axes and tokens in out:
+        merged = next(letter for letter in string.ascii_letters if letter not in equation)
         x, dy = _merged(x, x_axes, tokens), _merged(dy, out, tokens)
-        x_axes, out = x_axes.replace(tokens, "T"), out.replace(tokens, "T")
+        x_axes, out = x_axes.replace(tokens, merged), out.replace(tokens, merged)
     dw = jnp.einsum(f"{x_axes},{out}->{w_axes}", x, dy, preferred_element_type=accumulate).astype(w.dtype)
     return dx, dw
 

@@ -25,6 +25,7 @@ from theseus.model.layers import (
     ACTIVATIONS,
     NORM_HELP,
     NORMS,
+    WEIGHT_PRODUCT,
     Block,
     Embedding,
     PositionEmbedding,
@@ -39,7 +40,9 @@ from theseus.model.module import AUXILIARY, Module
 
 # What each block keeps for the backward pass (architecture.remat); "none" keeps everything.
 REMAT_POLICIES: dict[str, Callable] = {
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # matmul outputs; recompute the rest
+    "dots": jax.checkpoint_policies.save_from_both_policies(  # matmul outputs; recompute the rest
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names(WEIGHT_PRODUCT)),
     "full": jax.checkpoint_policies.nothing_saveable,  # only the block's input; recompute all
 }
 
