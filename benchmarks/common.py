@@ -109,50 +109,6 @@ def child(script: str, *args: str) -> Any:
     return json.loads(output.splitlines()[-1])
 
 
-class Worker:
-    """A side of a comparison in a process of its own, where another side's threads (PyTorch's
-    spinning OpenMP pool, XLA's) cannot run into its time. ``python SCRIPT ARGS`` must call
-    ``serve(window, summary)``: ``ready`` holds its first window's answer, each ``window(steps)``
-    here is answered there, and ``close()`` returns ``summary()``."""
-
-    def __init__(self, script: str, *args: str):
-        self.process = subprocess.Popen([sys.executable, script, *args], cwd=ROOT, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True)
-        self.ready = self._answer()  # the first window: compilation, allocation
-
-    def window(self, steps: int) -> dict[str, Any]:
-        self.process.stdin.write(f"{steps}\n")
-        self.process.stdin.flush()
-        return self._answer()
-
-    def close(self) -> Any:
-        self.process.stdin.close()
-        summary = self._answer()
-        self.process.wait()
-        return summary
-
-    def _answer(self) -> Any:
-        for line in self.process.stdout:
-            if line.startswith(ANSWER):
-                return json.loads(line[len(ANSWER):])
-        raise RuntimeError(f"{self.process.args} ended (exit {self.process.wait()}) without answering")
-
-
-ANSWER = "@answer "  # a Worker's answers on its stdout; other lines there are skipped
-
-
-def serve(window: Callable[[int], dict[str, Any]], summary: Callable[[], Any]) -> None:
-    """A Worker's process: ``window(1)`` at once, then ``window(steps)`` for every line asked, and
-    ``summary()`` when its input closes."""
-    def answer(value: Any) -> None:
-        print(ANSWER + json.dumps(value), flush=True)
-
-    answer(window(1))
-    for line in sys.stdin:
-        answer(window(int(line)))
-    answer(summary())
-
-
 def program_cost(compiled) -> dict[str, float]:
     """XLA's static cost of a compiled program (one device's share; a loop body counted once):
     ``flops``, ``bytes_accessed`` and ``temp_bytes`` (its scratch memory)."""

@@ -31,6 +31,7 @@ and batch: they must agree), XLA's FLOPs of the step, and the load average while
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -42,7 +43,7 @@ import jax
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import ROOT, Worker, device_batch, interleaved, make_run, save, serve, show, spread
+from common import ROOT, child, device_batch, interleaved, make_run, save, show, spread
 
 # SmolLM2-135M's shape (its config.json), the weights random
 SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
@@ -162,7 +163,7 @@ def side(name: str, case: str, model: Path, corpus: Path, args):
 
 
 def measure(case: str, model: Path, corpus: Path, options: list[str], args) -> dict:
-    """One case: its sides take turns (A B B A ...), each turn a fresh worker process that builds
+    """One case: its sides take turns (A B B A ...), each turn a fresh process that builds
     its side, runs a first window (compilation, allocation) and then the timed one. One side's
     process at a time: with all of them resident (a full fine-tune holds ~4 GB a side), this
     virtual machine ran every side up to 2x slower, theseus's most."""
@@ -171,8 +172,7 @@ def measure(case: str, model: Path, corpus: Path, options: list[str], args) -> d
 
     def turn(name):
         def call():
-            worker = Worker(__file__, *options, "--side", names[name], case, str(model), str(corpus))
-            answer = {**worker.window(args.steps), "first": worker.ready, **worker.close()}
+            answer = child(__file__, *options, "--side", names[name], case, str(model), str(corpus))
             windows[name].append(answer)
             print(f"{case}, {name}: {answer['seconds']:.3f} s/step, load {answer['load']:.1f}", file=sys.stderr,
                   flush=True)
@@ -222,14 +222,15 @@ def main() -> None:
                         help="PyTorch's intra-op threads, one side each (default: the cores JAX uses)")
     parser.add_argument("--side", nargs=4, metavar=("SIDE", "CASE", "MODEL", "CORPUS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.side:  # a worker: one side of one case, its windows as asked (common.serve)
+    if args.side:  # one turn of one side of one case: its first window, then the timed one, as JSON
         name, case, model, corpus = args.side
         built = side(name, case, Path(model), Path(corpus), args)
-        return serve(built.window, built.summary)
+        first = built.window(1)
+        return print(json.dumps({**built.window(args.steps), "first": first, **built.summary()}))
     if args.model is not None and not args.model.exists():
         parser.error(f"--model {args.model} does not exist: give a Hugging Face folder or a .gguf file")
     options = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items()
-               if key in ("batch", "seq", "matmul")]
+               if key in ("batch", "seq", "steps", "matmul")]
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.txt"
         corpus.write_text("\n\n".join(path.read_text() for path in TEXT))
