@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 
+from theseus.base import command_exit  # noqa: F401 (first: its exit handler then runs after every other)
 from theseus.base.native_output import quiet_cuda_plugin
 from theseus.base.platforms import cpu_only_platforms
 

@@ -18,6 +18,9 @@ import difflib
 import importlib
 import os
 import sys
+from typing import NoReturn
+
+from theseus.base.command_exit import exit_after
 
 COMMANDS = {
     "run": "theseus.run",
@@ -48,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     return importlib.import_module(COMMANDS[command]).main(args) or 0
 
 
+def command() -> NoReturn:
+    """The ``theseus`` script: ``main()``, the process ended as ``exit_after`` ends it."""
+    exit_after(main)
+
+
 SYNONYMS = {"train": "run", "fit": "run", "generate": "sample", "eval": "evaluate", "dashboard": "report"}
 
 
@@ -58,4 +66,4 @@ def _did_you_mean(word: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

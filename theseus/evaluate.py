@@ -38,6 +38,7 @@ from rich.table import Table
 
 from omegaconf import DictConfig
 
+from theseus.base.command_exit import exit_after
 from theseus.base.compile_oom import oom_verdict
 from theseus.config import ConfigError, configuration, configure, registry
 from theseus.config.arguments import NON_NEGATIVE_INT, POSITIVE_INT, Parser
@@ -170,4 +171,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main)

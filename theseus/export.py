@@ -34,6 +34,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
+from theseus.base.command_exit import exit_after
 from theseus.config import ConfigError
 from theseus.config.arguments import NON_NEGATIVE_INT, Parser
 from theseus.data.tokenizer import export_tokenizer
@@ -136,4 +137,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main)

@@ -22,6 +22,7 @@ import tempfile
 import time
 from typing import IO
 
+from theseus.base.command_exit import exit_after
 from theseus.config.arguments import POSITIVE_INT, Parser
 from theseus.training.commands import LAUNCHED
 
@@ -138,4 +139,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

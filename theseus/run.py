@@ -25,6 +25,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from theseus.base.command_exit import exit_after
 from theseus.base.devices import check_enough, claim_devices, parallel_jobs, visible_gpus
 from theseus.base.distributed import initialize
 from theseus.base.line_prefix import prefixed_output
@@ -461,4 +462,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

@@ -23,6 +23,7 @@ from typing import TextIO
 import jax
 import numpy as np
 
+from theseus.base.command_exit import exit_after
 from theseus.base.compilation_cache import use_compilation_cache
 from theseus.config import ConfigError
 from theseus.config.arguments import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, Parser
@@ -139,4 +140,4 @@ def _printer(stdout: TextIO) -> Callable[[str], None]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main)

@@ -9,6 +9,7 @@ import sys
 
 from omegaconf import OmegaConf
 
+from theseus.base.command_exit import exit_after
 from theseus.config.compose import compose
 from theseus.config.errors import ConfigError
 from theseus.config.listing import choices, listing
@@ -27,4 +28,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_after(lambda: main(sys.argv[1:]))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from theseus.base.command_exit import exit_after
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose
 from theseus.data.cache import building, cache_folder, settings
@@ -198,4 +199,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_after(lambda: main(sys.argv[1:]))

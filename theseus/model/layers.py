@@ -311,6 +311,19 @@ GATES: dict[str, Callable[[jax.Array], jax.Array]] = {  # a gated MLP's activati
 ACTIVATIONS = ("gelu", *GATES)  # architecture.activation
 
 
+def projections_in(equation: str, x: jax.Array, w_in: jax.Array, b_in: jax.Array | None, dtype: jnp.dtype,
+                   matmul: jnp.dtype | None = None) -> list[jax.Array]:
+    """``[dense(equation, x, w_in[i], b_in[i]) for i in range(n_in)]`` (SwiGLU's gate and up;
+    ``w_in: [n_in, ...]``, ``b_in: [n_in, out]``), computed as one product batched over n_in, x
+    repeated for each: taking ``w_in[i]`` apart made XLA's CPU backend copy the weights at every
+    call (3/5 of a decode step)."""
+    n_in, out = w_in.shape[0], equation.rpartition("->")[2]
+    x_axes, w_axes = equation.partition("->")[0].split(",")
+    bias = None if b_in is None else b_in.reshape(n_in, *(1,) * (len(out) - 1), b_in.shape[-1])
+    both = dense(f"N{x_axes},N{w_axes}->N{out}", jnp.broadcast_to(x, (n_in, *x.shape)), w_in, bias, dtype, matmul)
+    return [both[i] for i in range(n_in)]
+
+
 def n_inputs(activation: str) -> int:
     """Input projections of an MLP: 2 for a gated one (gate and value), 1 for GELU."""
     return 2 if activation in GATES else 1
@@ -393,11 +406,7 @@ class MLP(Module):
 
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
         dtype = self._activation_dtype
-        # the input projections as one product batched over n_in, x repeated for each: taking
-        # w_in[i] apart made XLA's CPU backend copy the weights at every call (3/5 of a decode step)
-        both = dense("nbsd,ndf->nbsf", jnp.broadcast_to(x, (self.n_in, *x.shape)), self.w_in,
-                     self.b_in[:, None, None] if self.bias else None, dtype, self._matmul_dtype)
-        h = [both[i] for i in range(self.n_in)]
+        h = projections_in("bsd,df->bsf", x, self.w_in, self.b_in if self.bias else None, dtype, self._matmul_dtype)
         h = activate(list(adapt(self.lora, x, dict(zip(("gate", "up")[2 - self.n_in:], h, strict=True)),
                                 deterministic)), self.activation)
         h = nn.with_logical_constraint(h, (BATCH, SEQ, MLP_HIDDEN))

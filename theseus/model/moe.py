@@ -52,7 +52,7 @@ from theseus.base.axis import (
     ShardingPlan,
 )
 from theseus.config import NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, Range, configure, field
-from theseus.model.layers import ACTIVATIONS, MLP, Block, activate, dense, n_inputs, param
+from theseus.model.layers import ACTIVATIONS, MLP, Block, activate, dense, n_inputs, param, projections_in
 from theseus.model.lora import adapt, adapters, lora_flops
 from theseus.model.module import AUXILIARY, PENALTY, Module, Rule
 
@@ -206,7 +206,7 @@ class MoE(Module):
         matrix product per expert), which a CPU runs faster than with the batch outermost."""
         dtype = self._activation_dtype
         x = x.transpose(1, 0, 2, 3)
-        h = [dense("ebcd,edf->ebcf", x, self.w_in[i], None, dtype, self._matmul_dtype) for i in range(self.n_in)]
+        h = projections_in("ebcd,edf->ebcf", x, self.w_in, None, dtype, self._matmul_dtype)
         h = activate(list(adapt(self.lora_expert, x, dict(zip(("gate", "up")[2 - self.n_in:], h, strict=True)),
                                 deterministic)), self.activation)
         h = nn.with_logical_constraint(h, (EXPERT_AXIS, EXPERT_BATCH, None, MLP_HIDDEN))

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from theseus.base.command_exit import exit_after
 from theseus.config.arguments import PORT, Parser
 from theseus.report.page import ReportError, render
 from theseus.report.serve import server
@@ -67,4 +68,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main)
