@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from theseus.config import configuration, configure
-from theseus.model.layers import MLP, Attention, Embedding, LayerNorm, RMSNorm, RoPE, weight_product
+from theseus.model.layers import MLP, Attention, Embedding, LayerNorm, RMSNorm, RoPE, contract, weight_product
 
 D = 16
 SMALL = {"architecture.d_model": D, "architecture.n_heads": 4, "architecture.d_ff": 24}
@@ -233,8 +233,8 @@ def test_bfloat16_matmuls_multiply_in_bfloat16_and_keep_float32_activations():
     assert not np.allclose(np.asarray(y), np.asarray(exact), rtol=1e-5, atol=1e-6)  # the products did round
 
 
-@pytest.mark.parametrize("equation", ["bsd,df->bsf", "bshk,hkd->bsd", "bsd,vd->bsv", "ebcd,edf->ebcf",
-                                      "nbsd,ndf->nbsf"])
+@pytest.mark.parametrize("equation", ["bsd,df->bsf", "bshk,hkd->bsd", "bsd,dnh->bsnh", "bsd,vd->bsv",
+                                      "ebcd,edf->ebcf", "nbsd,ndf->nbsf"])
 def test_weight_products_gradients_are_the_einsums(equation):
     """``weight_product``'s own backward (the weight's gradient over one merged token axis)
     gives the gradients that differentiating ``jnp.einsum`` gives; with bfloat16 inputs
@@ -254,3 +254,17 @@ def test_weight_products_gradients_are_the_einsums(equation):
                           argnums=(0, 1))(x, w)
         for got, expected in zip(ours, theirs, strict=True):
             np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize(("a_axes", "b_axes", "out", "summed"), [("bsnh", "dnh", "bsd", 1), ("bsd", "bsnh", "dnh", 1),
+                                                                 ("bsnh", "dhn", "bsd", 2), ("bsd", "df", "bsf", 1)])
+def test_contract_sums_over_one_merged_axis_where_the_operands_allow(a_axes, b_axes, out, summed):
+    """Axes summed over, adjacent and in the same order in both operands, reach XLA as one
+    (several make its CPU backend copy both operands transposed); the value is einsum's."""
+    sizes = dict(zip("bsdfnh", (2, 5, 6, 7, 3, 4), strict=True))
+    a, b = normal(*(sizes[x] for x in a_axes), seed=1), normal(*(sizes[x] for x in b_axes), seed=2)
+    (product,) = [eqn for eqn in jax.make_jaxpr(functools.partial(contract, a_axes, b_axes, out))(a, b).jaxpr.eqns
+                  if eqn.primitive.name == "dot_general"]
+    assert len(product.params["dimension_numbers"][0][0]) == summed
+    np.testing.assert_allclose(contract(a_axes, b_axes, out, a, b), jnp.einsum(f"{a_axes},{b_axes}->{out}", a, b),
+                               rtol=1e-5, atol=1e-5)

@@ -94,8 +94,10 @@ def weight_product(equation: str, x: jax.Array, w: jax.Array, accumulate: jnp.dt
     pass computes both gradients as einsums of their own. Differentiating the einsum instead leaves
     XLA's CPU backend a weight gradient contracting over the leading (token) axes, which it feeds to
     its matrix-product kernels through a transposed copy of the activations' gradient: 0.15 of a
-    SwiGLU MLP's step (XLA's GPU and TPU backends compile both forms alike)."""
-    return jnp.einsum(equation, x, w, preferred_element_type=accumulate)
+    SwiGLU MLP's step (XLA's GPU and TPU backends compile both forms alike). Each of the three
+    products contracts its summed axes merged into one (``contract``)."""
+    ins, out = equation.split("->")
+    return contract(*ins.split(","), out, x, w, accumulate)
 
 
 def _weight_product_forward(equation, x, w, accumulate):
@@ -107,17 +109,36 @@ def _weight_product_backward(equation, accumulate, residuals, dy):
     ins, out = equation.split("->")
     x_axes, w_axes = ins.split(",")
     dy = dy.astype(x.dtype)
-    dx = jnp.einsum(f"{out},{w_axes}->{x_axes}", dy, w, preferred_element_type=accumulate).astype(x.dtype)
-    # the tokens' axes (x's and y's, not w's: batch, seq) merged into one, so that the weight's
-    # gradient contracts a single axis, which XLA's CPU backend multiplies in place; contracting
-    # several, it copies an operand transposed first
-    tokens = "".join(a for a in x_axes if a in out and a not in w_axes)
-    if len(tokens) > 1 and tokens in x_axes and tokens in out:
-        merged = next(letter for letter in string.ascii_letters if letter not in equation)
-        x, dy = _merged(x, x_axes, tokens), _merged(dy, out, tokens)
-        x_axes, out = x_axes.replace(tokens, merged), out.replace(tokens, merged)
-    dw = jnp.einsum(f"{x_axes},{out}->{w_axes}", x, dy, preferred_element_type=accumulate).astype(w.dtype)
+    dx = contract(out, w_axes, x_axes, dy, w, accumulate).astype(x.dtype)  # sums w's output axes (heads, head_dim)
+    dw = contract(x_axes, out, w_axes, x, dy, accumulate).astype(w.dtype)  # sums the tokens' axes (batch, seq)
     return dx, dw
+
+
+def contract(a_axes: str, b_axes: str, out: str, a: jax.Array, b: jax.Array,
+             accumulate: jnp.dtype | None = None) -> jax.Array:
+    """``einsum(f"{a_axes},{b_axes}->{out}", a, b)`` as a matrix product: the axes it sums over,
+    and each operand's own axes, merged into one where they lie adjacent and in the same order
+    wherever they appear. XLA's CPU backend multiplies such a product in place. Given several
+    summed axes, it copies both operands transposed first, in the order jnp.einsum gives them
+    (alphabetical, not the arrays'): attention's input gradients, summed over (heads, head_dim),
+    spent more time in those copies than in their products; given several axes of an operand's
+    own, it has no bfloat16 kernel accumulating in float32."""
+    sizes = dict(zip(a_axes + b_axes, a.shape + b.shape, strict=True))
+    shape = tuple(sizes[axis] for axis in out)
+    spare = (letter for letter in string.ascii_letters if letter not in a_axes + b_axes + out)
+    runs = ("".join(axis for axis in a_axes if axis in b_axes and axis not in out),  # summed over
+            "".join(axis for axis in a_axes if axis in out and axis not in b_axes),  # a's own
+            "".join(axis for axis in b_axes if axis in out and axis not in a_axes))  # b's own
+    for run in runs:
+        holders = [axes for axes in (a_axes, b_axes, out) if run[:1] in axes]
+        if len(run) > 1 and all(run in axes for axes in holders):
+            letter = next(spare)
+            if run in a_axes:
+                a, a_axes = _merged(a, a_axes, run), a_axes.replace(run, letter)
+            if run in b_axes:
+                b, b_axes = _merged(b, b_axes, run), b_axes.replace(run, letter)
+            out = out.replace(run, letter)
+    return jnp.einsum(f"{a_axes},{b_axes}->{out}", a, b, preferred_element_type=accumulate).reshape(shape)
 
 
 def _merged(a: jax.Array, axes: str, run: str) -> jax.Array:
@@ -623,8 +644,6 @@ class Attention(Module):
             window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
             out = jax.nn.dot_product_attention(q, k, v, mask=same, scale=self.scale, is_causal=True,
                                                local_window_size=window, implementation=self.attention_impl)
-        # jnp.einsum contracts its letters in alphabetical order: heads (h) before head_dim (k),
-        # as they lie in memory, or XLA transposes wo and the output at every call
         y = dense("bshk,hkd->bsd", out, self.wo, self.bo, dtype, self._matmul_dtype)
         (y,) = adapt(self.lora, out, {"o": y}, deterministic)
         return self.drop(y, deterministic=deterministic)
