@@ -71,8 +71,9 @@ def graph(root: Path = PACKAGE) -> dict[str, set[str]]:
 
 
 def part(module: str) -> str:
-    """``theseus.model.layers`` -> ``model``; a top-level module is its own part."""
-    return module.split(".")[1] if "." in module else module
+    """``theseus.model.layers`` -> ``model``; a top-level module, or a part's command (its
+    ``__main__``: ``python -m theseus.config``), is its own part: an entry point."""
+    return module.split(".")[1] if "." in module and not module.endswith(".__main__") else module
 
 
 def layer(module: str) -> int:

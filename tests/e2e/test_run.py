@@ -244,6 +244,7 @@ def test_a_single_run_is_composed_once_and_writes_what_hydra_writes(corpus, tmp_
 
 IMPORTED = """
 import atexit, runpy, sys
+import theseus  # first: the command's process ends after the exit handlers registered from now on
 atexit.register(lambda: print("imported:", *sorted(m for m in sys.modules if m.startswith(("theseus.stateful",
                                                                                             "theseus.tasks.regression")))))
 sys.argv = ["theseus.run", *sys.argv[1:]]

@@ -340,8 +340,10 @@ def projections_in(equation: str, x: jax.Array, w_in: jax.Array, b_in: jax.Array
     call (3/5 of a decode step)."""
     n_in, out = w_in.shape[0], equation.rpartition("->")[2]
     x_axes, w_axes = equation.partition("->")[0].split(",")
+    each = next(letter for letter in string.ascii_letters if letter not in equation)  # the n_in axis
     bias = None if b_in is None else b_in.reshape(n_in, *(1,) * (len(out) - 1), b_in.shape[-1])
-    both = dense(f"N{x_axes},N{w_axes}->N{out}", jnp.broadcast_to(x, (n_in, *x.shape)), w_in, bias, dtype, matmul)
+    both = dense(f"{each}{x_axes},{each}{w_axes}->{each}{out}", jnp.broadcast_to(x, (n_in, *x.shape)), w_in, bias,
+                 dtype, matmul)
     return [both[i] for i in range(n_in)]
 
 
