@@ -49,11 +49,13 @@ def naive(x, p, heads, kv, window=None, cap=None, scale_dim=None, segments=None,
      "architecture.norm": "rmsnorm", "architecture.sliding_window": 2},
 ], ids=["window", "window-softcap-scale", "head_dim-qk_norm", "all"])
 @pytest.mark.parametrize("packed_rows", [False, True])
-def test_attention_fields_match_naive_attention(keys, packed_rows):
+@pytest.mark.parametrize("impl", [None, "xla"])
+def test_attention_fields_match_naive_attention(keys, packed_rows, impl):
     """Sliding window, soft-capped scores, their scale, heads of their own width and q/k norms,
-    alone and together (the soft cap takes theseus's own softmax; the others jax's fused
-    attention), over packed segments too."""
-    attn = build(Attention, **{"architecture.n_kv_heads": 2, "architecture.bias": False, **keys})
+    alone and together, over packed segments too, in theseus's written-out attention (null) and
+    in jax.nn.dot_product_attention's XLA path (xla; soft-capped scores stay written out)."""
+    attn = build(Attention, **{"architecture.n_kv_heads": 2, "architecture.bias": False,
+                               "architecture.attention_impl": impl, **keys})
     x = normal(2, 9, D, seed=1)
     positions = jnp.arange(9)
     segments = np.array([[1] * 4 + [2] * 5, [1] * 9]) if packed_rows else None

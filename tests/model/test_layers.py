@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from theseus.config import configuration, configure
-from theseus.model.layers import MLP, Attention, Embedding, LayerNorm, RMSNorm, RoPE, contract, weight_product
+from theseus.model.layers import (MLP, Attention, Embedding, LayerNorm, RMSNorm, RoPE, contract, stacked_product,
+                                  weight_product)
 
 D = 16
 SMALL = {"architecture.d_model": D, "architecture.n_heads": 4, "architecture.d_ff": 24}
@@ -165,7 +166,7 @@ def test_grouped_query_attention_equals_mha_with_repeated_kv_heads():
     repeated = {**p, **{name: jnp.repeat(p[name], 2, axis=-2) for name in ("wk", "wv", "bk", "bv")}}
     assert repeated["wk"].shape == random_params(mha, x, positions)["params"]["wk"].shape
     np.testing.assert_allclose(
-        gqa.apply({"params": p}, x, positions), mha.apply({"params": repeated}, x, positions), atol=1e-5
+        gqa.apply({"params": p}, x, positions), mha.apply({"params": repeated}, x, positions), rtol=1e-6, atol=1e-5
     )
 
 
@@ -233,27 +234,46 @@ def test_bfloat16_matmuls_multiply_in_bfloat16_and_keep_float32_activations():
     assert not np.allclose(np.asarray(y), np.asarray(exact), rtol=1e-5, atol=1e-6)  # the products did round
 
 
+SIZES = dict(zip("bsdfhkvecn", (2, 5, 6, 7, 3, 4, 9, 2, 3, 2), strict=True))
+
+
+def assert_gradients_are_the_einsums(product, equation: str, bfloat16_tolerance: float = 1e-2) -> None:
+    """``product(x, w, accumulate)`` has ``jnp.einsum(equation)``'s values and gradients in float32,
+    and with bfloat16 inputs accumulated in float32 as well, each gradient in its input's dtype
+    (the einsum's differentiation multiplies the output's gradient unrounded, ours in bfloat16)."""
+    ins, out = equation.split("->")
+    x_axes, w_axes = ins.split(",")
+    x, w = normal(*(SIZES[a] for a in x_axes), seed=1), normal(*(SIZES[a] for a in w_axes), seed=2)
+    weights = normal(*(SIZES[a] for a in out), seed=3)  # a loss that weighs every output differently
+    for dtype, accumulate, tolerance in ((jnp.float32, None, 1e-5), (jnp.bfloat16, jnp.float32, bfloat16_tolerance)):
+        def loss(product, x, w):
+            return jnp.sum(product(x.astype(dtype), w.astype(dtype)).astype(jnp.float32) * weights)
+        ours = jax.value_and_grad(functools.partial(loss, lambda x, w: product(x, w, accumulate)),
+                                  argnums=(0, 1))(x, w)
+        theirs = jax.value_and_grad(functools.partial(loss, lambda x, w: jnp.einsum(equation, x, w,
+                                                                                    preferred_element_type=accumulate)),
+                                    argnums=(0, 1))(x, w)
+        for got, expected in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+            assert got.dtype == expected.dtype
+            np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+
+
 @pytest.mark.parametrize("equation", ["bsd,df->bsf", "bshk,hkd->bsd", "bsd,dnh->bsnh", "bsd,vd->bsv",
                                       "ebcd,edf->ebcf", "nbsd,ndf->nbsf"])
 def test_weight_products_gradients_are_the_einsums(equation):
     """``weight_product``'s own backward (the weight's gradient over one merged token axis)
-    gives the gradients that differentiating ``jnp.einsum`` gives; with bfloat16 inputs
-    accumulated in float32 as well, each gradient in its input's dtype."""
-    sizes = dict(zip("bsdfhkvecn", (2, 5, 6, 7, 3, 4, 9, 2, 3, 2), strict=True))
+    gives the gradients that differentiating ``jnp.einsum`` gives."""
+    assert_gradients_are_the_einsums(functools.partial(weight_product, equation), equation)
+
+
+@pytest.mark.parametrize("equation", ["bsd,df->bsf", "ebcd,edf->ebcf"])
+def test_stacked_products_gradients_are_the_einsums(equation):
+    """``stacked_product`` (an MLP's gate and up, an MoE's experts' too: batched forward, a pair of
+    products a slice backward) is the einsum over w's leading axis ``n``."""
     ins, out = equation.split("->")
     x_axes, w_axes = ins.split(",")
-    x, w = normal(*(sizes[a] for a in x_axes), seed=1), normal(*(sizes[a] for a in w_axes), seed=2)
-    weights = normal(*(sizes[a] for a in out), seed=3)  # a loss that weighs every output differently
-    for dtype, accumulate, tolerance in ((jnp.float32, None, 1e-5), (jnp.bfloat16, jnp.float32, 1e-2)):
-        def loss(product, x, w):
-            return jnp.sum(product(x.astype(dtype), w.astype(dtype)).astype(jnp.float32) * weights)
-        ours = jax.grad(functools.partial(loss, lambda x, w: weight_product(equation, x, w, accumulate)),
-                        argnums=(0, 1))(x, w)
-        theirs = jax.grad(functools.partial(loss, lambda x, w: jnp.einsum(equation, x, w,
-                                                                          preferred_element_type=accumulate)),
-                          argnums=(0, 1))(x, w)
-        for got, expected in zip(ours, theirs, strict=True):
-            np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+    assert_gradients_are_the_einsums(lambda x, w, accumulate: jnp.stack(stacked_product(equation, x, w, accumulate)),
+                                     f"{x_axes},n{w_axes}->n{out}", 3e-2)  # x's gradient: a sum of n such
 
 
 @pytest.mark.parametrize(("a_axes", "b_axes", "out", "summed"), [("bsnh", "dnh", "bsd", 1), ("bsd", "bsnh", "dnh", 1),

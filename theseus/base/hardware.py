@@ -173,7 +173,8 @@ def check_attention_impl(impl: str | None, dtype: Any) -> None:
     backend = jax.default_backend()
     if backend != "gpu":
         raise ConfigError(f"architecture.attention_impl=cudnn needs an NVIDIA GPU, but the backend is {backend}: "
-                          f"use architecture.attention_impl=xla, or null to let JAX choose")
+                          f"leave architecture.attention_impl null (theseus's own attention), or set "
+                          f"architecture.attention_impl=xla")
     if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
         raise ConfigError(f"architecture.attention_impl=cudnn needs bfloat16 or float16 activations, not "
                           f"{jnp.dtype(dtype).name}: set architecture.dtype.activation=bfloat16, or "

@@ -77,12 +77,16 @@ def dense(equation: str, x: jax.Array, w: jax.Array, b: jax.Array | None, dtype:
     """``einsum(equation, x, w) + b`` computed in ``dtype`` (no bias when ``b`` is None); with
     ``inputs`` another dtype (a module's ``_matmul_dtype``), x and w multiplied in it, the product
     accumulated in float32 and returned in ``dtype``."""
-    if inputs is None or jnp.dtype(inputs) == jnp.dtype(dtype):
-        y = weight_product(equation, x.astype(dtype), w.astype(dtype))
-    else:
-        y = weight_product(equation, x.astype(inputs), w.astype(inputs), jnp.float32).astype(dtype)
-    y = checkpoint_name(y, WEIGHT_PRODUCT)  # what architecture.remat=dots keeps (a custom_vjp hides its dot)
+    y = checkpoint_name(weight_product(equation, *operands(x, w, dtype, inputs)).astype(dtype), WEIGHT_PRODUCT)
     return y if b is None else y + b.astype(dtype)
+
+
+def operands(x: jax.Array, w: jax.Array, dtype: jnp.dtype, inputs: jnp.dtype | None) -> tuple:
+    """``(x, w, accumulate)`` as ``dense`` multiplies them: in ``dtype``, or in ``inputs`` where it
+    differs, summed in float32 (``accumulate``; None: in the inputs' dtype)."""
+    if inputs is None or jnp.dtype(inputs) == jnp.dtype(dtype):
+        return x.astype(dtype), w.astype(dtype), None
+    return x.astype(inputs), w.astype(inputs), jnp.float32
 
 
 WEIGHT_PRODUCT = "weight_product"  # the checkpoint name of every dense's product
@@ -106,10 +110,16 @@ def _weight_product_forward(equation, x, w, accumulate):
 
 def _weight_product_backward(equation, accumulate, residuals, dy):
     x, w = residuals
+    dx, dw = _gradients(equation, accumulate, x, w, dy)
+    return dx.astype(x.dtype), dw
+
+
+def _gradients(equation, accumulate, x, w, dy):
+    """x's gradient as summed (in ``accumulate``, not yet in x's dtype) and w's."""
     ins, out = equation.split("->")
     x_axes, w_axes = ins.split(",")
     dy = dy.astype(x.dtype)
-    dx = contract(out, w_axes, x_axes, dy, w, accumulate).astype(x.dtype)  # sums w's output axes (heads, head_dim)
+    dx = contract(out, w_axes, x_axes, dy, w, accumulate)  # sums w's output axes (heads, head_dim)
     dw = contract(x_axes, out, w_axes, x, dy, accumulate).astype(w.dtype)  # sums the tokens' axes (batch, seq)
     return dx, dw
 
@@ -147,7 +157,35 @@ def _merged(a: jax.Array, axes: str, run: str) -> jax.Array:
     return a.reshape(*a.shape[:start], -1, *a.shape[start + len(run):])
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def stacked_product(equation: str, x: jax.Array, w: jax.Array, accumulate: jnp.dtype | None = None
+                    ) -> tuple[jax.Array, ...]:
+    """``tuple(weight_product(equation, x, w[i]) for i in range(n))`` for ``w: [n, *w's axes]``
+    (SwiGLU's gate and up), as one product batched over n, x repeated for each: XLA's CPU backend
+    copies a slice ``w[i]`` (3/5 of a decode step), and runs the batched forward as fast as n
+    plain ones. Its backward pass takes the slices after all, a pair of products each: x's
+    gradient batched and summed over n ran 1.35x slower than plain products with the copies."""
+    ins, out = equation.split("->")
+    x_axes, w_axes = ins.split(",")
+    each = next(letter for letter in string.ascii_letters if letter not in equation)  # the n axis
+    both = contract(each + x_axes, each + w_axes, each + out, jnp.broadcast_to(x, (w.shape[0], *x.shape)), w,
+                    accumulate)
+    return tuple(both)
+
+
+def _stacked_product_forward(equation, x, w, accumulate):
+    return stacked_product(equation, x, w, accumulate), (x, w)
+
+
+def _stacked_product_backward(equation, accumulate, residuals, dys):
+    x, w = residuals
+    dx, dw = zip(*(_gradients(equation, accumulate, x, w_i, dy) for w_i, dy in zip(w, dys, strict=True)),
+                 strict=True)
+    return sum(dx).astype(x.dtype), jnp.stack(dw)
+
+
 weight_product.defvjp(_weight_product_forward, _weight_product_backward)
+stacked_product.defvjp(_stacked_product_forward, _stacked_product_backward)
 
 
 class Embedding(Module):
@@ -335,16 +373,10 @@ ACTIVATIONS = ("gelu", *GATES)  # architecture.activation
 def projections_in(equation: str, x: jax.Array, w_in: jax.Array, b_in: jax.Array | None, dtype: jnp.dtype,
                    matmul: jnp.dtype | None = None) -> list[jax.Array]:
     """``[dense(equation, x, w_in[i], b_in[i]) for i in range(n_in)]`` (SwiGLU's gate and up;
-    ``w_in: [n_in, ...]``, ``b_in: [n_in, out]``), computed as one product batched over n_in, x
-    repeated for each: taking ``w_in[i]`` apart made XLA's CPU backend copy the weights at every
-    call (3/5 of a decode step)."""
-    n_in, out = w_in.shape[0], equation.rpartition("->")[2]
-    x_axes, w_axes = equation.partition("->")[0].split(",")
-    each = next(letter for letter in string.ascii_letters if letter not in equation)  # the n_in axis
-    bias = None if b_in is None else b_in.reshape(n_in, *(1,) * (len(out) - 1), b_in.shape[-1])
-    both = dense(f"{each}{x_axes},{each}{w_axes}->{each}{out}", jnp.broadcast_to(x, (n_in, *x.shape)), w_in, bias,
-                 dtype, matmul)
-    return [both[i] for i in range(n_in)]
+    ``w_in: [n_in, ...]``, ``b_in: [n_in, out]``) through ``stacked_product``."""
+    h = [checkpoint_name(h_i.astype(dtype), WEIGHT_PRODUCT)
+         for h_i in stacked_product(equation, *operands(x, w_in, dtype, matmul))]
+    return h if b_in is None else [h_i + b_i.astype(dtype) for h_i, b_i in zip(h, b_in, strict=True)]
 
 
 def n_inputs(activation: str) -> int:
@@ -378,6 +410,8 @@ def packed(layer: type, segments: jax.Array | None) -> dict[str, jax.Array]:
     return {"segments": segments}
 
 
+ATTENTION_IMPL_HELP = ("jax.nn.dot_product_attention's implementation (xla, cudnn); None: theseus's own, written "
+                       "out (grouped_attention)")
 FUSED_DOC = ("fuse q, k and v into one LoRA adapter and gate and up into another, as a Hugging Face model that "
              "stores them fused (Phi-3's qkv_proj, gate_up_proj); None: q, k and v fused with learned positions "
              "(GPT-2's c_attn), nothing fused with rope")
@@ -454,7 +488,7 @@ class KVCache(Module):
     """Keys and values of the positions seen so far, for decoding a chunk at a time.
 
     Its variables (collection ``cache``) are ``[batch, kv_heads, max_len, head_dim]`` (the
-    layout ``cached_attention``'s products read as they are), sized by the call that creates
+    layout ``grouped_attention``'s products read as they are), sized by the call that creates
     them (``theseus.model.generate`` creates them at its cache length) and laid out over the
     mesh as the batch and the kv heads are (``nn.with_logical_constraint``). A sliding
     ``window`` masks the keys more than ``window - 1`` positions back (they stay cached).
@@ -493,8 +527,8 @@ def grown(cache: Any, length: int) -> Any:
     return jax.tree_util.tree_map_with_path(grow, cache)
 
 
-def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
-                     softcap: float | None = None) -> jax.Array:
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                      softcap: float | None = None) -> jax.Array:
     """Queries ``q: [batch, seq, heads, head_dim]`` attending to keys and values laid out as a
     KVCache's, ``k, v: [batch, kv_heads, keys, head_dim]``, where ``mask: bool[batch | 1, 1, seq,
     keys]``; query head n reads kv head n // (heads / kv_heads), as ``jax.nn.dot_product_attention``
@@ -502,7 +536,9 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
     if set: Gemma 2's, which the fused kernels do not compute) and softmax in float32. Written out,
     a kv head's queries as the rows of one product, so that both products read the cache in its
     own layout: nothing larger than the queries is copied at a step (for two rows or more; XLA
-    copies a one-row cache, which measures cheaper than a second row)."""
+    copies a one-row cache, which measures cheaper than a second row). In training too, the
+    scores and their gradients stay in the products' own layout, where
+    ``jax.nn.dot_product_attention``'s XLA path, batched over the group, copies them transposed."""
     batch, seq, heads, head_dim = q.shape
     kv, length = k.shape[1], k.shape[2]
     group = heads // kv
@@ -520,11 +556,12 @@ class Attention(Module):
     """Causal self-attention, multi-head or grouped-query: ``x: [batch, seq, d_model] -> same``.
 
     ``n_heads`` query heads share ``n_kv_heads`` key/value heads (MHA when equal, MQA at 1), each
-    ``head_dim`` wide (d_model / n_heads unless set), through ``jax.nn.dot_product_attention``
-    (``attention_impl=cudnn``: cuDNN flash attention). Dropout applies to the output (the fused
-    kernels have none on the probabilities). With ``decode``, keys and values go through a
-    KVCache and queries see every cached position up to their own (``cached_attention``, which
-    also computes soft-capped scores, which the fused kernels do not). With ``segments``, a query
+    ``head_dim`` wide (d_model / n_heads unless set), through ``grouped_attention``, or
+    ``jax.nn.dot_product_attention`` where ``attention_impl`` names its implementation (``cudnn``:
+    cuDNN flash attention). Dropout applies to the output (the fused kernels have none on the
+    probabilities). With ``decode``, keys and values go through a KVCache and queries see every
+    cached position up to their own; soft-capped scores (which the fused kernels do not compute)
+    are always written out. With ``segments``, a query
     sees only the earlier keys of its own segment (packed sequences stay apart).
 
     What other families add, each a field at a default that changes nothing: ``qk_norm`` (the
@@ -564,7 +601,7 @@ class Attention(Module):
                                             "None: no cap")
     attention_impl: str | None = field(
         "architecture.attention_impl", default=None, choices=(None, "xla", "cudnn"),
-        help="jax.nn.dot_product_attention implementation; None: JAX chooses",
+        help=ATTENTION_IMPL_HELP,
     )
     fused_projections: bool | None = field("architecture.fused_projections", default=None, help=FUSED_DOC,
                                            role=RUNTIME)
@@ -636,12 +673,12 @@ class Attention(Module):
             q, k = self.rope(q, positions), self.rope(k, positions)
         same = None if segments is None else (segments[:, None, :, None] == segments[:, None, None, :])
         if self.cache is not None:  # a masked step over the cache (the flash kernels want whole sequences)
-            out = cached_attention(q, *self.cache(k, v, positions), self.scale, self.attn_softcap)
-        elif self.attn_softcap is not None:  # written out too: a key sees itself and those before, per segment
+            out = grouped_attention(q, *self.cache(k, v, positions), self.scale, self.attn_softcap)
+        elif self.attention_impl is None or self.attn_softcap is not None:  # a key sees itself and those before
             index = jnp.arange(x.shape[1])
             mask = causal_mask(index, index, self.sliding_window)[None, None]
-            out = cached_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-                                   mask if same is None else mask & same, self.scale, self.attn_softcap)
+            out = grouped_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                                    mask if same is None else mask & same, self.scale, self.attn_softcap)
         else:
             window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
             out = jax.nn.dot_product_attention(q, k, v, mask=same, scale=self.scale, is_causal=True,

@@ -23,6 +23,7 @@ from theseus.base.axis import BATCH, BATCH_MESH_AXES, EMBED, FSDP, HEADS, KV_HEA
 from theseus.config import FRACTION, NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, configure, field
 from theseus.model.layers import (
     ACTIVATIONS,
+    ATTENTION_IMPL_HELP,
     NORM_HELP,
     NORMS,
     WEIGHT_PRODUCT,
@@ -115,7 +116,7 @@ class GPT(Module):
                             help="stddev of the normal initialiser", role=RUNTIME)
     attention_impl: str | None = field(
         "architecture.attention_impl", default=None, choices=(None, "xla", "cudnn"),
-        help="jax.nn.dot_product_attention implementation; None: JAX chooses", role=RUNTIME,
+        help=ATTENTION_IMPL_HELP, role=RUNTIME,
     )
     remat: str = field(
         "architecture.remat", default="none", choices=("none", *REMAT_POLICIES),
