@@ -89,7 +89,7 @@ def operands(x: jax.Array, w: jax.Array, dtype: jnp.dtype, inputs: jnp.dtype | N
     return x.astype(inputs), w.astype(inputs), jnp.float32
 
 
-WEIGHT_PRODUCT = "weight_product"  # the checkpoint name of every dense's product
+WEIGHT_PRODUCT = "weight_product"  # every dense's product: what remat=dots keeps (a custom_vjp hides its dot)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
@@ -561,8 +561,8 @@ class Attention(Module):
     cuDNN flash attention). Dropout applies to the output (the fused kernels have none on the
     probabilities). With ``decode``, keys and values go through a KVCache and queries see every
     cached position up to their own; soft-capped scores (which the fused kernels do not compute)
-    are always written out. With ``segments``, a query
-    sees only the earlier keys of its own segment (packed sequences stay apart).
+    are always written out. With ``segments``, a query sees only the earlier keys of its own
+    segment (packed sequences stay apart).
 
     What other families add, each a field at a default that changes nothing: ``qk_norm`` (the
     norm ``architecture.norm`` chooses, over head_dim, on queries and keys before RoPE: Qwen3,
