@@ -162,7 +162,7 @@ def stacked_product(equation: str, x: jax.Array, w: jax.Array, accumulate: jnp.d
                     ) -> tuple[jax.Array, ...]:
     """``tuple(weight_product(equation, x, w[i]) for i in range(n))`` for ``w: [n, *w's axes]``
     (SwiGLU's gate and up), as one product batched over n, x repeated for each: XLA's CPU backend
-    copies a slice ``w[i]`` (3/5 of a decode step), and runs the batched forward as fast as n
+    copies a slice ``w[i]`` (3/5 of a decode step), and runs the batched forward faster than n
     plain ones. Its backward pass takes the slices after all, a pair of products each: x's
     gradient batched and summed over n ran 1.35x slower than plain products with the copies."""
     ins, out = equation.split("->")
