@@ -16,7 +16,7 @@ import functools
 import inspect
 import math
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -100,8 +100,7 @@ def weight_product(equation: str, x: jax.Array, w: jax.Array, accumulate: jnp.dt
     its matrix-product kernels through a transposed copy of the activations' gradient: 0.15 of a
     SwiGLU MLP's step (XLA's GPU and TPU backends compile both forms alike). Each of the three
     products contracts its summed axes merged into one (``contract``)."""
-    ins, out = equation.split("->")
-    return contract(*ins.split(","), out, x, w, accumulate)
+    return contract(*_operand_axes(equation), x, w, accumulate)
 
 
 def _weight_product_forward(equation, x, w, accumulate):
@@ -116,8 +115,7 @@ def _weight_product_backward(equation, accumulate, residuals, dy):
 
 def _gradients(equation, accumulate, x, w, dy):
     """x's gradient as summed (in ``accumulate``, not yet in x's dtype) and w's."""
-    ins, out = equation.split("->")
-    x_axes, w_axes = ins.split(",")
+    x_axes, w_axes, out = _operand_axes(equation)
     dy = dy.astype(x.dtype)
     dx = contract(out, w_axes, x_axes, dy, w, accumulate)  # sums w's output axes (heads, head_dim)
     dw = contract(x_axes, out, w_axes, x, dy, accumulate).astype(w.dtype)  # sums the tokens' axes (batch, seq)
@@ -135,7 +133,7 @@ def contract(a_axes: str, b_axes: str, out: str, a: jax.Array, b: jax.Array,
     own, it has no bfloat16 kernel accumulating in float32."""
     sizes = dict(zip(a_axes + b_axes, a.shape + b.shape, strict=True))
     shape = tuple(sizes[axis] for axis in out)
-    spare = (letter for letter in string.ascii_letters if letter not in a_axes + b_axes + out)
+    spare = _unused_axes(a_axes, b_axes, out)
     runs = ("".join(axis for axis in a_axes if axis in b_axes and axis not in out),  # summed over
             "".join(axis for axis in a_axes if axis in out and axis not in b_axes),  # a's own
             "".join(axis for axis in b_axes if axis in out and axis not in a_axes))  # b's own
@@ -157,6 +155,17 @@ def _merged(a: jax.Array, axes: str, run: str) -> jax.Array:
     return a.reshape(*a.shape[:start], -1, *a.shape[start + len(run):])
 
 
+def _operand_axes(equation: str) -> tuple[str, str, str]:
+    """``"bsd,df->bsf"`` -> ``("bsd", "df", "bsf")``: x's, w's and the product's axes."""
+    ins, out = equation.split("->")
+    return (*ins.split(","), out)
+
+
+def _unused_axes(*axes: str) -> Iterator[str]:
+    """Letters that name none of ``axes``: names for axes an einsum adds."""
+    return (letter for letter in string.ascii_letters if not any(letter in a for a in axes))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
 def stacked_product(equation: str, x: jax.Array, w: jax.Array, accumulate: jnp.dtype | None = None
                     ) -> tuple[jax.Array, ...]:
@@ -165,9 +174,8 @@ def stacked_product(equation: str, x: jax.Array, w: jax.Array, accumulate: jnp.d
     copies a slice ``w[i]`` (3/5 of a decode step), and runs the batched forward faster than n
     plain ones. Its backward pass takes the slices after all, a pair of products each: x's
     gradient batched and summed over n ran 1.35x slower than plain products with the copies."""
-    ins, out = equation.split("->")
-    x_axes, w_axes = ins.split(",")
-    each = next(letter for letter in string.ascii_letters if letter not in equation)  # the n axis
+    x_axes, w_axes, out = _operand_axes(equation)
+    each = next(_unused_axes(equation))  # the n axis
     both = contract(each + x_axes, each + w_axes, each + out, jnp.broadcast_to(x, (w.shape[0], *x.shape)), w,
                     accumulate)
     return tuple(both)
