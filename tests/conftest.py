@@ -15,6 +15,8 @@ import pytest
 # not the fusions, buffers, FLOPs or memory that tests check). The product compiles at XLA's
 # default; tests/training/test_state.py compares its -O1 init with that default explicitly.
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=1".strip()
+# A subprocess that crashes (a segfault in native code) prints its threads' Python stacks.
+os.environ["PYTHONFAULTHANDLER"] = "1"
 
 from support import ROOT, SHARED, run_python  # noqa: F401  (re-exported for tests)
 

@@ -3,7 +3,9 @@ resume and sample; trainer.profile_steps writes a trace of just those steps."""
 
 from __future__ import annotations
 
+import gzip
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,12 @@ def traces(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "profile").glob("plugins/profile/*/*.xplane.pb"))
 
 
+def events(trace: Path) -> Counter:
+    """The names of a trace's complete events, counted (``*.trace.json.gz`` beside the xplane)."""
+    path = trace.parent / trace.name.replace("xplane.pb", "trace.json.gz")
+    return Counter(e["name"] for e in json.loads(gzip.decompress(path.read_bytes()))["traceEvents"] if e.get("ph") == "X")
+
+
 def losses(run_dir: Path) -> list[float]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [row["loss"] for row in rows if "loss" in row]
@@ -40,7 +48,10 @@ def test_scanned_remat_run_trains_resumes_samples_and_profiles_only_the_chosen_s
     proc = run_python("-m", "theseus.run", *TINY, *corpus, *knobs, "trainer.profile_steps=[2,3]", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(losses(run_dir)) == 4 and len(traces(run_dir)) == 1
-    assert (traces(run_dir)[0].parent / traces(run_dir)[0].name.replace("xplane.pb", "trace.json.gz")).is_file()
+    # the two steps' executions, and no Python call (JAX's Python tracer, off: theseus.training.profiler)
+    traced = events(traces(run_dir)[0])
+    assert traced["CommonPjRtLoadedExecutable::Execute (jit_train_step)"] == 2
+    assert not [name for name in traced if name.startswith("$")], traced.most_common(5)
 
     # resumed to step 6 with remat off (the same numbers): no trace outside [2, 3]
     proc = run_python("-m", "theseus.run", *TINY, *corpus, *knobs[:1], f"hydra.run.dir={run_dir}",

@@ -3,6 +3,12 @@
 ``trainer.profile_steps=[START, END]`` traces steps START..END (1-based, inclusive) into
 ``RUN/profile/``; open it with TensorBoard's profile plugin (XProf) or Perfetto (see the
 README). Unset, ``on_step`` returns at once: no trace, no wait on the device.
+
+The trace holds the runtime's and the device's events, not every Python call: JAX's Python
+tracer is off. It would record each call of every thread (the data loader's, the checkpointer's),
+installing itself into those threads while they run: the likely cause of a profiled run's
+segfault that CI met once here (Levanter's profiler callback reports the same around a trace's
+start and stop).
 """
 
 from __future__ import annotations
@@ -12,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import jax
+
+_OPTIONS = jax.profiler.ProfileOptions()
+_OPTIONS.python_tracer_level = 0  # no Python tracer (see the module)
 
 
 class Profiler:
@@ -36,7 +45,7 @@ class Profiler:
         if step == self.start:
             jax.block_until_ready(state)  # the steps before are not traced
             self.directory.mkdir(parents=True, exist_ok=True)
-            jax.profiler.start_trace(str(self.directory))
+            jax.profiler.start_trace(str(self.directory), profiler_options=_OPTIONS)
             self.tracing = True
         elif step == self.end + 1:
             self.close(state)
