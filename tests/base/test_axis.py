@@ -38,8 +38,7 @@ def test_specs_for_an_annotated_parameter_tree():
         mlp = configure(MLP)
     abstract = jax.eval_shape(mlp.init, jax.random.key(0), jnp.ones((1, 2, 8)))
     specs = ShardingPlan(embed="fsdp", mlp="tensor").specs(abstract["params"])
-    assert specs == {"w_in": P(None, "fsdp", "tensor"), "w_out": P("tensor", "fsdp"),
-                     "b_in": P(None, "tensor"), "b_out": P("fsdp")}
+    assert specs == {"w_up": P("fsdp", "tensor"), "w_out": P("tensor", "fsdp"), "b_up": P("tensor"), "b_out": P("fsdp")}
     # the same rules through Flax's own logical-axis machinery
     rules = ShardingPlan(embed="fsdp", mlp="tensor").rules()
     assert nn.get_partition_spec(abstract)["params"]["w_out"] == P("mlp", "embed")

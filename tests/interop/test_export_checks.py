@@ -34,7 +34,7 @@ class ReluMLP(MLP):
     """Another nonlinearity, hard-coded: no config key says so."""
 
     def __call__(self, x, deterministic=True):
-        h = jax.nn.relu(jnp.einsum("bsd,df->bsf", x, self.w_in[0]) + self.b_in[0])
+        h = jax.nn.relu(jnp.einsum("bsd,df->bsf", x, self.w_inputs["up"]) + self.b_inputs["up"])
         return jnp.einsum("bsf,fd->bsd", h, self.w_out) + self.b_out
 
 
@@ -42,11 +42,11 @@ class UnbiasedMLP(MLP):
     """The MLP without its biases, whatever architecture.bias says."""
 
     def setup(self):
-        self.w_in = self.param("w_in", nn.initializers.normal(0.02), (1, self.d_model, self.hidden))
+        self.w_up = self.param("w_up", nn.initializers.normal(0.02), (self.d_model, self.hidden))
         self.w_out = self.param("w_out", nn.initializers.normal(0.02), (self.hidden, self.d_model))
 
     def __call__(self, x, deterministic=True):
-        return jax.nn.gelu(x @ self.w_in[0], approximate=True) @ self.w_out
+        return jax.nn.gelu(x @ self.w_up, approximate=True) @ self.w_out
 
 
 class GatedMLP(MLP):
@@ -88,7 +88,7 @@ def test_what_maps_exactly_exports(cls, config, kwargs, kind):
 @pytest.mark.parametrize(("mlp", "message"), [
     (ReluMLP, r"ReluMLPGPT computes other logits than theseus's GPT from the same parameters \(by up to [0-9.e-]+ on "
               r"a probe batch\): a Hugging Face gpt2 model would not compute what it does"),
-    (UnbiasedMLP, "UnbiasedMLPGPT has no parameter h_0/mlp/b_in, which a Hugging Face gpt2 model has: export writes "
+    (UnbiasedMLP, "UnbiasedMLPGPT has no parameter h_0/mlp/b_out, which a Hugging Face gpt2 model has: export writes "
                   "only what transformers computes exactly"),
     (GatedMLP, "parameter h_0/mlp/gate of GatedMLPGPT has no place in a Hugging Face gpt2 model: export writes only "
                "what transformers computes exactly"),

@@ -81,10 +81,10 @@ def test_offset_rmsnorm_and_geglu_match_their_formulas():
 
     mlp = build(MLP, **{"architecture.activation": "geglu", "architecture.bias": False})
     p = random_params(mlp, x)["params"]
-    xs, w_in, w_out = (np.asarray(a, np.float64) for a in (x, p["w_in"], p["w_out"]))
-    gate = xs @ w_in[0]
+    xs, w_gate, w_up, w_out = (np.asarray(a, np.float64) for a in (x, p["w_gate"], p["w_up"], p["w_out"]))
+    gate = xs @ w_gate
     gelu = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate**3)))
-    np.testing.assert_allclose(mlp.apply({"params": p}, x), (gelu * (xs @ w_in[1])) @ w_out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(mlp.apply({"params": p}, x), (gelu * (xs @ w_up)) @ w_out, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("scaling", [

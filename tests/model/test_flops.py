@@ -32,7 +32,7 @@ def build(cls, cfg):
 def matmul_params(params: dict, tied: bool) -> int:
     """Elements of the weights used in matmuls, read off the parameter tree: the projections,
     the untied head, or the token table when it is the head."""
-    weights = {"wq", "wk", "wv", "wo", "w_in", "w_out", "lm_head"}
+    weights = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_out", "lm_head"}
     total = params["wte"]["embedding"].size if tied else 0
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
         total += leaf.size if path[-1].key in weights else 0

@@ -83,7 +83,7 @@ def test_llama_keys_change_the_parameter_tree():
     assert "wpe" not in params and params["lm_head"] == (32, 50)
     assert set(params["h_0"]["ln_1"]) == {"scale"} and set(params["ln_f"]) == {"scale"}
     assert params["h_0"]["attn"] == {"wq": (32, 4, 8), "wk": (32, 2, 8), "wv": (32, 2, 8), "wo": (4, 8, 32)}
-    assert params["h_0"]["mlp"] == {"w_in": (2, 32, 48), "w_out": (48, 32)}
+    assert params["h_0"]["mlp"] == {"w_gate": (32, 48), "w_up": (32, 48), "w_out": (48, 32)}
 
 
 @pytest.mark.parametrize("cfg", [TINY, LLAMA], ids=["gpt2", "llama"])
@@ -124,7 +124,7 @@ def test_field_values_reach_the_children():
     """A GPT built with explicit values (no configuration) or kwargs over one builds matching children."""
     direct = GPT(vocab_size=20, n_layers=1, d_model=24, n_heads=3, d_ff=40, positions="rope")
     params = shapes(direct, tokens(vocab=20))
-    assert params["h_0"]["mlp"]["w_in"] == (1, 24, 40) and "wpe" not in params
+    assert params["h_0"]["mlp"]["w_up"] == (24, 40) and "wpe" not in params
     over = build({**TINY, "architecture.d_model": 64}, d_model=16, n_heads=2)
     assert shapes(over, tokens())["h_0"]["attn"]["wq"] == (16, 2, 8)
 

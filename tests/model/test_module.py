@@ -97,7 +97,7 @@ def test_children_built_lazily_see_the_configuration_after_it_closed():
     y = jax.jit(lambda p: model.apply(p, x, deterministic=True))(params)
     assert y.shape == (1, 3, 8)
     clone = model.clone()  # Flax's clones keep the configuration too
-    assert clone.init(jax.random.key(0), x, deterministic=True)["params"]["mlp"]["w_in"].value.shape == (1, 8, 16)
+    assert clone.init(jax.random.key(0), x, deterministic=True)["params"]["mlp"]["w_up"].value.shape == (8, 16)
 
 
 def test_compact_children_see_the_configuration():
@@ -139,7 +139,7 @@ def test_mlp_gelu_matches_reference_math():
     x = jax.random.normal(jax.random.key(1), (2, 4, 8))
     params = mlp.init(jax.random.key(0), x)
     p = nn.unbox(params)["params"]
-    h = jax.nn.gelu(x @ p["w_in"][0] + p["b_in"][0], approximate=True)
+    h = jax.nn.gelu(x @ p["w_up"] + p["b_up"], approximate=True)
     assert np.allclose(mlp.apply(params, x), h @ p["w_out"] + p["b_out"], atol=1e-5)
 
 

@@ -36,10 +36,12 @@ def init(layer: MoE, x: jax.Array) -> dict:
     return jax.tree.map(lambda p: p * 20, nn.unbox(layer.init(jax.random.key(0), x)["params"]))
 
 
-def expert_mlp(x: np.ndarray, w_in: np.ndarray, w_out: np.ndarray, swiglu: bool) -> np.ndarray:
-    h = [x @ w for w in w_in]
+def expert_mlp(x: np.ndarray, p: dict, swiglu: bool, e: int | None = None) -> np.ndarray:
+    """Expert ``e``'s MLP of the layer's params ``p`` (None: ``p`` is one MLP's, the shared expert's)."""
+    weight = (lambda name: p[name]) if e is None else (lambda name: p[name][e])  # noqa: E731
+    h = [x @ weight(f"w_{name}") for name in (("gate", "up") if swiglu else ("up",))]
     h = h[0] / (1 + np.exp(-h[0])) * h[1] if swiglu else np.asarray(jax.nn.gelu(h[0], approximate=True))
-    return h @ w_out
+    return h @ weight("w_out")
 
 
 def reference(params: dict, x: np.ndarray, top_k: int, capacity: int | None, swiglu: bool, norm: bool = True,
@@ -65,11 +67,11 @@ def reference(params: dict, x: np.ndarray, top_k: int, capacity: int | None, swi
                     dropped += 1
                     continue
                 held[e] += 1
-                y[b, s] += weights[s, j] * expert_mlp(x[b, s], p["w_in"][:, e], p["w_out"][e], swiglu)
+                y[b, s] += weights[s, j] * expert_mlp(x[b, s], p, swiglu, e)
         if shared:
             mlp = p["shared"]
             gate = 1 / (1 + np.exp(-(x[b] @ p["shared_gate"])))
-            y[b] += gate * expert_mlp(x[b], mlp["w_in"], mlp["w_out"], swiglu)
+            y[b] += gate * expert_mlp(x[b], mlp, swiglu)
     return y, dropped / (x.shape[0] * x.shape[1] * top_k)
 
 
@@ -152,7 +154,7 @@ def test_flops_agree_with_xla_but_for_the_empty_slots(capacity_factor):
 
     xla = jax.jit(jax.grad(loss)).lower(params, tokens).compile().cost_analysis()["flops"]
     empty = layer.n_experts * layer.capacity(seq) - layer.top_k * seq
-    per_slot = 6 * (layer.n_in + 1) * layer.d_model * layer.hidden
+    per_slot = 6 * (len(layer.inputs) + 1) * layer.d_model * layer.hidden
     assert empty == {1.0: 0, 1.25: 32, None: 128}[capacity_factor]
     computed = model.flops(seq) + model.n_layers * empty * per_slot
     assert abs(xla - computed) / xla < 0.05, (xla, computed, model.flops(seq))
@@ -292,7 +294,7 @@ def test_route_bias_chooses_the_experts_and_the_gates_stay_unbiased():
     for b, s in np.ndindex(*x.shape[:2]):
         gates = probs[b, s, [3, other[b, s]]] / probs[b, s, [3, other[b, s]]].sum()
         for gate, e in zip(gates, [3, other[b, s]], strict=True):
-            expected[b, s] += gate * expert_mlp(np.asarray(x[b, s], np.float64), p["w_in"][:, e], p["w_out"][e], False)
+            expected[b, s] += gate * expert_mlp(np.asarray(x[b, s], np.float64), p, False, e)
     assert np.allclose(y, expected, atol=1e-4)
 
 

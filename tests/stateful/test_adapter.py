@@ -47,8 +47,8 @@ def test_outputs_are_the_flax_modules_own():
 def test_params_are_leaves_in_jax_tree_order():
     adapter, variables = adapted(MLP(d_model=4, d_ff=8))
     paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(variables["params"])[0]]
-    assert paths == ["['b_in']", "['b_out']", "['w_in']", "['w_out']"]
-    expected = [variables["params"][name] for name in ("b_in", "b_out", "w_in", "w_out")]
+    assert paths == ["['b_out']", "['b_up']", "['w_out']", "['w_up']"]
+    expected = [variables["params"][name] for name in ("b_out", "b_up", "w_out", "w_up")]
     for got, want in zip(adapter.get_params(), expected, strict=True):
         np.testing.assert_array_equal(got, want)
     assert adapter.get_num_trainable_floats() == 8 + 4 + 32 + 32

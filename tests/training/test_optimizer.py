@@ -67,10 +67,10 @@ TINY = {"architecture.vocab_size": 64, "architecture.seq_len": 16, "architecture
 LLAMA = {**TINY, "architecture.norm": "rmsnorm", "architecture.activation": "swiglu", "architecture.positions": "rope",
          "architecture.bias": False, "architecture.tie_embeddings": False, "architecture.n_kv_heads": 2}
 # The weight matrices of each tree, written out by hand: the reference the mask must equal.
-BLOCK_WEIGHTS = {"attn/wq", "attn/wk", "attn/wv", "attn/wo", "mlp/w_in", "mlp/w_out"}
+BLOCK_WEIGHTS = {"attn/wq", "attn/wk", "attn/wv", "attn/wo", "mlp/w_up", "mlp/w_out"}
 WEIGHTS = {
     "gpt2": {f"h_{i}/{w}" for i in range(2) for w in BLOCK_WEIGHTS},
-    "llama": {f"h_{i}/{w}" for i in range(2) for w in BLOCK_WEIGHTS} | {"lm_head"},
+    "llama": {f"h_{i}/{w}" for i in range(2) for w in (*BLOCK_WEIGHTS, "mlp/w_gate")} | {"lm_head"},
 }
 
 
@@ -92,8 +92,8 @@ def test_exactly_the_weight_matrices_decay(name, arch):
         assert {path for path, decays in mask.items() if decays} == WEIGHTS[name]
     plain = paths(nn.unbox(abstract_params(arch)))
     if name == "gpt2":  # biases of two dimensions are biases still
-        assert plain["h_0/attn/bq"].shape == (4, 8) and plain["h_0/mlp/b_in"].shape == (1, 128)
-        assert not mask["h_0/attn/bq"] and not mask["h_0/mlp/b_in"] and not mask["wte/embedding"]
+        assert plain["h_0/attn/bq"].shape == (4, 8) and plain["h_0/mlp/b_up"].shape == (128,)
+        assert not mask["h_0/attn/bq"] and not mask["h_0/mlp/b_up"] and not mask["wte/embedding"]
 
 
 # -- the options -----------------------------------------------------------------------------

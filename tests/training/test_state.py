@@ -37,11 +37,11 @@ def test_the_init_compiled_at_o1_equals_the_default_compilation():
 def test_a_parameter_the_mesh_does_not_split_evenly_is_named_with_the_fix():
     """3 experts over mesh.expert=2: one line naming the parameter, its axis and the mesh axis;
     kept whole (mesh.rules.expert=null), or over a size that divides 3, it passes."""
-    params = {"h_0": {"moe": {"w_in": nn.Partitioned(jax.ShapeDtypeStruct((3, 8), jnp.float32),
+    params = {"h_0": {"moe": {"w_up": nn.Partitioned(jax.ShapeDtypeStruct((3, 8), jnp.float32),
                                                      names=("expert", "embed"))}}}
     plan = ShardingPlan(expert="expert", embed="fsdp")
     mesh = AbstractMesh((1, 1, 2, 1), MESH_AXES)
-    with pytest.raises(ConfigError, match=r"^parameter h_0/moe/w_in \[3, 8\] has 3 along its 'expert' axis, which "
+    with pytest.raises(ConfigError, match=r"^parameter h_0/moe/w_up \[3, 8\] has 3 along its 'expert' axis, which "
                                           r"mesh.expert=2 does not split evenly: .*\(mesh.rules.expert=null\)$"):
         check_divisible(params, plan, mesh)
     check_divisible(params, MeshConfig(rules={"expert": None}).apply(plan), mesh)

@@ -8,7 +8,7 @@ stacked (scanned) tree adapts ``to_theseus``/``to_hf`` alone.
 
 Layouts: Hugging Face's ``nn.Linear`` weights are ``[out, in]``, GPT-2's ``Conv1D`` weights
 ``[in, out]``; theseus's are ``[in, ...out]`` with heads split out (``wq: [d_model, heads,
-head_dim]``, ``wo: [heads, head_dim, d_model]``, ``w_in: [n_in, d_model, d_ff]``, gate first).
+head_dim]``, ``wo: [heads, head_dim, d_model]``, ``w_gate``, ``w_up: [d_model, d_ff]``).
 """
 
 from __future__ import annotations
@@ -159,21 +159,11 @@ def _reshaped(path: str, name: str, shape: tuple, stored: tuple) -> Rule:
     return Rule((path,), (name,), lambda x: (x.reshape(shape),), lambda w: (w.reshape(stored),))
 
 
-def _stacked(path: str, name: str) -> Rule:
-    """The parameter with a leading axis of 1 (GELU's one input projection in ``w_in: [1, d, d_ff]``)."""
-    return Rule((path,), (name,), lambda x: (x[None],), lambda w: (w[0],))
-
-
 def _linear(path: str, name: str, shape: tuple | None = None, n_in: int = 1) -> Rule:
     """An ``nn.Linear`` weight ``[out, in]`` as ``[in, out]`` reshaped to ``shape`` (None: as is),
     its first ``n_in`` axes the input (``wo: [heads, head_dim, d_model]``: 2)."""
     return Rule((path,), (name,), lambda x: (x.T if shape is None else x.T.reshape(shape),),
                 lambda w: (w.reshape(math.prod(w.shape[:n_in]), -1).T,))
-
-
-def _gate_up(path: str, gate: str, up: str) -> Rule:
-    """SwiGLU's ``w_in: [2, d_model, d_ff]``, gate then up (each stored ``[d_ff, d_model]``)."""
-    return Rule((path,), (gate, up), lambda g, u: (np.stack([g.T, u.T]),), lambda w: (w[0].T, w[1].T))
 
 
 def _gpt2(model_type: str, arch: Mapping[str, Any], vocab_size: int) -> list[Rule]:
@@ -193,8 +183,8 @@ def _gpt2(model_type: str, arch: Mapping[str, Any], vocab_size: int) -> list[Rul
                  lambda *bs: (np.concatenate([b.reshape(d) for b in bs]),)),
             _reshaped(f"{t}/attn/wo", f"{p}.attn.c_proj.weight", (heads, hd, d), (d, d)),
             _same(f"{t}/attn/bo", f"{p}.attn.c_proj.bias"),
-            _stacked(f"{t}/mlp/w_in", f"{p}.mlp.c_fc.weight"),
-            _stacked(f"{t}/mlp/b_in", f"{p}.mlp.c_fc.bias"),
+            _same(f"{t}/mlp/w_up", f"{p}.mlp.c_fc.weight"),
+            _same(f"{t}/mlp/b_up", f"{p}.mlp.c_fc.bias"),
             _same(f"{t}/mlp/w_out", f"{p}.mlp.c_proj.weight"),
             _same(f"{t}/mlp/b_out", f"{p}.mlp.c_proj.bias"),
         ]
@@ -247,31 +237,32 @@ def _fused_qkv(t: str, p: str, d: int, heads: int, kv: int, hd: int) -> list[Rul
 
 def _mlp(model_type: str, arch: Mapping[str, Any], layer: int, t: str, p: str) -> list[Rule]:
     """Layer ``layer``'s feed-forward (params under ``t``): a SwiGLU MLP, or a router ``[d, expert]``,
-    experts ``w_in: [2, expert, d, f]``, ``w_out: [expert, f, d]`` and Qwen2-MoE's shared expert
-    with its gate ``[d, 1]``."""
+    experts ``w_gate``, ``w_up: [expert, d, f]``, ``w_out: [expert, f, d]`` and Qwen2-MoE's shared
+    expert with its gate ``[d, 1]``."""
     if model_type in FUSED:  # Phi-3's gate_up_proj: [2 x d_ff, d_model], gate's rows first
-        return [Rule((f"{t}/w_in",), (f"{p}.mlp.gate_up_proj.weight",), lambda x: (np.stack(np.split(x.T, 2, axis=1)),),
-                     lambda w: (np.concatenate([w[0].T, w[1].T]),)),
+        return [Rule((f"{t}/w_gate", f"{t}/w_up"), (f"{p}.mlp.gate_up_proj.weight",),
+                     lambda x: tuple(part.T for part in np.split(x, 2)), lambda g, u: (np.concatenate([g.T, u.T]),)),
                 _linear(f"{t}/w_out", f"{p}.mlp.down_proj.weight")]
     if not _is_moe(model_type, arch, layer):
-        return [_gate_up(f"{t}/w_in", f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"),
-                _linear(f"{t}/w_out", f"{p}.mlp.down_proj.weight")]
+        return _swiglu(t, f"{p}.mlp")
     module, (gate, up, down) = EXPERTS[model_type]
     experts = [f"{p}.{module}.experts.{j}" for j in range(arch["moe.n_experts"])]
     table = [
         _linear(f"{t}/router", f"{p}.{module}.gate.weight"),
-        Rule((f"{t}/w_in",), tuple(f"{e}.{name}.weight" for e in experts for name in (gate, up)),
-             lambda *xs: (np.stack([np.stack([g.T, u.T]) for g, u in zip(xs[::2], xs[1::2], strict=True)], axis=1),),
-             lambda w: tuple(w[k, j].T for j in range(w.shape[1]) for k in (0, 1))),
-        Rule((f"{t}/w_out",), tuple(f"{e}.{down}.weight" for e in experts),
-             lambda *xs: (np.stack([x.T for x in xs]),), lambda w: tuple(x.T for x in w)),
+        *(Rule((f"{t}/w_{weight}",), tuple(f"{e}.{name}.weight" for e in experts),
+               lambda *xs: (np.stack([x.T for x in xs]),), lambda w: tuple(x.T for x in w))
+          for weight, name in (("gate", gate), ("up", up), ("out", down))),
     ]
     if model_type == "qwen2_moe":
-        shared = f"{p}.mlp.shared_expert"
-        table += [_gate_up(f"{t}/shared/w_in", f"{shared}.gate_proj.weight", f"{shared}.up_proj.weight"),
-                  _linear(f"{t}/shared/w_out", f"{shared}.down_proj.weight"),
+        table += [*_swiglu(f"{t}/shared", f"{p}.mlp.shared_expert"),
                   _linear(f"{t}/shared_gate", f"{p}.mlp.shared_expert_gate.weight")]
     return table
+
+
+def _swiglu(t: str, p: str) -> list[Rule]:
+    """A gated MLP's ``gate_proj``, ``up_proj`` and ``down_proj`` under module ``p`` (params under ``t``)."""
+    return [_linear(f"{t}/w_{weight}", f"{p}.{name}_proj.weight") for weight, name in
+            (("gate", "gate"), ("up", "up"), ("out", "down"))]
 
 
 TABLES = {"gpt2": _gpt2, **dict.fromkeys(LLAMA_LIKE, _llama)}  # model_type -> its table

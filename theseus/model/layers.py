@@ -109,17 +109,11 @@ def _weight_product_forward(equation, x, w, accumulate):
 
 def _weight_product_backward(equation, accumulate, residuals, dy):
     x, w = residuals
-    dx, dw = _gradients(equation, accumulate, x, w, dy)
-    return dx.astype(x.dtype), dw
-
-
-def _gradients(equation, accumulate, x, w, dy):
-    """x's gradient as summed (in ``accumulate``, not yet in x's dtype) and w's."""
     x_axes, w_axes, out = _operand_axes(equation)
     dy = dy.astype(x.dtype)
     dx = contract(out, w_axes, x_axes, dy, w, accumulate)  # sums w's output axes (heads, head_dim)
-    dw = contract(x_axes, out, w_axes, x, dy, accumulate).astype(w.dtype)  # sums the tokens' axes (batch, seq)
-    return dx, dw
+    dw = contract(x_axes, out, w_axes, x, dy, accumulate)  # sums the tokens' axes (batch, seq)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
 def contract(a_axes: str, b_axes: str, out: str, a: jax.Array, b: jax.Array,
@@ -166,34 +160,7 @@ def _unused_axes(*axes: str) -> Iterator[str]:
     return (letter for letter in string.ascii_letters if not any(letter in a for a in axes))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
-def stacked_product(equation: str, x: jax.Array, w: jax.Array, accumulate: jnp.dtype | None = None
-                    ) -> tuple[jax.Array, ...]:
-    """``tuple(weight_product(equation, x, w[i]) for i in range(n))`` for ``w: [n, *w's axes]``
-    (SwiGLU's gate and up), as one product batched over n, x repeated for each: XLA's CPU backend
-    copies a slice ``w[i]`` (3/5 of a decode step), and runs the batched forward faster than n
-    plain ones. Its backward pass takes the slices after all, a pair of products each: x's
-    gradient batched and summed over n ran 1.35x slower than plain products with the copies."""
-    x_axes, w_axes, out = _operand_axes(equation)
-    each = next(_unused_axes(equation))  # the n axis
-    both = contract(each + x_axes, each + w_axes, each + out, jnp.broadcast_to(x, (w.shape[0], *x.shape)), w,
-                    accumulate)
-    return tuple(both)
-
-
-def _stacked_product_forward(equation, x, w, accumulate):
-    return stacked_product(equation, x, w, accumulate), (x, w)
-
-
-def _stacked_product_backward(equation, accumulate, residuals, dys):
-    x, w = residuals
-    dx, dw = zip(*(_gradients(equation, accumulate, x, w_i, dy) for w_i, dy in zip(w, dys, strict=True)),
-                 strict=True)
-    return sum(dx).astype(x.dtype), jnp.stack(dw)
-
-
 weight_product.defvjp(_weight_product_forward, _weight_product_backward)
-stacked_product.defvjp(_stacked_product_forward, _stacked_product_backward)
 
 
 class Embedding(Module):
@@ -378,22 +345,14 @@ GATES: dict[str, Callable[[jax.Array], jax.Array]] = {  # a gated MLP's activati
 ACTIVATIONS = ("gelu", *GATES)  # architecture.activation
 
 
-def projections_in(equation: str, x: jax.Array, w_in: jax.Array, b_in: jax.Array | None, dtype: jnp.dtype,
-                   matmul: jnp.dtype | None = None) -> list[jax.Array]:
-    """``[dense(equation, x, w_in[i], b_in[i]) for i in range(n_in)]`` (SwiGLU's gate and up;
-    ``w_in: [n_in, ...]``, ``b_in: [n_in, out]``) through ``stacked_product``."""
-    h = [checkpoint_name(h_i.astype(dtype), WEIGHT_PRODUCT)
-         for h_i in stacked_product(equation, *operands(x, w_in, dtype, matmul))]
-    return h if b_in is None else [h_i + b_i.astype(dtype) for h_i, b_i in zip(h, b_in, strict=True)]
-
-
-def n_inputs(activation: str) -> int:
-    """Input projections of an MLP: 2 for a gated one (gate and value), 1 for GELU."""
-    return 2 if activation in GATES else 1
+def input_projections(activation: str) -> tuple[str, ...]:
+    """An MLP's input projections, each a weight ``w_{name}``: a gated one's gate and up (its
+    value), GELU's up alone."""
+    return ("gate", "up") if activation in GATES else ("up",)
 
 
 def activate(h: list[jax.Array], activation: str) -> jax.Array:
-    """An MLP's hidden units from its ``n_inputs`` projections: ``gate(h[0]) * h[1]`` (SwiGLU:
+    """An MLP's hidden units from its ``input_projections``: ``gate(h[0]) * h[1]`` (SwiGLU:
     silu, GeGLU: tanh-approximated gelu, as Gemma's ``gelu_pytorch_tanh``) or ``gelu(h[0])``."""
     return GATES[activation](h[0]) * h[1] if activation in GATES else jax.nn.gelu(h[0], approximate=True)
 
@@ -428,8 +387,10 @@ FUSED_DOC = ("fuse q, k and v into one LoRA adapter and gate and up into another
 class MLP(Module):
     """Position-wise feed-forward: ``x: [batch, seq, d_model] -> [batch, seq, d_model]``.
 
-    GELU: ``W_out gelu(W_in x)``; SwiGLU: ``W_out (silu(W_gate x) * W_in x)``; GeGLU: the same
-    with a tanh-approximated gelu (Gemma's).
+    GELU: ``W_out gelu(W_up x)``; SwiGLU: ``W_out (silu(W_gate x) * W_up x)``; GeGLU: the same
+    with a tanh-approximated gelu (Gemma's). Each input projection is a weight of its own
+    (``w_gate``, ``w_up``: ``[d_model, hidden]``), as Hugging Face's ``gate_proj`` and ``up_proj``:
+    a product each, no slice of a stacked weight to copy (XLA's CPU backend copies one).
     """
 
     d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
@@ -452,28 +413,31 @@ class MLP(Module):
         return self.d_ff or 4 * self.d_model
 
     @property
-    def n_in(self) -> int:
-        """Input projections: 2 for a gated MLP (gate and value), 1 for GELU."""
-        return n_inputs(self.activation)
+    def inputs(self) -> tuple[str, ...]:
+        """The input projections (``input_projections``): gate and up, or up."""
+        return input_projections(self.activation)
 
     def setup(self):
         init, zeros = nn.initializers.normal(self.init_std), nn.initializers.zeros
-        self.w_in = param(self, "w_in", init, (None, EMBED, MLP_HIDDEN), (self.n_in, self.d_model, self.hidden))
+        self.w_inputs = {name: param(self, f"w_{name}", init, (EMBED, MLP_HIDDEN), (self.d_model, self.hidden))
+                         for name in self.inputs}
         self.w_out = param(self, "w_out", init, (MLP_HIDDEN, EMBED), (self.hidden, self.d_model))
         if self.bias:
-            self.b_in = param(self, "b_in", zeros, (None, MLP_HIDDEN), (self.n_in, self.hidden))
+            self.b_inputs = {name: param(self, f"b_{name}", zeros, (MLP_HIDDEN,), (self.hidden,))
+                             for name in self.inputs}
             self.b_out = param(self, "b_out", zeros, (EMBED,), (self.d_model,))
         into = ((self.d_model,), (EMBED,), (self.hidden,), (MLP_HIDDEN,))  # LoRA's shapes and axes: x -> hidden
         out_of = ((self.hidden,), (MLP_HIDDEN,), (self.d_model,), (EMBED,))  # hidden -> x
-        self.lora = adapters({**({"gate": into} if self.n_in == 2 else {}), "up": into, "down": out_of},
-                             ("gate", "up", "down"), fuse=GATE_UP if self.fused_projections and self.n_in == 2 else ())
+        gated = len(self.inputs) == 2
+        self.lora = adapters({**({"gate": into} if gated else {}), "up": into, "down": out_of},
+                             ("gate", "up", "down"), fuse=GATE_UP if self.fused_projections and gated else ())
         self.drop = nn.Dropout(self.dropout)
 
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
         dtype = self._activation_dtype
-        h = projections_in("bsd,df->bsf", x, self.w_in, self.b_in if self.bias else None, dtype, self._matmul_dtype)
-        h = activate(list(adapt(self.lora, x, dict(zip(("gate", "up")[2 - self.n_in:], h, strict=True)),
-                                deterministic)), self.activation)
+        h = {name: dense("bsd,df->bsf", x, w, self.b_inputs[name] if self.bias else None, dtype, self._matmul_dtype)
+             for name, w in self.w_inputs.items()}
+        h = activate(list(adapt(self.lora, x, h, deterministic)), self.activation)
         h = nn.with_logical_constraint(h, (BATCH, SEQ, MLP_HIDDEN))
         y = dense("bsf,fd->bsd", h, self.w_out, self.b_out if self.bias else None, dtype, self._matmul_dtype)
         (y,) = adapt(self.lora, h, {"down": y}, deterministic)
@@ -481,7 +445,8 @@ class MLP(Module):
 
     def flops(self, seq: int) -> int:
         """The input and output projections and their adapters."""
-        return self.dense_flops("w_in", seq) + self.dense_flops("w_out", seq) + lora_flops(self.lora, seq)
+        return (sum(self.dense_flops(f"w_{name}", seq) for name in self.inputs) + self.dense_flops("w_out", seq)
+                + lora_flops(self.lora, seq))
 
 
 def causal_mask(queries: jax.Array, keys: jax.Array, window: int | None) -> jax.Array:

@@ -8,7 +8,7 @@ parameters carrying the weight's logical axes (the rank axis is replicated), so 
 its weight on any mesh. Training updates the adapters alone (``labels``: the optimizer's split).
 
 Targets (``architecture.lora.targets``): ``q``, ``k``, ``v``, ``o`` (attention), ``gate``,
-``up``, ``down`` (the MLP's ``w_in`` gate and value/up rows, ``w_out``). Projections a Hugging
+``up``, ``down`` (the MLP's ``w_gate``, ``w_up`` and ``w_out``). Projections a Hugging
 Face model stores fused share one adapter (``architecture.fused_projections``): any of q, k, v
 in targets gives one adapter ``lora_qkv`` with one ``A`` and a ``B`` per projection (GPT-2's
 ``c_attn``, the default with learned positions; Phi-3's ``qkv_proj``), as any of gate, up gives
@@ -42,9 +42,8 @@ PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 QKV, GATE_UP = ("q", "k", "v"), ("gate", "up")  # targets one adapter serves when the layer fuses them
 GROUPS = {"".join(group): group for group in (QKV, GATE_UP)}  # a fused adapter's name after PREFIX -> its targets
 PREFIX = "lora_"  # an adapter's module name: lora_q, lora_qkv, lora_down...
-# where each target's update lands: (weight, index into its leading n_in axis or None)
-WEIGHTS = {"q": ("wq", None), "k": ("wk", None), "v": ("wv", None), "o": ("wo", None),
-           "gate": ("w_in", 0), "up": ("w_in", -1), "down": ("w_out", None)}
+# the weight each target's update lands on
+WEIGHTS = {"q": "wq", "k": "wk", "v": "wv", "o": "wo", "gate": "w_gate", "up": "w_up", "down": "w_out"}
 EXPERT = "expert_"  # an expert adapter's name after PREFIX: lora_expert_up adapts every expert's up
 WEIGHTS |= {EXPERT + target: weight for target, weight in WEIGHTS.items() if target in ("gate", "up", "down")}
 
@@ -232,13 +231,9 @@ def merged(params: Mapping, scale: float) -> dict:
         a = flat[f"{path}/a"]
         for target in served:
             b = flat[f"{path}/b" if len(served) == 1 else f"{path}/b_{target}"]
-            weight, index = WEIGHTS[target]
-            w = out[f"{layer}/{weight}"].copy()
-            # w_in: [(layers,) n_in, *a's axes but the rank (experts, in), out]: index n_in
-            after = [slice(None)] * (a.ndim - int(path.startswith("h/")))
-            slot = (Ellipsis,) if index is None else (Ellipsis, index, *after)
-            w[slot] = (w[slot].astype(np.float32) + scale * _product(a, b, w[slot].ndim)).astype(w.dtype)
-            out[f"{layer}/{weight}"] = w
+            weight = f"{layer}/{WEIGHTS[target]}"
+            out[weight] = (out[weight].astype(np.float32) + scale * _product(a, b, out[weight].ndim)
+                           ).astype(out[weight].dtype)
     return traverse_util.unflatten_dict(out, sep="/")
 
 

@@ -52,7 +52,7 @@ from theseus.base.axis import (
     ShardingPlan,
 )
 from theseus.config import NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, Range, configure, field
-from theseus.model.layers import ACTIVATIONS, MLP, Block, activate, dense, n_inputs, param, projections_in
+from theseus.model.layers import ACTIVATIONS, MLP, Block, activate, dense, input_projections, param
 from theseus.model.lora import adapt, adapters, lora_flops
 from theseus.model.module import AUXILIARY, PENALTY, Module, Rule
 
@@ -64,8 +64,9 @@ class MoE(Module):
     DeepSeek), plus an optional shared expert that every token visits (Qwen2-MoE's, with its
     sigmoid gate; DeepSeek's n shared experts of width f are one of width n x f).
 
-    ``x: [batch, seq, d_model] -> [batch, seq, d_model]``; weights ``w_in: [n_in, expert,
-    d_model, d_ff]``, ``w_out: [expert, d_ff, d_model]``, ``router: [d_model, expert]``.
+    ``x: [batch, seq, d_model] -> [batch, seq, d_model]``; weights ``w_gate`` (gated experts)
+    and ``w_up``: ``[expert, d_model, d_ff]``, ``w_out: [expert, d_ff, d_model]``, ``router:
+    [d_model, expert]``.
     """
 
     d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
@@ -129,9 +130,9 @@ class MoE(Module):
         return self.expert_d_ff or self.dense_d_ff or 4 * self.d_model
 
     @property
-    def n_in(self) -> int:
-        """Input projections: 2 for a gated MLP (gate and value), 1 for GELU."""
-        return n_inputs(self.activation)
+    def inputs(self) -> tuple[str, ...]:
+        """Each expert's input projections (``input_projections``): gate and up, or up."""
+        return input_projections(self.activation)
 
     def capacity(self, seq: int) -> int:
         """Slots of each expert per sequence of ``seq`` tokens (``seq``: dropless)."""
@@ -143,10 +144,11 @@ class MoE(Module):
         init = nn.initializers.normal(self.init_std)
         e, d, f = self.n_experts, self.d_model, self.hidden
         into, out_of = ((d,), (EMBED,), (f,), (MLP_HIDDEN,)), ((f,), (MLP_HIDDEN,), (d,), (EMBED,))  # LoRA's
-        self.lora_expert = adapters({**({"gate": into} if self.n_in == 2 else {}), "up": into, "down": out_of},
+        self.lora_expert = adapters({**({"gate": into} if "gate" in self.inputs else {}), "up": into, "down": out_of},
                                     ("gate", "up", "down"), lead=((e,), (EXPERT_AXIS,)))  # each expert's own
         self.router = param(self, "router", init, (EMBED, None), (d, e))
-        self.w_in = param(self, "w_in", init, (None, EXPERT_AXIS, EMBED, MLP_HIDDEN), (self.n_in, e, d, f))
+        self.w_inputs = {name: param(self, f"w_{name}", init, (EXPERT_AXIS, EMBED, MLP_HIDDEN), (e, d, f))
+                         for name in self.inputs}
         self.w_out = param(self, "w_out", init, (EXPERT_AXIS, MLP_HIDDEN, EMBED), (e, f, d))
         self.shared = configure(self.shared_cls, d_ff=self.shared_d_ff) if self.shared_d_ff else None
         self.gate = param(self, "shared_gate", init, (EMBED, None), (d, 1)) if self.shared and self.shared_gate else None
@@ -206,9 +208,8 @@ class MoE(Module):
         matrix product per expert), which a CPU runs faster than with the batch outermost."""
         dtype = self._activation_dtype
         x = x.transpose(1, 0, 2, 3)
-        h = projections_in("ebcd,edf->ebcf", x, self.w_in, None, dtype, self._matmul_dtype)
-        h = activate(list(adapt(self.lora_expert, x, dict(zip(("gate", "up")[2 - self.n_in:], h, strict=True)),
-                                deterministic)), self.activation)
+        h = {name: dense("ebcd,edf->ebcf", x, w, None, dtype, self._matmul_dtype) for name, w in self.w_inputs.items()}
+        h = activate(list(adapt(self.lora_expert, x, h, deterministic)), self.activation)
         h = nn.with_logical_constraint(h, (EXPERT_AXIS, EXPERT_BATCH, None, MLP_HIDDEN))
         out = dense("ebcf,efd->ebcd", h, self.w_out, None, dtype, self._matmul_dtype)
         (out,) = adapt(self.lora_expert, h, {"down": out}, deterministic)
@@ -256,7 +257,7 @@ class MoE(Module):
         """The router (d_model x experts) for every token, the ``top_k`` experts each token
         visits (not all of them; capacity's empty slots are not counted), the shared expert."""
         visits = self.top_k * seq  # tokens the experts see, spread over them: each expert's weights meet a share
-        experts = sum(self.dense_flops(name, visits / self.n_experts) for name in ("w_in", "w_out"))
+        experts = sum(self.dense_flops(f"w_{name}", visits / self.n_experts) for name in (*self.inputs, "out"))
         shared = self.shared.flops(seq) + (self.dense_flops("shared_gate", seq) if self.gate is not None else 0) \
             if self.shared else 0
         return self.dense_flops("router", seq) + experts + lora_flops(self.lora_expert, visits) + shared

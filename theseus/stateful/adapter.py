@@ -23,7 +23,7 @@ class FlaxAdapter(BaseModule):
 
     Params are the leaves of the ``params`` collection, state the leaves of every other
     collection (e.g. ``batch_stats``), each in ``jax.tree`` flatten order: dict keys sorted,
-    depth first (for ``MLP``: ``b_in, b_out, w_in, w_out``). ``training`` is passed as
+    depth first (for a GELU ``MLP``: ``b_out, b_up, w_out, w_up``). ``training`` is passed as
     ``deterministic=not training`` to a module whose ``__call__`` takes ``deterministic``, and
     updates the state collections; ``rng`` is the ``dropout`` stream.
 

@@ -169,7 +169,7 @@ def make_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
 
 
 # A parameter's role is its name (the last dict key of its path; theseus's layers follow this):
-# lookup tables are ``embedding``, norm gains ``scale``, biases ``bias``, ``b``, ``bq``, ``b_in``...
+# lookup tables are ``embedding``, norm gains ``scale``, biases ``bias``, ``b``, ``bq``, ``b_up``...
 EMBEDDING, NORM, BIAS = re.compile(r"embedding"), re.compile(r"scale"), re.compile(r"bias|b|b[a-z]|b_\w+")
 
 
