@@ -28,6 +28,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from theseus.config import ConfigError
 from theseus.model.source import run_of
 from theseus.training.frozen_base import FrozenBase, require_base_weights, trainable_part, with_part
+from theseus.training.stacked_inputs import as_saved, as_today, holds_stacked
 
 
 class Checkpointer:
@@ -103,6 +104,9 @@ class Checkpointer:
             if record is not None:
                 self._check_base(record, candidate)
                 target = abstract_state.replace(params=trainable_part(abstract_state.params))
+            stacked = holds_stacked(self.manager.item_metadata(candidate)["state"])
+            if stacked:  # saved before the input projections were weights of their own
+                target, today = as_saved(target), target
             if shapes != _shapes(target):
                 raise ConfigError(
                     f"checkpoint {self.directory / str(candidate)} holds arrays of other shapes than this "
@@ -117,7 +121,7 @@ class Checkpointer:
             if not _everywhere(problem is None):
                 self._damaged(candidate, problem, report)
                 continue
-            state = restored.state
+            state = _placed(as_today(restored.state), today) if stacked else restored.state
             if record is not None:  # the adapters over their base
                 base = self.base.load(Path(record["folder"]), abstract_state.params)
                 state = state.replace(params=with_part(base, state.params))
@@ -149,8 +153,9 @@ class Checkpointer:
 
     def saved_layout(self, step: int | None = None) -> Any:
         """The metadata tree (shape, dtype per array) of the train state saved at ``step``
-        (None: the newest), read without loading any array."""
-        return self.manager.item_metadata(step if step is not None else self.manager.latest_step())["state"]
+        (None: the newest), read without loading any array; in today's layout (``stacked_inputs``)."""
+        saved = self.manager.item_metadata(step if step is not None else self.manager.latest_step())["state"]
+        return as_today({key: saved[key] for key in saved}) if holds_stacked(saved) else saved
 
     def _damaged(self, step: int, exc: Exception | None, report: Callable[[str], None]) -> None:
         kept = self._set_aside(step)
@@ -201,11 +206,19 @@ def read_params(step_dir: Path, layout: Any) -> Any:
     the checkpoint stays on disk."""
     manager = ocp.CheckpointManager(step_dir.parent, options=ocp.CheckpointManagerOptions(create=False),
                                     item_handlers={"state": ocp.PyTreeCheckpointHandler()})
-    places = jax.tree.map(lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding, dtype=leaf.dtype), layout)
-    args = ocp.args.PyTreeRestore({"params": layout}, restore_args={"params": places}, partial_restore=True)
-    params = manager.restore(int(step_dir.name), args=ocp.args.Composite(state=args)).state["params"]
+    step = int(step_dir.name)
+    stacked = holds_stacked(manager.item_metadata(step)["state"]["params"])
+    target = as_saved(layout) if stacked else layout  # saved before the input projections were weights of their own
+    places = jax.tree.map(lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding, dtype=leaf.dtype), target)
+    args = ocp.args.PyTreeRestore({"params": target}, restore_args={"params": places}, partial_restore=True)
+    params = manager.restore(step, args=ocp.args.Composite(state=args)).state["params"]
     manager.close()
-    return params
+    return _placed(as_today(params), layout) if stacked else params
+
+
+def _placed(tree: Any, layout: Any) -> Any:
+    """``tree``'s arrays laid out as ``layout``'s (the same structure) says."""
+    return jax.tree.map(lambda leaf, like: jax.device_put(leaf, like.sharding), tree, layout)
 
 
 def saved_params(step_dir: Path) -> dict[str, tuple[int, ...]]:
