@@ -428,9 +428,8 @@ class MLP(Module):
             self.b_out = param(self, "b_out", zeros, (EMBED,), (self.d_model,))
         into = ((self.d_model,), (EMBED,), (self.hidden,), (MLP_HIDDEN,))  # LoRA's shapes and axes: x -> hidden
         out_of = ((self.hidden,), (MLP_HIDDEN,), (self.d_model,), (EMBED,))  # hidden -> x
-        gated = len(self.inputs) == 2
-        self.lora = adapters({**({"gate": into} if gated else {}), "up": into, "down": out_of},
-                             ("gate", "up", "down"), fuse=GATE_UP if self.fused_projections and gated else ())
+        self.lora = adapters({**dict.fromkeys(self.inputs, into), "down": out_of}, ("gate", "up", "down"),
+                             fuse=GATE_UP if self.fused_projections and len(self.inputs) == 2 else ())
         self.drop = nn.Dropout(self.dropout)
 
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:

@@ -144,7 +144,7 @@ class MoE(Module):
         init = nn.initializers.normal(self.init_std)
         e, d, f = self.n_experts, self.d_model, self.hidden
         into, out_of = ((d,), (EMBED,), (f,), (MLP_HIDDEN,)), ((f,), (MLP_HIDDEN,), (d,), (EMBED,))  # LoRA's
-        self.lora_expert = adapters({**({"gate": into} if "gate" in self.inputs else {}), "up": into, "down": out_of},
+        self.lora_expert = adapters({**dict.fromkeys(self.inputs, into), "down": out_of},
                                     ("gate", "up", "down"), lead=((e,), (EXPERT_AXIS,)))  # each expert's own
         self.router = param(self, "router", init, (EMBED, None), (d, e))
         self.w_inputs = {name: param(self, f"w_{name}", init, (EXPERT_AXIS, EMBED, MLP_HIDDEN), (e, d, f))
