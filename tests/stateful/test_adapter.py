@@ -135,7 +135,7 @@ def test_errors():
     with pytest.raises(ValueError, match=r"MLP cannot take input shape \(2, 5\): "):
         FlaxAdapter(MLP(d_model=4)).compile(KEY, (2, 5))
     adapter, _ = adapted(MLP(d_model=4, d_ff=8))
-    with pytest.raises(ValueError, match=r"expected params of shapes \[\(1, 8\), \(4,\), \(1, 4, 8\), \(8, 4\)\]"):
+    with pytest.raises(ValueError, match=r"expected params of shapes \[\(4,\), \(8,\), \(8, 4\), \(4, 8\)\]"):
         adapter.set_params(adapter.get_params()[::-1])
     with pytest.raises(RuntimeError, match="FlaxAdapter has no module"):
         FlaxAdapter().compile(KEY, (3, 4))
