@@ -93,10 +93,10 @@ class Checkpointer:
         candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
         for candidate in candidates:
             try:
-                shapes, problem = _shapes(self.manager.item_metadata(candidate)["state"]), None
+                saved, problem = self.manager.item_metadata(candidate)["state"], None
                 record = self.base_record(candidate)
             except Exception as exc:  # noqa: BLE001 - unreadable metadata: damaged
-                shapes, problem = None, exc
+                saved, problem = None, exc
             if not _everywhere(problem is None):
                 self._damaged(candidate, problem, report)
                 continue
@@ -104,10 +104,10 @@ class Checkpointer:
             if record is not None:
                 self._check_base(record, candidate)
                 target = abstract_state.replace(params=trainable_part(abstract_state.params))
-            stacked = holds_stacked(self.manager.item_metadata(candidate)["state"])
+            stacked = holds_stacked(saved)
             if stacked:  # saved before the input projections were weights of their own
                 target, today = as_saved(target), target
-            if shapes != _shapes(target):
+            if _shapes(saved) != _shapes(target):
                 raise ConfigError(
                     f"checkpoint {self.directory / str(candidate)} holds arrays of other shapes than this "
                     f"model's: resume with the config it was trained with, or use a new hydra.run.dir"

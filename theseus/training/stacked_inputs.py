@@ -21,14 +21,14 @@ STACKED = {"w_in": "w", "b_in": "b"}  # the stacked parameter -> the prefix of t
 
 def holds_stacked(layout: Any) -> bool:
     """Whether a saved train state's (or params') layout stacks the input projections."""
-    return any(_key(path[-1]) in STACKED for path, _ in jax.tree_util.tree_flatten_with_path(layout)[0])
+    return any(_names(path)[-1] in STACKED for path, _ in jax.tree_util.tree_flatten_with_path(layout)[0])
 
 
 def as_today(tree: Any) -> Any:
     """``tree`` (a state or params, stacked) with each stacked weight split into today's: arrays
     sliced, shapes (orbax's metadata or ShapeDtypeStructs) cut."""
     widths = {leaf.shape[_axis(path)] for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
-              if _key(path[-1]) == "w_in" and hasattr(leaf, "shape")}
+              if _names(path)[-1] == "w_in" and hasattr(leaf, "shape")}
     names = ("gate", "up")[2 - max(widths, default=2):]  # one activation, one width: an optimizer's masked leaves too
 
     def split(path, node):
@@ -69,13 +69,14 @@ def _today(node: Any) -> bool:
     return isinstance(node, dict) and "w_up" in node and "w_out" in node
 
 
-def _key(entry: Any) -> Any:
-    return getattr(entry, "key", getattr(entry, "name", getattr(entry, "idx", entry)))
+def _names(path: tuple) -> list[str]:
+    """``path``'s keys: ``["params", "h_0", "mlp", "w_in"]``."""
+    return jax.tree_util.keystr(path, simple=True, separator="/").split("/")
 
 
 def _axis(path: tuple) -> int:
     """The stacked axis: the first, or the second in scanned blocks (``h``: layers first)."""
-    return 1 if any(_key(entry) == "h" for entry in path) else 0
+    return 1 if "h" in _names(path) else 0
 
 
 def _slice(leaf: Any, i: int, axis: int) -> Any:
