@@ -16,7 +16,7 @@ import functools
 import inspect
 import math
 import string
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -127,7 +127,7 @@ def contract(a_axes: str, b_axes: str, out: str, a: jax.Array, b: jax.Array,
     own, it has no bfloat16 kernel accumulating in float32."""
     sizes = dict(zip(a_axes + b_axes, a.shape + b.shape, strict=True))
     shape = tuple(sizes[axis] for axis in out)
-    spare = _unused_axes(a_axes, b_axes, out)
+    spare = (letter for letter in string.ascii_letters if letter not in a_axes + b_axes + out)  # new axes' names
     runs = ("".join(axis for axis in a_axes if axis in b_axes and axis not in out),  # summed over
             "".join(axis for axis in a_axes if axis in out and axis not in b_axes),  # a's own
             "".join(axis for axis in b_axes if axis in out and axis not in a_axes))  # b's own
@@ -153,11 +153,6 @@ def _operand_axes(equation: str) -> tuple[str, str, str]:
     """``"bsd,df->bsf"`` -> ``("bsd", "df", "bsf")``: x's, w's and the product's axes."""
     ins, out = equation.split("->")
     return (*ins.split(","), out)
-
-
-def _unused_axes(*axes: str) -> Iterator[str]:
-    """Letters that name none of ``axes``: names for axes an einsum adds."""
-    return (letter for letter in string.ascii_letters if not any(letter in a for a in axes))
 
 
 weight_product.defvjp(_weight_product_forward, _weight_product_backward)
