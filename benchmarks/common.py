@@ -102,10 +102,11 @@ def stopwatch(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - began, result
 
 
-def child(script: str, *args: str) -> Any:
-    """Run ``python SCRIPT ARGS`` in a fresh process; the JSON its last line of output holds."""
+def child(script: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    """Run ``python SCRIPT ARGS`` in a fresh process (in ``env``: default this one's); the JSON its
+    last line of output holds."""
     output = subprocess.run([sys.executable, script, *args], cwd=ROOT, check=True, stdout=subprocess.PIPE,
-                            text=True).stdout
+                            text=True, env=env).stdout
     return json.loads(output.splitlines()[-1])
 
 

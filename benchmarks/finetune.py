@@ -45,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from common import ROOT, child, device_batch, interleaved, make_run, save, show, spread
 
+from theseus.base.host_allocator import huge_pages_wanted, with_huge_pages
+
 # SmolLM2-135M's shape (its config.json), the weights random
 SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
            "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192,
@@ -168,11 +170,14 @@ def measure(case: str, model: Path, corpus: Path, options: list[str], args) -> d
     process at a time: with all of them resident (a full fine-tune holds ~4 GB a side), this
     virtual machine ran every side up to 2x slower, theseus's most."""
     names = {"theseus": "theseus", **{torch_side(n): f"torch:{n}" for n in args.torch_threads}}
+    # theseus's side in the process a theseus command runs in (huge pages for malloc on a CPU host)
+    command_environ = with_huge_pages(os.environ) if huge_pages_wanted() else None
     windows: dict[str, list[dict]] = {name: [] for name in names}
 
     def turn(name):
         def call():
-            answer = child(__file__, *options, "--side", names[name], case, str(model), str(corpus))
+            answer = child(__file__, *options, "--side", names[name], case, str(model), str(corpus),
+                           env=command_environ if name == "theseus" else None)
             windows[name].append(answer)
             print(f"{case}, {name}: {answer['seconds']:.3f} s/step, load {answer['load']:.1f}", file=sys.stderr,
                   flush=True)

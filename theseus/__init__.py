@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 
 from theseus.base import command_exit  # noqa: F401 (first: its exit handler then runs after every other)
+from theseus.base.host_allocator import restart_with_huge_pages
 from theseus.base.native_output import quiet_cuda_plugin
 from theseus.base.platforms import cpu_only_platforms
 
@@ -20,6 +21,7 @@ from theseus.base.platforms import cpu_only_platforms
 # on a machine without their hardware (no CUDA driver lines; no CUDA or TPU backend started on a CPU host)
 quiet_cuda_plugin()
 cpu_only_platforms()
+restart_with_huge_pages()  # a command on a CPU host: XLA's scratch memory, faulted in afresh each step, in 2 MiB pages
 
 __version__ = "0.1.0"
 

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.tree_util import DictKey
 
@@ -213,7 +214,8 @@ class RoPE(Module):
     divides those of wavelength above ``original_seq_len / low_freq_factor``, keeps those below
     ``original_seq_len / high_freq_factor`` and interpolates between (as transformers'
     ``_compute_llama3_parameters``).
-    ``x: [batch, seq, heads, head_dim], positions: int32[seq] or [batch, seq] -> x rotated`` (float32 inside).
+    ``x: [batch, seq, heads, head_dim], positions: int32[seq] or [batch, seq] -> x rotated`` (float32 inside;
+    positions below ``seq_len``, the context, as every caller of theseus's has them).
     """
 
     rope_theta: float = field("architecture.rope_theta", default=10000.0, help="RoPE base wavelength")
@@ -227,6 +229,7 @@ class RoPE(Module):
                                     help="llama3 RoPE scaling: wavelengths below original_seq_len / this are kept")
     original_seq_len: int = field("architecture.rope_scaling.original_seq_len", default=8192, check=POSITIVE,
                                   help="llama3 RoPE scaling: the context pretrained (original_max_position_embeddings)")
+    seq_len: int = field("architecture.seq_len", default=1024, help="context length; data windows use it")
 
     def __post_init__(self):
         super().__post_init__()
@@ -234,28 +237,39 @@ class RoPE(Module):
             raise ConfigError(f"architecture.rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed "
                               f"architecture.rope_scaling.low_freq_factor ({self.low_freq_factor})")
 
-    def inv_freq(self, head_dim: int) -> jax.Array:
+    def inv_freq(self, head_dim: int) -> np.ndarray:
         """``float32[head_dim / 2]``: each feature pair's angle per position."""
         half = head_dim // 2
-        inv_freq = self.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+        inv_freq = np.float32(self.rope_theta) ** (-np.arange(half, dtype=np.float32) / np.float32(half))
         if self.scaling == "linear":
-            return inv_freq / self.factor
+            return inv_freq / np.float32(self.factor)
         if self.scaling == "llama3":
             wavelength = 2 * math.pi / inv_freq
-            scaled = jnp.where(wavelength > self.original_seq_len / self.low_freq_factor, inv_freq / self.factor,
-                               inv_freq)
+            scaled = np.where(wavelength > self.original_seq_len / self.low_freq_factor, inv_freq / self.factor,
+                              inv_freq)
             smooth = ((self.original_seq_len / wavelength - self.low_freq_factor)
                       / (self.high_freq_factor - self.low_freq_factor))
             medium = ((wavelength >= self.original_seq_len / self.high_freq_factor)
                       & (wavelength <= self.original_seq_len / self.low_freq_factor))
-            return jnp.where(medium, (1 - smooth) * scaled / self.factor + smooth * scaled, scaled)
+            return np.where(medium, (1 - smooth) * scaled / self.factor + smooth * scaled, scaled).astype(np.float32)
         return inv_freq
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-        angle = positions.astype(jnp.float32)[..., None] * self.inv_freq(x.shape[-1])  # [(batch,) seq, half]
-        cos, sin = jnp.cos(angle)[..., None, :], jnp.sin(angle)[..., None, :]  # [(batch,) seq, 1, half]
+        cos, sin = (jnp.take(table, positions, axis=0)[..., None, :]  # [(batch,) seq, 1, half]
+                    for table in rotary_tables(tuple(self.inv_freq(x.shape[-1]).tolist()), self.seq_len))
         x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
         return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+@functools.cache
+def rotary_tables(inv_freq: tuple[float, ...], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """``cos, sin: float32[seq_len, half]`` of ``position * inv_freq`` (the angle a float32 product,
+    as transformers computes it), made once on the host: the program reads them as constants.
+    Computed in the program instead, XLA's CPU backend fused ``cos`` and ``sin`` into each
+    consumer and evaluated them once per element of ``[batch, seq, heads, half]``, not per
+    position (a SmolLM2 step's RoPE and its gradient 0.1 s a device, 9x what the tables take)."""
+    angle = np.arange(seq_len, dtype=np.float32)[:, None] * np.asarray(inv_freq, np.float32)
+    return np.cos(angle, dtype=np.float64).astype(np.float32), np.sin(angle, dtype=np.float64).astype(np.float32)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
