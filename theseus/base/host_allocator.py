@@ -9,13 +9,13 @@ tunable, ``malloc`` asks for transparent huge pages on those mappings (``madvise
 fault, 2-7k faults a step, the same peak memory.
 
 A tunable is read as a process starts, so a theseus command (``python -m theseus...``, the
-``theseus`` script) started on a CPU host without it starts again with it, ``os.execv`` of
-the same command line, before anything but ``import theseus`` has run (~30 ms). Not where the
-kernel's transparent huge pages are off or on for every mapping already
-(``/sys/kernel/mm/transparent_hugepage/enabled``), off glibc (or before 2.35, which lacks the
-tunable), nor where ``GLIBC_TUNABLES`` sets it already: ``GLIBC_TUNABLES=glibc.malloc.hugetlb=0``
+``theseus`` script) started on a CPU host without it starts again with it, ``os.execve`` of the
+same command line, before anything but ``import theseus`` has run (Python starts twice: ``--help``
+1.45 -> 1.50 s). Not where the kernel's transparent huge pages are off, or on for every mapping
+already (``/sys/kernel/mm/transparent_hugepage/enabled``), off glibc (or before 2.35, which lacks
+the tunable), nor where ``GLIBC_TUNABLES`` sets it already: ``GLIBC_TUNABLES=glibc.malloc.hugetlb=0``
 keeps 4 KiB pages. A Python process of the user's own (a notebook calling ``theseus.train``)
-gets it with that variable set before Python starts.
+gets them with that variable set to 1 before Python starts.
 """
 
 from __future__ import annotations
