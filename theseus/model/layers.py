@@ -215,7 +215,8 @@ class RoPE(Module):
     ``original_seq_len / high_freq_factor`` and interpolates between (as transformers'
     ``_compute_llama3_parameters``).
     ``x: [batch, seq, heads, head_dim], positions: int32[seq] or [batch, seq] -> x rotated`` (float32 inside;
-    positions below ``seq_len``, the context, as every caller of theseus's has them).
+    positions below ``seq_len``, the context, as every caller of theseus's has them; a position beyond
+    it is rotated by NaN, ``jnp.take``'s fill).
     """
 
     rope_theta: float = field("architecture.rope_theta", default=10000.0, help="RoPE base wavelength")
@@ -267,7 +268,8 @@ def rotary_tables(inv_freq: tuple[float, ...], seq_len: int) -> tuple[np.ndarray
     as transformers computes it), made once on the host: the program reads them as constants.
     Computed in the program instead, XLA's CPU backend fused ``cos`` and ``sin`` into each
     consumer and evaluated them once per element of ``[batch, seq, heads, half]``, not per
-    position (a SmolLM2 step's RoPE and its gradient 0.1 s a device, 9x what the tables take)."""
+    position (RoPE and its gradient in a SmolLM2-135M LoRA step: 98 ms a device, 18 ms read from
+    the tables)."""
     angle = np.arange(seq_len, dtype=np.float32)[:, None] * np.asarray(inv_freq, np.float32)
     return np.cos(angle, dtype=np.float64).astype(np.float32), np.sin(angle, dtype=np.float64).astype(np.float32)
 
