@@ -143,3 +143,16 @@ def test_a_tokenizer_that_adds_bos_says_so(tmp_path):
     export_tokenizer(tokenizer, folder)
     loaded = transformers.AutoTokenizer.from_pretrained(folder)
     assert loaded.bos_token_id == bos and loaded.encode(TEXT) == [bos, *plain]
+
+
+def test_a_tokenizer_file_is_read_again_only_when_it_or_its_config_changes(tmp_path):
+    """A command asks for its tokenizer several times (its size, then the tokenizer): one read
+    while the files stay as they are; another tokenizer, or another end-of-text token, once they change."""
+    HFTokenizer.train(CORPUS, vocab_size=300).save(tmp_path)
+    path = tmp_path / "tokenizer.json"
+    first = HFTokenizer.from_file(path)
+    assert HFTokenizer.from_file(path) is first and HFTokenizer.from_file(Path(str(path))) is first
+    HFTokenizer.train(CORPUS, vocab_size=280).save(tmp_path)
+    assert HFTokenizer.from_file(path).vocab_size == 280
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "a"}')
+    assert HFTokenizer.from_file(path).eot == HFTokenizer.from_file(path).as_hf().token_to_id("a") != first.eot

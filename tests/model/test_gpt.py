@@ -10,6 +10,8 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 
 from theseus.config import ConfigError, configuration, configure, registry, schema_of
+from theseus.model.layers import Block
+from theseus.model.models import gpt as gpt_module
 from theseus.model.models.gpt import GPT
 from theseus.tasks.lm import cross_entropy
 
@@ -184,3 +186,74 @@ def test_loss_decreases_with_gradient_steps():
         params, value = step(params)
         losses.append(float(value))
     assert losses[-1] < losses[0] - 0.1
+
+
+TRACES: list[int] = []
+
+
+class CountedBlock(Block):
+    """A Block that notes each trace of its call."""
+
+    def __call__(self, x, positions, deterministic=True, segments=None):
+        TRACES.append(1)
+        return super().__call__(x, positions, deterministic, segments=segments)
+
+
+class CountedGPT(GPT):
+    block_cls = CountedBlock
+
+
+def counted(cfg) -> CountedGPT:
+    with configuration(cfg):
+        return configure(CountedGPT)
+
+
+@pytest.mark.parametrize(("extra", "traces"), [
+    ({}, 1), ({"architecture.sliding_window": 4, "architecture.global_every": 2}, 2), ({"architecture.remat": "dots"}, 1),
+])
+def test_layers_alike_share_one_trace_and_compute_the_same_numbers(monkeypatch, extra, traces):
+    """The step traces a block once for its layers alike (a sliding-window model: once for its
+    sliding layers, once for its global ones), and its loss and gradients are bit for bit those
+    of every layer traced on its own."""
+    cfg, x = {**LLAMA, "architecture.n_layers": 4, **extra}, tokens()
+    params = random_params(build(cfg), x)
+
+    def step(model):
+        return jax.jit(jax.value_and_grad(lambda p: cross_entropy(model.apply({"params": p}, x[:, :-1]), x[:, 1:])))
+
+    TRACES.clear()
+    shared = step(counted(cfg)).trace(params)
+    assert len(TRACES) == traces
+    loss, grads = shared.lower().compile()(params)
+    monkeypatch.setattr(gpt_module, "traced_once", lambda block_cls: block_cls)
+    TRACES.clear()
+    alone = step(counted(cfg)).trace(params)
+    assert len(TRACES) == 4
+    expected_loss, expected_grads = alone.lower().compile()(params)
+    assert float(loss) == float(expected_loss)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), grads, expected_grads)
+
+
+def test_a_shared_trace_is_kept_apart_under_other_logical_axis_rules():
+    """A trace bakes in the sharding constraints of the rules in force: other rules, another trace."""
+    with nn.logical_axis_rules([("batch", "data")]):
+        first, again = gpt_module.traced_once(Block), gpt_module.traced_once(Block)
+    with nn.logical_axis_rules([("batch", None)]):
+        other = gpt_module.traced_once(Block)
+    assert first is again and other is not first
+
+
+def test_each_layer_of_a_shared_trace_draws_its_own_dropout():
+    class Dropped(nn.Module):
+        @nn.compact
+        def __call__(self, x, positions, deterministic):
+            return nn.Dropout(0.5)(x, deterministic=deterministic)
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return [gpt_module.traced_once(Dropped)(name=f"h_{i}")(x, None, False) for i in range(3)]
+
+    masks = [np.asarray(out) != 0 for out in Stack().apply({}, jnp.ones((1, 64)), rngs={"dropout": jax.random.key(0)})]
+    assert all(0 < mask.sum() < 64 for mask in masks)
+    assert not np.array_equal(masks[0], masks[1]) and not np.array_equal(masks[1], masks[2])

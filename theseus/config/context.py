@@ -30,10 +30,12 @@ class Snapshot:
     """An immutable, resolved copy of a config: nested plain values, looked up by dotted key.
 
     Opaque to Flax and JAX (not a pytree, excluded from module comparison), so a module can
-    carry it in a dataclass field and re-activate it when its lazy ``setup()`` runs.
+    carry it in a dataclass field and re-activate it when its lazy ``setup()`` runs. Equal
+    (and hashed) by its values: a block's trace shared by every layer alike (``nn.jit``) is
+    keyed by the configuration its children are built from.
     """
 
-    __slots__ = ("_tree", "checked")
+    __slots__ = ("_tree", "checked", "_key")
 
     def __init__(self, cfg: Mapping | DictConfig | None, *, checked: bool = False):
         """``checked``: every value is already its field's (configure() takes them as they are);
@@ -58,8 +60,30 @@ class Snapshot:
     def to_dict(self) -> dict:
         return _copy(self._tree)
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Snapshot) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    @property
+    def key(self) -> tuple:
+        """The values, frozen (nested tuples), and whether they are checked."""
+        if not hasattr(self, "_key"):
+            self._key = (_frozen(self._tree), self.checked)
+        return self._key
+
     def __repr__(self) -> str:
         return f"Snapshot({self._tree!r}, checked={self.checked})"
+
+
+def _frozen(node: Any) -> Any:
+    """A nested dict or list of plain values as nested tuples (hashable, equal where the values are)."""
+    if isinstance(node, Mapping):
+        return tuple(sorted((key, _frozen(value)) for key, value in node.items()))
+    if isinstance(node, list | tuple):
+        return tuple(_frozen(value) for value in node)
+    return node
 
 
 _CHECKED = "theseus_checked"  # the OmegaConf flag compose() sets on a config it has checked

@@ -21,13 +21,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy: safetensors' numpy reader needs it)
 import numpy as np
 from flax import traverse_util
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from theseus.config import ConfigError
+from theseus.data.safetensors_file import SafetensorsFile
 from theseus.interop.hf_config import architecture
 from theseus.model.models.gpt import stack_layers
 
@@ -47,7 +46,8 @@ Params = dict[str, np.ndarray]  # "h_0/attn/wq" -> array: traverse_util.flatten_
 
 class Checkpoint:
     """The safetensors files of a Hugging Face folder: one ``model.safetensors`` or shards with
-    their ``model.safetensors.index.json``. Reads one tensor at a time (memory-mapped), never pickle.
+    their ``model.safetensors.index.json``. Reads one tensor at a time, a view of the memory-mapped
+    file (``theseus.data.safetensors_file``), never pickle.
 
         with Checkpoint(folder) as ckpt:
             wte = ckpt.read("transformer.wte.weight")  # np.ndarray, the stored dtype
@@ -55,6 +55,7 @@ class Checkpoint:
 
     def __init__(self, folder: Path):
         index, single = folder / INDEX_FILE, folder / WEIGHTS_FILE
+        self._open: dict[Path, SafetensorsFile] = {}  # each file's map, once read
         if index.is_file():
             try:
                 weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
@@ -62,8 +63,8 @@ class Checkpoint:
                 raise ConfigError(f"{index} has no weight_map ({exc}): save the model again") from exc
             self.files = {name: folder / file for name, file in weight_map.items()}
         elif single.is_file():
-            with safe_open(single, "np") as f:
-                self.files = dict.fromkeys(f.keys(), single)
+            self._open[single] = SafetensorsFile(single)
+            self.files = dict.fromkeys(self._open[single].tensors, single)
         elif any((folder / name).is_file() for name in PICKLE_FILES):
             raise ConfigError(
                 f"{folder} holds pytorch_model.bin (pickle), which theseus does not load: convert it with "
@@ -75,26 +76,24 @@ class Checkpoint:
         missing = sorted({str(path) for path in self.files.values() if not path.is_file()})
         if missing:
             raise ConfigError(f"{index} names {missing[0]}, which is missing: download or save every shard")
-        self._open: dict[Path, Any] = {}
         self.used: set[str] = set()
 
     def __enter__(self) -> Checkpoint:
         return self
 
     def __exit__(self, *exc) -> None:
-        for handle in self._open.values():
-            handle.__exit__(None, None, None)
-        self._open.clear()
+        self._open.clear()  # each map closes with the last view of it
 
     def read(self, name: str) -> np.ndarray:
-        """The tensor ``name`` as stored; ConfigError naming it when the checkpoint lacks it."""
+        """The tensor ``name`` as stored (read-only); ConfigError naming it when the checkpoint
+        lacks it, or its file is not a safetensors file."""
         if name not in self.files:
             raise ConfigError(f"the checkpoint has no tensor {name!r}: it does not match its config.json")
         path = self.files[name]
         if path not in self._open:
-            self._open[path] = safe_open(path, "np").__enter__()
+            self._open[path] = SafetensorsFile(path)
         self.used.add(name)
-        return self._open[path].get_tensor(name)
+        return self._open[path].read(name)
 
     def unused(self) -> list[str]:
         """Tensors no ``read`` asked for, known buffers aside: weights an import would drop."""

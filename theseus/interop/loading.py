@@ -12,6 +12,7 @@ model larger than one device's memory loads under FSDP.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from theseus.interop.sources import hf_config_of, tensors_of, where
 from theseus.model import lora
 from theseus.model.source import ModelSource, parse_source
 from theseus.training.checkpoint import read_params, saved_base, saved_params, step_dir
+
 
 
 def load_params(source: ModelSource | str | Path, arch: Mapping[str, Any], target: Mapping, seed: int = 0) -> dict:
@@ -88,9 +90,22 @@ def _read(thunks: Mapping[str, Any], path: str, n_layers: int, source: ModelSour
 
 def _place(host: np.ndarray, leaf: jax.ShapeDtypeStruct, path: str, source: ModelSource) -> jax.Array:
     """``host`` as a global array with ``leaf``'s shape, dtype and sharding: each local device
-    gets its own slice (cast on the way)."""
+    gets its own slice (cast on the way). A replicated parameter is copied once, into aligned
+    memory, which a CPU's devices all read in place (JAX aliases an aligned host array where
+    the device is the host; a donated buffer is not written through)."""
     if host.shape != leaf.shape:
         raise ConfigError(f"{source.given}: parameter {path} is {list(leaf.shape)} in the model but "
                           f"{list(host.shape)} in the checkpoint")
+    if leaf.sharding.is_fully_replicated:
+        host = _aligned_copy(host, leaf.dtype)
     return jax.make_array_from_callback(leaf.shape, leaf.sharding,
                                         lambda index: np.asarray(host[index], dtype=leaf.dtype))
+
+
+def _aligned_copy(host: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``host`` cast to ``dtype``, C-ordered, in fresh page-aligned memory: an anonymous map of
+    its own, which the copy faults in 4 KiB at a time (malloc's memory, under theseus's
+    ``glibc.malloc.hugetlb``, would be huge pages the kernel compacts memory for: twice as slow)."""
+    out = np.frombuffer(mmap.mmap(-1, max(host.size * np.dtype(dtype).itemsize, 1)), dtype, host.size)
+    np.copyto(out.reshape(host.shape), host, casting="unsafe")
+    return out.reshape(host.shape)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -22,6 +21,7 @@ from flax import traverse_util
 
 from theseus.config import ConfigError
 from theseus.data.gguf_file import open_gguf
+from theseus.data.safetensors_file import read_header
 from theseus.training.optimizer import trainable
 
 SAMPLE = 4096  # bytes read at each end of each tensor
@@ -67,11 +67,9 @@ def _gguf_spans(path: Path, file: BinaryIO, update: Callable[[bytes], None]) -> 
 
 def _tensor_spans(file: BinaryIO, update: Callable[[bytes], None]) -> list[tuple[int, int]]:
     """Each tensor's ``(begin, end)`` in a safetensors file, its header given whole to ``update``."""
-    size = int.from_bytes(file.read(8), "little")
-    header = file.read(size)
+    header, entries = read_header(file, file.name)
     update(header)
-    return sorted((8 + size + entry["data_offsets"][0], 8 + size + entry["data_offsets"][1])
-                  for name, entry in json.loads(header or b"{}").items() if name != "__metadata__")
+    return sorted((entry.begin, entry.end) for entry in entries.values())
 
 
 @dataclasses.dataclass(frozen=True)
