@@ -1,4 +1,5 @@
-"""A checkpoint loads straight onto its shards: 8 simulated devices, FSDP over all of them."""
+"""A checkpoint loads straight onto its shards: 8 simulated devices, FSDP over all of them; or,
+replicated, into one host copy that every CPU device reads."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     arch = architecture(read_config(folder))
     with configuration({f"architecture.{k}": v for k, v in arch.items()}):
         model = configure(GPT)
-    mesh_config = MeshConfig(data=1, fsdp=8)
+    mesh_config = MeshConfig(data=int(sys.argv[2]), fsdp=int(sys.argv[3]))
     mesh, plan = make_mesh(mesh_config), mesh_config.apply(model.plan())
     _, target, _ = sharded_init(model, optax.sgd(0.1), 8, 0, plan, mesh)
     params = load_params(folder, arch_of(model), target.params)
@@ -42,7 +43,13 @@ SCRIPT = textwrap.dedent("""
             "full": list(leaf.shape),
             "devices": len({s.device for s in shards}),
             "values_equal": all(np.array_equal(np.asarray(s.data), full[path][s.index]) for s in shards),
+            "buffers": len({s.data.unsafe_buffer_pointer() for s in shards}),
         }
+    # a step that donates the params writes its own buffers, never the copy the devices share
+    doubled = jax.jit(lambda p: jax.tree.map(lambda a: a * 2, p), donate_argnums=0)(params)
+    for path, array in traverse_util.flatten_dict(doubled, sep="/").items():
+        report[path]["donated_step_right"] = all(np.array_equal(np.asarray(s.data), 2 * full[path][s.index])
+                                                 for s in array.addressable_shards)
     print(json.dumps(report))
 """)
 
@@ -52,14 +59,31 @@ def test_each_tensor_lands_on_its_fsdp_shards(llama_sharded_folder, tmp_path):
     assert len(list(llama_sharded_folder.glob("model-*.safetensors"))) > 1
     script = tmp_path / "load.py"
     script.write_text(SCRIPT)
-    proc = run_python(str(script), str(llama_sharded_folder), devices=8, env={"PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    proc = run_python(str(script), str(llama_sharded_folder), "1", "8", devices=8, env={"PYTHONPATH": str(ROOT)},
+                      cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.splitlines()[-1])
     assert len(report) == 2 * 9 + 3  # 9 tensors a layer, embedding, final norm, untied head
     for path, r in report.items():
-        assert r["sharding_equal"] and r["values_equal"] and r["devices"] == 8, path
+        assert r["sharding_equal"] and r["values_equal"] and r["donated_step_right"] and r["devices"] == 8, path
         assert r["shapes"] == [r["expected"]], path  # every device holds exactly its slice
     # embed (64) splits 8 ways over fsdp: each device holds an eighth of the embedding and of wq
     assert report["wte/embedding"]["expected"] == [333, 8]
     assert report["h_0/attn/wq"]["expected"] == [8, 4, 16]
     assert report["lm_head"]["expected"] == [8, 333]
+
+
+def test_a_replicated_parameter_is_one_host_copy_every_cpu_device_reads(llama_folder, tmp_path):
+    """Two CPU devices, the batch split over them, the parameters whole on each: each parameter
+    is copied once from the file and both devices read that copy (one buffer), its values the
+    checkpoint's; a step that donates them computes right and leaves the copy alone."""
+    script = tmp_path / "load.py"
+    script.write_text(SCRIPT)
+    proc = run_python(str(script), str(llama_folder), "2", "1", devices=2, env={"PYTHONPATH": str(ROOT)},
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert len(report) == 2 * 9 + 3
+    for path, r in report.items():
+        assert r["values_equal"] and r["donated_step_right"] and r["devices"] == 2, path
+        assert r["shapes"] == [r["full"]] and r["buffers"] == 1, path

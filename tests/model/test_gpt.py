@@ -13,6 +13,7 @@ from theseus.config import ConfigError, configuration, configure, registry, sche
 from theseus.model.layers import Block
 from theseus.model.models import gpt as gpt_module
 from theseus.model.models.gpt import GPT
+from theseus.model.module import shapes_only
 from theseus.tasks.lm import cross_entropy
 
 TINY = {
@@ -257,3 +258,22 @@ def test_each_layer_of_a_shared_trace_draws_its_own_dropout():
     masks = [np.asarray(out) != 0 for out in Stack().apply({}, jnp.ones((1, 64)), rngs={"dropout": jax.random.key(0)})]
     assert all(0 < mask.sum() < 64 for mask in masks)
     assert not np.array_equal(masks[0], masks[1]) and not np.array_equal(masks[1], masks[2])
+
+
+@pytest.mark.parametrize(("extra", "traces"), [
+    ({}, 1), ({"architecture.sliding_window": 4, "architecture.global_every": 2}, 2), ({"architecture.lora.rank": 2}, 1),
+])
+def test_an_init_traced_for_shapes_alone_shares_the_trace_and_gives_the_same_tree(extra, traces):
+    """An init drawing values traces each layer on its own (each draws from its own path's key);
+    one traced for shapes alone (``shapes_only``, the layout a checkpoint loads onto) shares the
+    layers' trace, and gives the same tree: paths, shapes, dtypes and logical axes."""
+    model, x = counted({**LLAMA, "architecture.n_layers": 4, **extra}), tokens()
+    TRACES.clear()
+    drawn = jax.eval_shape(model.init, jax.random.key(0), x)
+    assert len(TRACES) == 4
+    TRACES.clear()
+    with shapes_only():
+        shaped = jax.eval_shape(model.init, jax.random.key(0), x)
+    assert len(TRACES) == traces
+    assert jax.tree.structure(shaped) == jax.tree.structure(drawn)  # Partitioned's axis names included
+    assert jax.tree.leaves(shaped) == jax.tree.leaves(drawn)  # ShapeDtypeStructs: shapes and dtypes

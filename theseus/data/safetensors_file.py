@@ -3,7 +3,7 @@ views of a memory map.
 
     f = SafetensorsFile("model.safetensors")
     f.tensors["lm_head.weight"]    # Entry: dtype, shape, place in the file
-    f.read("lm_head.weight")       # np.ndarray, the stored dtype and shape, a view of the mapped file
+    f.read("lm_head.weight")       # np.ndarray, the stored dtype and shape, a view of the file mapped
 
 The format: the header's size (8 bytes, little-endian), the JSON header (``name: {dtype, shape,
 data_offsets}``, and ``__metadata__``), then the data, C-ordered and little-endian. It is read
@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import mmap
 from pathlib import Path
 from typing import BinaryIO
 
@@ -75,13 +74,14 @@ def _unreadable(where: str | Path, reason: str) -> ConfigError:
 
 
 class SafetensorsFile:
-    """A safetensors file's tensors, read as views of its memory map (see the module)."""
+    """A safetensors file's tensors, each read as a view of its own memory map (see the module):
+    its pages leave the process with the last view of it, so that loading a model holds one
+    tensor's, never the file's."""
 
     def __init__(self, path: Path):
         self.path = path
         with open(path, "rb") as file:
             _, self.tensors = read_header(file, path)
-            self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)  # open while a view of it lives
 
     def read(self, name: str) -> np.ndarray:
         """The tensor ``name``: a read-only view of the file, its stored dtype and shape;
@@ -89,4 +89,6 @@ class SafetensorsFile:
         if name not in self.tensors:
             raise ConfigError(f"{self.path} has no tensor {name!r}: save or download the model again")
         entry = self.tensors[name]
-        return np.frombuffer(self._map, entry.dtype, math.prod(entry.shape), entry.begin).reshape(entry.shape)
+        if entry.begin == entry.end:  # nothing to map
+            return np.empty(entry.shape, entry.dtype)
+        return np.asarray(np.memmap(self.path, entry.dtype, "r", entry.begin, entry.shape))

@@ -12,11 +12,12 @@ clones) and is active again while its lazy ``setup()`` builds children.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import flax.linen as nn
@@ -36,7 +37,26 @@ PENALTY = "penalty"
 Rule = Callable[[jax.Array, jax.Array], jax.Array]  # (parameter, its gradient) -> the new parameter
 # While ``flops(seq, trainable=mask)`` runs: the mask (params' tree of Python bools), else None (all train)
 _TRAINABLE: contextvars.ContextVar[Any] = contextvars.ContextVar("trainable", default=None)
+# While an init is traced for its shapes alone (``shapes_only``): True
+_SHAPES_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("shapes_only", default=False)
 
+
+
+@contextlib.contextmanager
+def shapes_only() -> Iterator[None]:
+    """Trace an init for its shapes alone (``jax.eval_shape``): no parameter's value is drawn,
+    so a model may build itself as it does to apply (``GPT``'s layers share one trace) rather
+    than as its values are drawn (each layer from its own path's key)."""
+    token = _SHAPES_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SHAPES_ONLY.reset(token)
+
+
+def drawing_values(module: nn.Module) -> bool:
+    """Whether ``module`` is initialising its parameters' values (not traced for shapes alone)."""
+    return module.is_initializing() and not _SHAPES_ONLY.get()
 
 class Module(nn.Module, Configurable):
     """Base class of theseus model components: hyperparameters as ``field()``s, children named

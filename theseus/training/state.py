@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from theseus.base.axis import ShardingPlan
 from theseus.config import ConfigError
+from theseus.model.module import shapes_only
 
 
 # The init runs once, and is mostly the random draws' hashing: LLVM's -O1 compiles it several
@@ -45,7 +46,8 @@ def param_shapes(model: nn.Module, seq_len: int) -> Any:
     """The parameters' ShapeDtypeStructs (unboxed), traced without allocating: what a
     checkpoint's weights must match before anything is compiled."""
     tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
-    return nn.unbox(jax.eval_shape(lambda t: model.init(jax.random.key(0), t, deterministic=True)["params"], tokens))
+    with shapes_only():
+        return nn.unbox(jax.eval_shape(lambda t: model.init(jax.random.key(0), t, deterministic=True)["params"], tokens))
 
 
 def state_shardings(abstract: TrainState, plan: ShardingPlan, mesh: Mesh) -> Any:
@@ -84,7 +86,8 @@ def sharded_init(model: nn.Module, tx: optax.GradientTransformation, seq_len: in
     host copy of the model); ``target`` holds ShapeDtypeStructs with those shardings, the
     layout a checkpoint restores onto.
     """
-    boxed = jax.eval_shape(lambda: init_state(model, tx, seq_len, seed))
+    with shapes_only():
+        boxed = jax.eval_shape(lambda: init_state(model, tx, seq_len, seed))
     shardings = state_shardings(boxed, plan, mesh)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.unbox(boxed), shardings)
     jitted = jax.jit(lambda: nn.unbox(init_state(model, tx, seq_len, seed)), out_shardings=shardings)

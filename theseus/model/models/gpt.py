@@ -38,7 +38,7 @@ from theseus.model.layers import (
     packed,
     param,
 )
-from theseus.model.module import AUXILIARY, Module
+from theseus.model.module import AUXILIARY, Module, drawing_values
 
 # What each block keeps for the backward pass (architecture.remat); "none" keeps everything.
 REMAT_POLICIES: dict[str, Callable] = {
@@ -216,9 +216,9 @@ class GPT(Module):
         return {}
 
     def _traced(self, block_cls: type[Module]) -> type[Module]:
-        """``block_cls`` traced once for its layers alike (``traced_once``) where parameters are
-        not being initialised: ``init`` draws each layer's from its own path's key, as it always has."""
-        return block_cls if self.is_initializing() else traced_once(block_cls)
+        """``block_cls`` traced once for its layers alike (``traced_once``) unless parameters are
+        being drawn: an init draws each layer's from its own path's key, as it always has."""
+        return block_cls if drawing_values(self) else traced_once(block_cls)
 
     def _rematted(self, block_cls: type[Module]) -> type[Module]:
         """``block_cls`` recomputed in the backward pass per ``architecture.remat``."""
