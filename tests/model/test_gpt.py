@@ -210,7 +210,8 @@ def counted(cfg) -> CountedGPT:
 
 
 @pytest.mark.parametrize(("extra", "traces"), [
-    ({}, 1), ({"architecture.sliding_window": 4, "architecture.global_every": 2}, 2), ({"architecture.remat": "dots"}, 1),
+    ({}, 1), ({"architecture.sliding_window": 4, "architecture.global_every": 2}, 2),
+    ({"architecture.remat": "dots"}, 1),
 ])
 def test_layers_alike_share_one_trace_and_compute_the_same_numbers(monkeypatch, extra, traces):
     """The step traces a block once for its layers alike (a sliding-window model: once for its
@@ -261,7 +262,8 @@ def test_each_layer_of_a_shared_trace_draws_its_own_dropout():
 
 
 @pytest.mark.parametrize(("extra", "traces"), [
-    ({}, 1), ({"architecture.sliding_window": 4, "architecture.global_every": 2}, 2), ({"architecture.lora.rank": 2}, 1),
+    ({}, 1), ({"architecture.sliding_window": 4, "architecture.global_every": 2}, 2),
+    ({"architecture.lora.rank": 2}, 1),
 ])
 def test_an_init_traced_for_shapes_alone_shares_the_trace_and_gives_the_same_tree(extra, traces):
     """An init drawing values traces each layer on its own (each draws from its own path's key);

@@ -321,3 +321,19 @@ def test_route_bias_gradient_is_the_load_imbalance_and_the_loss_unchanged():
         routing = sown[AUXILIARY][name]["mlp"]["routing"][0]
         load = jnp.stack([routing[f"moe/load_e{i}"] for i in range(E)])
         np.testing.assert_allclose(nn.unbox(grads[name]["mlp"]["b_route"]), (load - 1 / E) / len(layers), atol=1e-7)
+
+
+def test_a_model_of_moe_layers_that_does_not_update_their_routing_bias_is_refused():
+    """A user's GPT of MoE blocks with bias-balanced routing but no rule for the bias: its init
+    says so in one line (the optimizer would train the bias as a weight); MoEGPT's passes."""
+    class MyGPT(GPT):
+        block_cls = MoEBlock
+
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    with configuration(tiny(moe={"bias_update_rate": 0.01})):
+        mine, theirs = configure(MyGPT), configure(MoEGPT)
+    with pytest.raises(ConfigError, match="architecture.moe.bias_update_rate is set, but MyGPT declares no "
+                                          "bias_update_rate for the train step to apply: subclass MoEGPT"):
+        jax.eval_shape(mine.init, jax.random.key(0), tokens)
+    params = jax.eval_shape(theirs.init, jax.random.key(0), tokens)["params"]
+    assert all("b_route" in params[f"h_{i}"]["mlp"] for i in range(4))

@@ -55,7 +55,7 @@ class Checkpoint:
 
     def __init__(self, folder: Path):
         index, single = folder / INDEX_FILE, folder / WEIGHTS_FILE
-        self._open: dict[Path, SafetensorsFile] = {}  # each file's map, once read
+        self._open: dict[Path, SafetensorsFile] = {}  # each file's header, once read
         if index.is_file():
             try:
                 weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
@@ -82,7 +82,7 @@ class Checkpoint:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._open.clear()  # each map closes with the last view of it
+        self._open.clear()  # nothing held open: each tensor's map closes with the last view of it
 
     def read(self, name: str) -> np.ndarray:
         """The tensor ``name`` as stored (read-only); ConfigError naming it when the checkpoint

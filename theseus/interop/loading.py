@@ -30,7 +30,6 @@ from theseus.model.source import ModelSource, parse_source
 from theseus.training.checkpoint import read_params, saved_base, saved_params, step_dir
 
 
-
 def load_params(source: ModelSource | str | Path, arch: Mapping[str, Any], target: Mapping, seed: int = 0) -> dict:
     """The params of the model ``source`` names (a ModelSource, or a path to one), laid out as
     ``target`` (the run's params: ShapeDtypeStructs with shardings) and cast to its dtypes;

@@ -41,7 +41,6 @@ _TRAINABLE: contextvars.ContextVar[Any] = contextvars.ContextVar("trainable", de
 _SHAPES_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("shapes_only", default=False)
 
 
-
 @contextlib.contextmanager
 def shapes_only() -> Iterator[None]:
     """Trace an init for its shapes alone (``jax.eval_shape``): no parameter's value is drawn,
@@ -54,9 +53,20 @@ def shapes_only() -> Iterator[None]:
         _SHAPES_ONLY.reset(token)
 
 
+def model_of(module: nn.Module) -> nn.Module | None:
+    """The model ``module`` is part of (its outermost parent), or None where it cannot be seen:
+    from inside a layer traced apart from the model (GPT's ``traced_once``, a lifted
+    transform), whose outermost parent sits below the model's root."""
+    root = module
+    while isinstance(root.parent, nn.Module):
+        root = root.parent
+    return root if root.scope is None or not root.scope.path else None
+
+
 def drawing_values(module: nn.Module) -> bool:
     """Whether ``module`` is initialising its parameters' values (not traced for shapes alone)."""
     return module.is_initializing() and not _SHAPES_ONLY.get()
+
 
 class Module(nn.Module, Configurable):
     """Base class of theseus model components: hyperparameters as ``field()``s, children named

@@ -54,7 +54,7 @@ from theseus.base.axis import (
 from theseus.config import NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, Range, configure, field
 from theseus.model.layers import ACTIVATIONS, MLP, Block, activate, dense, input_projections, param
 from theseus.model.lora import adapt, adapters, lora_flops
-from theseus.model.module import AUXILIARY, PENALTY, Module, Rule
+from theseus.model.module import AUXILIARY, PENALTY, Module, Rule, model_of
 
 ROUTE_BIAS = "b_route"  # the name of bias-balanced routing's per-expert bias (a bias: never weight-decayed)
 
@@ -219,11 +219,11 @@ class MoE(Module):
     def _check_bias_is_updated(self) -> None:
         """ConfigError unless the model this layer is in updates its routing bias outside the
         optimizer (a user's GPT with MoE layers declaring no rate): the optimizer would
-        otherwise train it as a weight. A layer applied on its own is no model to train."""
-        root = self
-        while isinstance(root.parent, nn.Module):
-            root = root.parent
-        if root is not self and ROUTE_BIAS not in getattr(root, "outside_optimizer", dict)():
+        otherwise train it as a weight. A layer applied on its own is no model to train; one
+        traced apart from its model (``model_of``: None) is checked where the model is whole,
+        as its parameters are drawn."""
+        root = model_of(self)
+        if root is not None and root is not self and ROUTE_BIAS not in getattr(root, "outside_optimizer", dict)():
             raise ConfigError(
                 f"architecture.moe.bias_update_rate is set, but {type(root).__name__} declares no bias_update_rate for "
                 f"the train step to apply: subclass MoEGPT, or declare bias_update_rate: float = "

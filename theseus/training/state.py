@@ -47,7 +47,8 @@ def param_shapes(model: nn.Module, seq_len: int) -> Any:
     checkpoint's weights must match before anything is compiled."""
     tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
     with shapes_only():
-        return nn.unbox(jax.eval_shape(lambda t: model.init(jax.random.key(0), t, deterministic=True)["params"], tokens))
+        params = jax.eval_shape(lambda t: model.init(jax.random.key(0), t, deterministic=True)["params"], tokens)
+    return nn.unbox(params)
 
 
 def state_shardings(abstract: TrainState, plan: ShardingPlan, mesh: Mesh) -> Any:

@@ -49,7 +49,6 @@ REMAT_POLICIES: dict[str, Callable] = {
 }
 
 
-
 def traced_once(block_cls: type[Module]) -> type[Module]:
     """``block_cls`` whose call is traced once for all its layers alike (Flax's ``nn.jit``: the
     same class, fields, configuration, variables' shapes and arguments), not once a layer:
