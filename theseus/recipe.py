@@ -252,5 +252,4 @@ def _reference_params(source: ModelSource, run: Run):
 
 def _from_weights(compiled: Compiled, say, source: ModelSource, arch) -> tuple[TrainState, dict | None]:
     say(f"starting from the weights of {source.given}")
-    state = compiled.init().replace(params=None)
-    return state.replace(params=load_params(source, arch, compiled.target.params)), None
+    return compiled.init(load_params(source, arch, compiled.target.params)), None

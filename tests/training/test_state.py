@@ -46,3 +46,24 @@ def test_a_parameter_the_mesh_does_not_split_evenly_is_named_with_the_fix():
         check_divisible(params, plan, mesh)
     check_divisible(params, MeshConfig(rules={"expert": None}).apply(plan), mesh)
     check_divisible(params, plan, AbstractMesh((1, 1, 3, 1), MESH_AXES))
+
+
+def test_the_state_around_given_params_is_the_initialised_state_with_them():
+    """``init(params)``, what a run from weights starts with: the params as given (not copied),
+    the optimizer's state, step and counters as an init makes them, laid out alike (AdamW's
+    moments zero, a masked decay's tree as init's), nothing drawn."""
+    cfg = {"architecture.vocab_size": 64, "architecture.seq_len": 16, "architecture.n_layers": 2,
+           "architecture.d_model": 32, "architecture.n_heads": 4}
+    with configuration(cfg):
+        model = configure(GPT)
+    tx = optax.adamw(1e-3, mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params))
+    init, target, _ = sharded_init(model, tx, 16, 3, model.plan(), make_mesh(MeshConfig(data=1)))
+    initialised = init()
+    given = jax.tree.map(lambda p: p + 1, initialised.params)
+    around = init(given)
+    assert jax.tree.structure(around) == jax.tree.structure(initialised)
+    assert all(a is b for a, b in zip(jax.tree.leaves(around.params), jax.tree.leaves(given), strict=True))
+    for got, want, layout in zip(jax.tree.leaves(around.replace(params=None)), jax.tree.leaves(
+            initialised.replace(params=None)), jax.tree.leaves(target.replace(params=None)), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        assert got.sharding == layout.sharding

@@ -33,7 +33,7 @@ class Compiled:
     """The mesh, the state's layout and the compiled steps."""
 
     mesh: Mesh
-    init: Any  # () -> TrainState, created sharded
+    init: Any  # () -> TrainState, created sharded; (params laid out) -> the state around them
     target: TrainState  # ShapeDtypeStructs with shardings: what a checkpoint restores onto
     step: Any  # (state, batch [accum, micro, *example], key) -> (state, metrics); donates state. None: not compiled
     eval_step: Any  # (params, batch [micro, *example]) -> (loss, metrics). None: not compiled

@@ -79,7 +79,7 @@ def start(compiled: Compiled, say: Say, settings: Settings, source: ModelSource)
     parts = ["weights", *(["optimizer state"] if s.init_optimizer else []),
              *(["data position"] if s.init_data else [])]
     say(f"starting from the {', '.join(parts)} of {checkpoints.directory / str(step)}")
-    state = compiled.init().replace(params=other.params)
+    state = compiled.init(other.params)
     if s.init_optimizer:
         state = state.replace(opt_state=restart_schedule(other.opt_state))
     return state, loader_state if s.init_data else None

@@ -9,6 +9,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -84,8 +85,10 @@ def sharded_init(model: nn.Module, tx: optax.GradientTransformation, seq_len: in
     """How to create the state sharded: ``(init, target, shardings)``.
 
     ``init()`` creates every array on its own devices (a jitted init with out_shardings: no
-    host copy of the model); ``target`` holds ShapeDtypeStructs with those shardings, the
-    layout a checkpoint restores onto.
+    host copy of the model); ``init(params)``, the state around ``params`` already laid out
+    (a checkpoint's or a folder's weights: none drawn only to be dropped), the optimizer's
+    state fresh; ``target`` holds ShapeDtypeStructs with those shardings, the layout a
+    checkpoint restores onto.
     """
     with shapes_only():
         boxed = jax.eval_shape(lambda: init_state(model, tx, seq_len, seed))
@@ -93,9 +96,13 @@ def sharded_init(model: nn.Module, tx: optax.GradientTransformation, seq_len: in
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.unbox(boxed), shardings)
     jitted = jax.jit(lambda: nn.unbox(init_state(model, tx, seq_len, seed)), out_shardings=shardings)
 
-    def init() -> TrainState:
+    def init(params: Any = None) -> TrainState:
         with jax.set_mesh(mesh), nn.logical_axis_rules(plan.rules()):
-            return jitted.lower().compile(INIT_COMPILER_OPTIONS)()
+            if params is None:
+                return jitted.lower().compile(INIT_COMPILER_OPTIONS)()
+            step, nonfinite, first = (jax.device_put(np.int32(0), shardings.step) for _ in range(3))  # donated apart
+            opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+            return TrainState(step=step, params=params, opt_state=opt_state, nonfinite=nonfinite, first_nonfinite=first)
 
     return init, target, shardings
 
