@@ -242,7 +242,9 @@ def test_a_shared_trace_is_kept_apart_under_other_logical_axis_rules():
         first, again = gpt_module.traced_once(Block), gpt_module.traced_once(Block)
     with nn.logical_axis_rules([("batch", None)]):
         other = gpt_module.traced_once(Block)
-    assert first is again and other is not first
+    with nn.logical_axis_rules([("batch", ["data", "fsdp"])]):  # a list, as a user may write one
+        listed = gpt_module.traced_once(Block)
+    assert first is again and other is not first and listed not in (first, other)
 
 
 def test_each_layer_of_a_shared_trace_draws_its_own_dropout():

@@ -56,7 +56,8 @@ def traced_once(block_cls: type[Module]) -> type[Module]:
     compilation), and XLA inlines the calls into the same program. Keyed by the logical-axis
     rules in force, which a trace bakes in; ``deterministic`` (argument 3) stays a Python bool.
     Dropout's keys reach each layer as Flax's lifted transforms pass them (each layer its own)."""
-    return _traced_once(block_cls, tuple(nn.get_logical_axis_rules()))
+    rules = tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in nn.get_logical_axis_rules())
+    return _traced_once(block_cls, rules)
 
 
 @functools.cache
