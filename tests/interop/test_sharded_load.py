@@ -54,16 +54,22 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_each_tensor_lands_on_its_fsdp_shards(llama_sharded_folder, tmp_path):
-    """From a checkpoint in several safetensors files (with their index), as big ones are saved."""
-    assert len(list(llama_sharded_folder.glob("model-*.safetensors"))) > 1
+def load_report(folder, tmp_path, data: int, fsdp: int) -> dict:
+    """SCRIPT's report of ``folder`` loaded on ``data x fsdp`` CPU devices: a parameter's entry each."""
     script = tmp_path / "load.py"
     script.write_text(SCRIPT)
-    proc = run_python(str(script), str(llama_sharded_folder), "1", "8", devices=8, env={"PYTHONPATH": str(ROOT)},
-                      cwd=tmp_path)
+    proc = run_python(str(script), str(folder), str(data), str(fsdp), devices=data * fsdp,
+                      env={"PYTHONPATH": str(ROOT)}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.splitlines()[-1])
     assert len(report) == 2 * 9 + 3  # 9 tensors a layer, embedding, final norm, untied head
+    return report
+
+
+def test_each_tensor_lands_on_its_fsdp_shards(llama_sharded_folder, tmp_path):
+    """From a checkpoint in several safetensors files (with their index), as big ones are saved."""
+    assert len(list(llama_sharded_folder.glob("model-*.safetensors"))) > 1
+    report = load_report(llama_sharded_folder, tmp_path, 1, 8)
     for path, r in report.items():
         assert r["sharding_equal"] and r["values_equal"] and r["donated_step_right"] and r["devices"] == 8, path
         assert r["shapes"] == [r["expected"]], path  # every device holds exactly its slice
@@ -77,13 +83,6 @@ def test_a_replicated_parameter_is_one_host_copy_every_cpu_device_reads(llama_fo
     """Two CPU devices, the batch split over them, the parameters whole on each: each parameter
     is copied once from the file and both devices read that copy (one buffer), its values the
     checkpoint's; a step that donates them computes right and leaves the copy alone."""
-    script = tmp_path / "load.py"
-    script.write_text(SCRIPT)
-    proc = run_python(str(script), str(llama_folder), "2", "1", devices=2, env={"PYTHONPATH": str(ROOT)},
-                      cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.splitlines()[-1])
-    assert len(report) == 2 * 9 + 3
-    for path, r in report.items():
+    for path, r in load_report(llama_folder, tmp_path, 2, 1).items():
         assert r["values_equal"] and r["donated_step_right"] and r["devices"] == 2, path
         assert r["shapes"] == [r["full"]] and r["buffers"] == 1, path
