@@ -191,13 +191,13 @@ def _say_compiling(model, devices: list, settings: Settings) -> None:
 def _start(settings: Settings, model, source: ModelSource | None):
     """How a new run's state is made (``(compiled, say) -> (state, loader state)``): initialised,
     or with ``trainer.init_from``'s weights (a theseus checkpoint's, with its optimizer state and
-    data position when asked; a Hugging Face folder's or GGUF file's, loaded onto their shards
-    after the initialised params are dropped)."""
+    data position when asked; a Hugging Face folder's or GGUF file's, loaded onto their shards);
+    LoRA's adapters a source lacks start fresh from ``trainer.seed``."""
     if source is None:
         return lambda compiled, say: (compiled.init(), None)
     if source.kind == "run":
         return functools.partial(init_from.start, settings=settings, source=source)
-    return functools.partial(_from_weights, source=source, arch=arch_of(model))
+    return functools.partial(_from_weights, source=source, arch=arch_of(model), seed=settings.trainer.seed)
 
 
 def _frozen_base(source: ModelSource | None, model) -> FrozenBase | None:
@@ -250,6 +250,6 @@ def _reference_params(source: ModelSource, run: Run):
         raise ConfigError(f"{source}: {exc} (a reference has the policy's architecture and vocabulary)") from exc
 
 
-def _from_weights(compiled: Compiled, say, source: ModelSource, arch) -> tuple[TrainState, dict | None]:
+def _from_weights(compiled: Compiled, say, source: ModelSource, arch, seed: int) -> tuple[TrainState, dict | None]:
     say(f"starting from the weights of {source.given}")
-    return compiled.init(load_params(source, arch, compiled.target.params)), None
+    return compiled.init(load_params(source, arch, compiled.target.params, seed)), None

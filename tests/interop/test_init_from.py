@@ -7,7 +7,9 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+from flax import traverse_util
 from interop.hf_models import target_of, theseus_model
 from omegaconf import OmegaConf
 
@@ -15,7 +17,10 @@ from theseus.config import ConfigError
 from theseus.config.compose import compose, with_values
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import init_from_values, init_source
+from theseus.data.tokenizer import HFTokenizer
 from theseus.interop.loading import load_params
+from theseus.model import lora
+from theseus.recipe import assemble
 
 
 def resolved(folder: Path, *overrides: str):
@@ -109,3 +114,16 @@ def test_a_config_that_cannot_build_the_runs_model_is_refused_naming_it(tmp_path
                                           r"\w+=\S+\), which model=gpt cannot build: add model=moe$"):
         resolved(tmp_path, "+experiment=gpt_tiny")
     assert resolved(tmp_path, "model=moe").architecture.n_layers == 6
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_loras_fresh_adapters_on_a_folders_weights_are_drawn_from_the_runs_seed(llama_folder, seed):
+    """trainer.seed draws a LoRA run's adapters as it draws a fresh model's params: a folder
+    holds none, so they start as ``lora.initial`` makes them from that seed (B zero)."""
+    cfg = compose([f"trainer.init_from={llama_folder}", "architecture.lora.rank=4", f"trainer.seed={seed}"])
+    run = assemble(cfg, steps=None, tokenizer=HFTokenizer.from_file(llama_folder / "tokenizer.json"))
+    params = traverse_util.flatten_dict(run.start(run.compiled, lambda line: None)[0].params, sep="/")
+    adapters = {path: np.asarray(leaf) for path, leaf in params.items() if lora.is_adapter(path)}
+    assert any(value.any() for value in adapters.values())
+    for path, value in adapters.items():
+        np.testing.assert_array_equal(value, lora.initial(path, value.shape, value.dtype, seed), err_msg=path)

@@ -16,7 +16,7 @@ from optax import ScaleByScheduleState
 
 from theseus.config import ConfigError
 from theseus.config.registry import chosen, read_saved
-from theseus.model.lora import is_adapter
+from theseus.model import lora
 from theseus.model.source import ModelSource
 from theseus.training.checkpoint import Checkpointer, path_shapes, read_params
 from theseus.training.compiled import Compiled
@@ -67,7 +67,7 @@ def start(compiled: Compiled, say: Say, settings: Settings, source: ModelSource)
     target = compiled.target
     saved = path_shapes(layout["params"])
     if any(path not in saved for path in path_shapes(target.params)):  # LoRA's adapters, which it lacks: fresh
-        return _with_fresh_adapters(compiled, say, checkpoints, saved, s.init_data)
+        return _with_fresh_adapters(compiled, say, checkpoints, saved, s.init_data, s.seed)
     if optimizer not in (None, settings.optimizer.name):  # another optimizer's state: read, then dropped
         replicated = NamedSharding(compiled.mesh, PartitionSpec())
         target = target.replace(opt_state=jax.tree.map(
@@ -86,16 +86,18 @@ def start(compiled: Compiled, say: Say, settings: Settings, source: ModelSource)
 
 
 def _with_fresh_adapters(compiled: Compiled, say: Say, checkpoints: Checkpointer, saved: Mapping[str, Any],
-                         init_data: bool) -> tuple[TrainState, dict | None]:
+                         init_data: bool, seed: int) -> tuple[TrainState, dict | None]:
     """The state at step 0 of a LoRA run from a checkpoint without (some of) its adapters: the
-    params the checkpoint holds read from it (the rest left on disk), the adapters fresh."""
+    params the checkpoint holds read from it (the rest left on disk), the adapters fresh
+    (``lora.initial`` from ``seed``, as a Hugging Face base's), the state made around them."""
     step = checkpoints.chosen_step
     layout = traverse_util.flatten_dict(compiled.target.params, sep="/")
     held = traverse_util.unflatten_dict({path: leaf for path, leaf in layout.items() if path in saved}, sep="/")
+    fresh = {path: jax.device_put(lora.initial(path, leaf.shape, leaf.dtype, seed), leaf.sharding)
+             for path, leaf in layout.items() if path not in saved}
     say(f"starting from the weights of {checkpoints.directory / str(step)} (LoRA's adapters fresh)")
-    state = compiled.init()
-    state = state.replace(params=with_part(state.params, read_params(checkpoints.directory / str(step), held)))
-    return state, checkpoints.loader_state(step) if init_data else None
+    params = with_part(read_params(checkpoints.directory / str(step), held), traverse_util.unflatten_dict(fresh, sep="/"))
+    return compiled.init(params), checkpoints.loader_state(step) if init_data else None
 
 
 def init_from_problem(source: str, saved_optimizer: str | None, optimizer: str, init_optimizer: bool,
@@ -109,7 +111,7 @@ def init_from_problem(source: str, saved_optimizer: str | None, optimizer: str, 
     if init_optimizer and saved_optimizer is not None and saved_optimizer != optimizer:
         return (f"trainer.init_from={source}: its optimizer is {saved_optimizer}, this run's is {optimizer}: drop "
                 f"trainer.init_optimizer or use optimizer={saved_optimizer}")
-    fresh = [name for name in params if name not in saved_params and is_adapter(name)]  # LoRA on a run without
+    fresh = [name for name in params if name not in saved_params and lora.is_adapter(name)]  # LoRA on a run without
     if fresh and init_optimizer:
         return (f"trainer.init_from={source} has no LoRA adapter {fresh[0]}, nor optimizer state for it: drop "
                 f"trainer.init_optimizer")
