@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -18,7 +17,7 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_opti
 # A subprocess that crashes (a segfault in native code) prints its threads' Python stacks.
 os.environ["PYTHONFAULTHANDLER"] = "1"
 
-from support import ROOT, SHARED, run_python  # noqa: F401  (re-exported for tests)
+from support import ROOT, SHARED, TEXT, run_python  # noqa: F401  (re-exported for tests)
 
 import jax  # noqa: E402
 
@@ -39,7 +38,7 @@ def shakespeare() -> Path:
 def corpus(tmp_path_factory) -> Path:
     """A small text corpus (this Python's json module source, three times) for short real runs."""
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text(Path(json.__file__).read_text() * 3)
+    path.write_text(TEXT.read_text() * 3)
     return path
 
 

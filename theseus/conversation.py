@@ -112,7 +112,7 @@ class Conversation:
         out = complete(self.model, self.params, prompt[None], [len(prompt)], self.max_new_tokens, self.sampling,
                        keys=key[None], stop_tokens=self.stop_tokens, vocab_size=self.tokenizer.vocab_size,
                        on_tokens=show if on_text else None)
-        ids = np.asarray(out.tokens[0, :int(out.lengths[0])]).tolist()
+        ids = np.asarray(out.tokens)[0, :np.asarray(out.lengths)[0]].tolist()  # on the host: no eager op to compile
         if ids and ids[-1] in self.stop_tokens:
             ids.pop()
         if on_text:

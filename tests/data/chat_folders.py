@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import tokenizers
-from support import ROOT
+from support import TEXT
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-CORPUS = ROOT / "theseus" / "data" / "tokenizer.py"  # any local text
+CORPUS = TEXT
 
 # ChatML (Qwen2's layout), with the assistant's content and <|im_end|> inside {% generation %}
 CHATML = """{%- for message in messages %}

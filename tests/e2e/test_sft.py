@@ -189,10 +189,12 @@ def held_out(rows: list[dict], folder: Path, val_fraction: float = 0.1) -> list[
 
 def transformers_val_loss(model: Path, tokenizer: Path, conversations: list[list[dict]]) -> float:
     """The mean, over every assistant token of ``conversations``, of transformers' cross-entropy
-    (labels -100 outside apply_chat_template's assistant_masks) of the model folder ``model``."""
+    (labels -100 outside apply_chat_template's assistant_masks) of the model folder ``model``.
+    The folder's tokenizer.json as written: for a qwen2 folder AutoTokenizer builds Qwen2's own
+    pre-tokenizer (digits one by one), which this test's GPT-2-style BPE does not have."""
     from interop.hf_models import torch, transformers
 
-    chat = transformers.AutoTokenizer.from_pretrained(tokenizer)
+    chat = transformers.PreTrainedTokenizerFast.from_pretrained(tokenizer)
     lm = transformers.AutoModelForCausalLM.from_pretrained(model).eval()
     total = count = 0.0
     for messages in conversations:

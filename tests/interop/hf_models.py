@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from support import ROOT
+from support import TEXT
 from theseus.config import configuration, configure
 from theseus.data.tokenizer import HFTokenizer
 from theseus.interop.hf_config import architecture, format_of
@@ -24,7 +24,7 @@ from theseus.model.source import parse_source
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-CORPUS = ROOT / "theseus" / "training" / "trainer.py"  # any local text
+CORPUS = TEXT
 
 
 def gpt2_config():

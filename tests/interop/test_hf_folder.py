@@ -17,13 +17,16 @@ PROMPT = "def __init__"
 
 
 def hf_greedy(folder: Path, prompt: str, n: int) -> str:
-    """transformers' greedy continuation of ``prompt`` by ``n`` tokens, decoded by the folder's tokenizer."""
+    """transformers' greedy continuation of ``prompt`` by ``n`` tokens, decoded by the folder's
+    tokenizer; as theseus.sample, it never chooses an id past the tokenizer's vocabulary (the
+    model's is larger)."""
     tokenizer = HFTokenizer.from_file(folder / "tokenizer.json")
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     ids = torch.tensor([tokenizer.encode(prompt)])
     with torch.no_grad():
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                          min_new_tokens=n, pad_token_id=0)
+                          min_new_tokens=n, pad_token_id=0,
+                          suppress_tokens=list(range(tokenizer.vocab_size, hf.config.vocab_size)))
     return tokenizer.decode(out[0, ids.shape[1]:].tolist())
 
 
