@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from data.chat_folders import chatml_folder
+from e2e.test_next_commands import next_commands, shell
 from support import run_python
 
 pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
@@ -54,6 +55,9 @@ def test_fine_tune_evaluate_and_chat(project):
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert np.isfinite([r["val_loss"] for r in logged if "val_loss" in r]).all()
+    more = shell(next_commands(proc.stderr)["continue"].replace("trainer.max_steps=N", "trainer.max_steps=5"), project)
+    assert more.returncode == 0, more.stderr[-3000:]  # the folder's architecture and tokenizer, through the run
+    assert (Path(f"{run}-more") / "checkpoints" / "5").is_dir()
 
     proc = run_python("-m", "theseus.sample", str(run), "--chat", "What is 3 plus 4?", "--temperature", "0",
                       "--max-new-tokens", "12", cwd=project)

@@ -127,3 +127,17 @@ def test_loras_fresh_adapters_on_a_folders_weights_are_drawn_from_the_runs_seed(
     assert any(value.any() for value in adapters.values())
     for path, value in adapters.items():
         np.testing.assert_array_equal(value, lora.initial(path, value.shape, value.dtype, seed), err_msg=path)
+
+
+def test_a_run_from_a_folder_passes_the_folders_architecture_and_tokenizer_on(llama_folder, tmp_path):
+    """trainer.init_from a theseus run that started from a Hugging Face folder: its saved config
+    names the folder, not the architecture and tokenizer the folder gave it, and a run from it
+    (the ``continue:`` command a run prints) takes them from the folder as that run did."""
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    OmegaConf.save(compose([f"trainer.init_from={llama_folder}", "architecture.seq_len=16"]),
+                   run / ".hydra" / "config.yaml")
+    (run / "checkpoints" / "1").mkdir(parents=True)
+    ours, folders = resolved(run), resolved(llama_folder, "architecture.seq_len=16")
+    assert OmegaConf.to_container(ours.architecture) == OmegaConf.to_container(folders.architecture)
+    assert ours.data.tokenizer == str(llama_folder / "tokenizer.json")

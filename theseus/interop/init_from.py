@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from theseus.config import ConfigError
-from theseus.config.compose import chosen_files
+from theseus.config.compose import chosen_files, with_values
 from theseus.config.registry import chosen, chosen_schema, load, model_class, names, read_saved
 from theseus.config.schema import flatten
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer
@@ -146,7 +146,8 @@ def init_from_values(cfg: DictConfig, source: ModelSource | None) -> dict[str, A
 
 def _from_run(cfg: DictConfig, flat: dict[str, Any], source: ModelSource) -> dict[str, Any]:
     """The architecture and tokenizer of the theseus run ``source`` names, wherever ``cfg``
-    leaves them at their defaults."""
+    leaves them at their defaults: its saved config's, with what its own ``trainer.init_from``
+    determined (a run from a Hugging Face folder has the folder's)."""
     run = source.run_dir
     if run is None:
         raise ConfigError(f"{source} has no .hydra/config.yaml beside its checkpoints: give the run "
@@ -155,6 +156,7 @@ def _from_run(cfg: DictConfig, flat: dict[str, Any], source: ModelSource) -> dic
         raise ConfigError(f"{source} holds LoRA adapters without their base: export it merged "
                           f"(python -m theseus.export {source.given} OUT) and start from OUT")
     record = read_saved(run / ".hydra" / "config.yaml")
+    record = with_values(record, init_from_values(record, init_source(record)))
     saved = flatten(OmegaConf.to_container(record, resolve=True))
     defaults = chosen_schema(cfg)
     model = chosen(record, "model")
