@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 
 from theseus.config import ConfigError
 from theseus.config.compose import compose, with_values
+from theseus.data.tokenizer import HFTokenizer
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import init_from_values, init_source
-from theseus.data.tokenizer import HFTokenizer
 from theseus.interop.loading import load_params
 from theseus.model import lora
 from theseus.recipe import assemble

@@ -93,11 +93,17 @@ def _with_fresh_adapters(compiled: Compiled, say: Say, checkpoints: Checkpointer
     step = checkpoints.chosen_step
     layout = traverse_util.flatten_dict(compiled.target.params, sep="/")
     held = traverse_util.unflatten_dict({path: leaf for path, leaf in layout.items() if path in saved}, sep="/")
-    fresh = {path: jax.device_put(lora.initial(path, leaf.shape, leaf.dtype, seed), leaf.sharding)
+    fresh = {path: _placed(lora.initial(path, leaf.shape, leaf.dtype, seed), leaf)
              for path, leaf in layout.items() if path not in saved}
     say(f"starting from the weights of {checkpoints.directory / str(step)} (LoRA's adapters fresh)")
-    params = with_part(read_params(checkpoints.directory / str(step), held), traverse_util.unflatten_dict(fresh, sep="/"))
+    read = read_params(checkpoints.directory / str(step), held)
+    params = with_part(read, traverse_util.unflatten_dict(fresh, sep="/"))
     return compiled.init(params), checkpoints.loader_state(step) if init_data else None
+
+
+def _placed(host: Any, leaf: jax.ShapeDtypeStruct) -> jax.Array:
+    """``host``, the same on every process, as a global array laid out as ``leaf``."""
+    return jax.make_array_from_callback(leaf.shape, leaf.sharding, lambda index: host[index])
 
 
 def init_from_problem(source: str, saved_optimizer: str | None, optimizer: str, init_optimizer: bool,
