@@ -27,7 +27,7 @@ from theseus.interop.hf_weights import to_theseus
 from theseus.interop.sources import hf_config_of, tensors_of, where
 from theseus.model import lora
 from theseus.model.source import ModelSource, parse_source
-from theseus.training.checkpoint import read_params, saved_base, saved_params, step_dir
+from theseus.training.checkpoint import read_with_fresh_adapters, saved_base, saved_params, step_dir
 
 
 def load_params(source: ModelSource | str | Path, arch: Mapping[str, Any], target: Mapping, seed: int = 0) -> dict:
@@ -68,12 +68,7 @@ def _run_params(source: ModelSource, target: Mapping, seed: int) -> dict:
     if saved_base(step) is not None:
         raise ConfigError(f"{source} holds LoRA adapters without their base: export it merged "
                           f"(python -m theseus.export {source.given} OUT) and give OUT")
-    layout, held = traverse_util.flatten_dict(target, sep="/"), saved_params(step)
-    fresh = {path: _place(lora.initial(path, leaf.shape, leaf.dtype, seed), leaf, path, source)
-             for path, leaf in layout.items() if lora.is_adapter(path) and path not in held}
-    read = read_params(step, traverse_util.unflatten_dict(
-        {path: leaf for path, leaf in layout.items() if path not in fresh}, sep="/"))
-    return traverse_util.unflatten_dict({**traverse_util.flatten_dict(read, sep="/"), **fresh}, sep="/")
+    return read_with_fresh_adapters(step, target, saved_params(step), seed)
 
 
 def _read(thunks: Mapping[str, Any], path: str, n_layers: int, source: ModelSource) -> np.ndarray:

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import traverse_util
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from theseus.config import ConfigError
+from theseus.model import lora
 from theseus.model.source import run_of
 from theseus.training.frozen_base import FrozenBase, require_base_weights, trainable_part, with_part
 from theseus.training.stacked_inputs import as_saved, as_today, holds_stacked
@@ -214,6 +216,25 @@ def read_params(step_dir: Path, layout: Any) -> Any:
     params = manager.restore(step, args=ocp.args.Composite(state=args)).state["params"]
     manager.close()
     return _placed(as_today(params), layout) if stacked else params
+
+
+def read_with_fresh_adapters(step_dir: Path, layout: Mapping, held: Container[str], seed: int) -> dict:
+    """The params ``layout`` names (ShapeDtypeStructs with shardings) from the checkpoint
+    ``step_dir``, whose params are ``held`` (paths): those it holds read onto their shards (as
+    ``read_params``), LoRA's adapters it lacks drawn fresh (``lora.initial`` from ``seed``, the
+    same on every process)."""
+    flat = traverse_util.flatten_dict(layout, sep="/")
+    fresh = {path: jax.make_array_from_callback(leaf.shape, leaf.sharding, _part(
+                 lora.initial(path, leaf.shape, leaf.dtype, seed)))
+             for path, leaf in flat.items() if lora.is_adapter(path) and path not in held}
+    read = read_params(step_dir, traverse_util.unflatten_dict(
+        {path: leaf for path, leaf in flat.items() if path not in fresh}, sep="/"))
+    return with_part(read, traverse_util.unflatten_dict(fresh, sep="/"))
+
+
+def _part(host: np.ndarray) -> Callable[[Any], np.ndarray]:
+    """``make_array_from_callback``'s callback: a device's slice of ``host``."""
+    return lambda index: host[index]
 
 
 def _placed(tree: Any, layout: Any) -> Any:

@@ -10,7 +10,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-from flax import traverse_util
 from jax.sharding import NamedSharding, PartitionSpec
 from optax import ScaleByScheduleState
 
@@ -18,10 +17,9 @@ from theseus.config import ConfigError
 from theseus.config.registry import chosen, read_saved
 from theseus.model import lora
 from theseus.model.source import ModelSource
-from theseus.training.checkpoint import Checkpointer, path_shapes, read_params
+from theseus.training.checkpoint import Checkpointer, path_shapes, read_with_fresh_adapters
 from theseus.training.compiled import Compiled
 from theseus.training.config import TrainerConfig
-from theseus.training.frozen_base import with_part
 from theseus.training.settings import Settings
 from theseus.training.state import TrainState, param_shapes
 
@@ -91,19 +89,9 @@ def _with_fresh_adapters(compiled: Compiled, say: Say, checkpoints: Checkpointer
     params the checkpoint holds read from it (the rest left on disk), the adapters fresh
     (``lora.initial`` from ``seed``, as a Hugging Face base's), the state made around them."""
     step = checkpoints.chosen_step
-    layout = traverse_util.flatten_dict(compiled.target.params, sep="/")
-    held = traverse_util.unflatten_dict({path: leaf for path, leaf in layout.items() if path in saved}, sep="/")
-    fresh = {path: _placed(lora.initial(path, leaf.shape, leaf.dtype, seed), leaf)
-             for path, leaf in layout.items() if path not in saved}
     say(f"starting from the weights of {checkpoints.directory / str(step)} (LoRA's adapters fresh)")
-    read = read_params(checkpoints.directory / str(step), held)
-    params = with_part(read, traverse_util.unflatten_dict(fresh, sep="/"))
+    params = read_with_fresh_adapters(checkpoints.directory / str(step), compiled.target.params, saved, seed)
     return compiled.init(params), checkpoints.loader_state(step) if init_data else None
-
-
-def _placed(host: Any, leaf: jax.ShapeDtypeStruct) -> jax.Array:
-    """``host``, the same on every process, as a global array laid out as ``leaf``."""
-    return jax.make_array_from_callback(leaf.shape, leaf.sharding, lambda index: host[index])
 
 
 def init_from_problem(source: str, saved_optimizer: str | None, optimizer: str, init_optimizer: bool,
