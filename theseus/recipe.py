@@ -57,8 +57,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
              tokenizer: Tokenizer | None = None, announce: bool = True) -> Run:
     """The run ``cfg`` describes, checked and built.
 
-    ``run_dir``: the directory it trains in (its resume and ``trainer.init_from`` checked before
-    compiling, its memory after). ``steps``: ``"train"``, ``"eval"`` (the eval step alone) or
+    ``run_dir``: the directory it trains in (its resume checked before compiling, its memory
+    after); ``trainer.init_from`` is checked with or without one. ``steps``: ``"train"``, ``"eval"`` (the eval step alone) or
     None (the state's layout only). ``tokenizer``: the model's, when no data is read (sample,
     export); a planned run (``mesh.target``) reads none either: its tokenizer sizes the vocabulary.
     ``announce``: say that the train step compiles (a dry run's candidate settings compile quietly).
@@ -92,8 +92,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
                    if dataset is not None else None)
     if run_dir is not None:
         check_run_dir(run_dir, composed, settings)
-        if source is not None:
-            init_from.check(settings, model, source)
+    if source is not None:  # a checkpoint of other shapes: one line before compiling (a dry run's, a sweep's too)
+        init_from.check(settings, model, source)
 
     mesh = make_mesh(settings.mesh, devices)
     say = functools.partial(_say_compiling, model, devices, settings) if steps == "train" and announce else None

@@ -147,9 +147,10 @@ def test_start_stop_continue(corpus, tmp_path):
                             "lion: drop trainer.init_optimizer or use optimizer=adamw"), (["architecture.n_heads=2"], (
                             "parameter h_0/attn/bk is (2, 32) in this run but is (4, 16) there: start from a run of "
                             "the same architecture (or drop the architecture.* overrides)")):
-        refused = theseus(tmp_path, *new_run, *change, f"hydra.run.dir={tmp_path / 'refused'}")
-        assert refused.stderr.splitlines() == [f"theseus: error: trainer.init_from={source}: {problem}"]
-        assert refused.returncode == 2 and not (tmp_path / "refused").exists()
+        for dry in ([], ["trainer.dry_run=true"]):  # a dry run (assembled without its folder) says the same
+            refused = theseus(tmp_path, *new_run, *change, *dry, f"hydra.run.dir={tmp_path / 'refused'}")
+            assert refused.stderr.splitlines() == [f"theseus: error: trainer.init_from={source}: {problem}"]
+            assert refused.returncode == 2 and not (tmp_path / "refused").exists()
 
     # extending its cosine would change the learning rates already used: refused, saying what works
     cosine = theseus(tmp_path, *new_run, "trainer.max_steps=6")
