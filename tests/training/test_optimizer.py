@@ -23,6 +23,7 @@ from theseus.training.optimizer import (
     Lion,
     Muon,
     OptimizerConfig,
+    clip_by_global_norm,
     decay_mask,
     make_optimizer,
     make_schedule,
@@ -122,6 +123,24 @@ def test_options_equal_the_optax_aliases(cls, reference):
     tx, lr = make_optimizer(config, 10)
     for ours, theirs in zip(updates(tx), updates(reference(config, lr)), strict=True):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), ours, theirs)
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 40.0])  # under the limit (untouched) and over it (scaled down)
+def test_clipping_scales_the_gradients_as_torch_and_optax_do(scale):
+    import torch
+
+    rng = np.random.default_rng(0)
+    grads = {"w": rng.normal(size=(6, 5)).astype(np.float32) * scale, "b": rng.normal(size=7).astype(np.float32) * scale}
+    ours, _ = clip_by_global_norm(1.0).update(jax.tree.map(jnp.asarray, grads), optax.EmptyState())
+    theirs, _ = optax.clip_by_global_norm(1.0).update(jax.tree.map(jnp.asarray, grads), optax.EmptyState())
+    tensors = {name: torch.zeros(g.shape, requires_grad=True) for name, g in grads.items()}
+    for name, t in tensors.items():
+        t.grad = torch.tensor(grads[name])
+    torch.nn.utils.clip_grad_norm_(list(tensors.values()), 1.0)  # its norm has 1e-6 added
+    for name in grads:
+        np.testing.assert_allclose(ours[name], tensors[name].grad.numpy(), rtol=2e-6)
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-6)
+    assert float(optax.global_norm(ours)) == pytest.approx(min(1.0, float(optax.global_norm(grads))), rel=1e-6)
 
 
 def test_adafactor_equals_optax_without_decay():

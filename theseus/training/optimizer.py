@@ -14,6 +14,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import optax
 import optax.contrib
 
@@ -222,10 +223,24 @@ def fitted_boxes(tx: optax.GradientTransformation) -> optax.GradientTransformati
     return optax.GradientTransformation(init, tx.update)
 
 
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """Gradients scaled by ``min(1, max_norm / norm)``, their global norm at most ``max_norm``
+    (``optax.clip_by_global_norm`` to a float32 rounding). One factor multiplies every element:
+    optax divides each by the norm, and XLA's CPU backend writes that quotient in a pass of its
+    own rather than repeat a division in both of Adam's moments (2% of a 135M model's step)."""
+
+    def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
+        norm = optax.global_norm(updates)
+        factor = jnp.minimum(1.0, max_norm / jnp.maximum(norm, jnp.finfo(norm.dtype).tiny))
+        return jax.tree.map(lambda g: g * factor.astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(config: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """The chosen optimizer behind global-norm clipping, and its schedule."""
     schedule = make_schedule(config, total_steps)
-    clip = optax.clip_by_global_norm(config.clip_norm) if config.clip_norm else optax.identity()
+    clip = clip_by_global_norm(config.clip_norm) if config.clip_norm else optax.identity()
     return fitted_boxes(adapters_only(optax.chain(clip, config.transform(schedule)))), schedule
 
 
