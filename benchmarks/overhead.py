@@ -38,7 +38,7 @@ from common import child, experiment, interleaved, make_run, program_cost, save,
 from theseus.data.loader import Windows
 from theseus.training.logger import RunLogger
 from theseus.training.loop import LoopState
-from theseus.training.optimizer import decay_mask
+from theseus.training.optimizer import clip_by_global_norm, decay_mask
 from theseus.training.trainer import Trainer
 
 # Settings the bare loop implements too: no dropout, a cosine schedule, no accumulation.
@@ -91,7 +91,7 @@ class BareLoop:
         self.params = jax.jit(lambda: nn.unbox(model.init(jax.random.key(s.seed), tokens)["params"]))()
         schedule = optax.warmup_cosine_decay_schedule(0.0, o.lr, o.warmup_steps, s.max_steps,
                                                       end_value=o.lr * o.min_lr_ratio)
-        self.tx = optax.chain(optax.clip_by_global_norm(o.clip_norm),  # theseus's rule of what decays
+        self.tx = optax.chain(clip_by_global_norm(o.clip_norm),  # theseus's clipping and rule of what decays
                               optax.adamw(schedule, o.b1, o.b2, o.eps, weight_decay=o.weight_decay, mask=decay_mask))
         self.opt_state = self.tx.init(self.params)
         self.step = jax.jit(functools.partial(_bare_step, model, self.tx), donate_argnums=(0, 1))
