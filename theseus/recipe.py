@@ -58,9 +58,10 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     """The run ``cfg`` describes, checked and built.
 
     ``run_dir``: the directory it trains in (its resume checked before compiling, its memory
-    after); ``trainer.init_from`` is checked with or without one. ``steps``: ``"train"``, ``"eval"`` (the eval step alone) or
-    None (the state's layout only). ``tokenizer``: the model's, when no data is read (sample,
-    export); a planned run (``mesh.target``) reads none either: its tokenizer sizes the vocabulary.
+    after); ``trainer.init_from`` is checked with or without one. ``steps``: ``"train"``,
+    ``"eval"`` (the eval step alone) or None (the state's layout only). ``tokenizer``: the
+    model's, when no data is read (sample, export); a planned run (``mesh.target``) reads none
+    either: its tokenizer sizes the vocabulary.
     ``announce``: say that the train step compiles (a dry run's candidate settings compile quietly).
     """
     if run_dir is not None:  # a LoRA run resumed: its base folder is there
