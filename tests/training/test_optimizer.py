@@ -130,7 +130,8 @@ def test_clipping_scales_the_gradients_as_torch_and_optax_do(scale):
     import torch
 
     rng = np.random.default_rng(0)
-    grads = {"w": rng.normal(size=(6, 5)).astype(np.float32) * scale, "b": rng.normal(size=7).astype(np.float32) * scale}
+    grads = {"w": rng.normal(size=(6, 5)).astype(np.float32) * scale,
+             "b": rng.normal(size=7).astype(np.float32) * scale}
     ours, _ = clip_by_global_norm(1.0).update(jax.tree.map(jnp.asarray, grads), optax.EmptyState())
     theirs, _ = optax.clip_by_global_norm(1.0).update(jax.tree.map(jnp.asarray, grads), optax.EmptyState())
     tensors = {name: torch.zeros(g.shape, requires_grad=True) for name, g in grads.items()}
