@@ -6,7 +6,8 @@ the step ``theseus.recipe.assemble`` compiles (``run.compiled``), driven by the 
 loop methods (``Trainer(run).take_step``: the prefetching loader, the global batch, the step
 call; ``Trainer(run).log`` at each window's end: the metrics fetch, throughput, the logger
 (metrics.jsonl and the console line) and the non-finite check). The bare side is what
-one writes by hand: a jitted value_and_grad + optax update, ``device_put`` of a numpy batch.
+one writes by hand: a jitted value_and_grad + optax update, ``device_put`` of a numpy batch,
+on the run's devices as theseus lays them out (the params on each, the batch split over them).
 Both sides see the same stream of batches, so their losses must agree step for step.
 
 Each comparison runs in several fresh processes and the ratio reported is the median over
@@ -34,8 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from common import child, experiment, interleaved, make_run, program_cost, save, show, spread, stand_in
+from jax.sharding import NamedSharding, PartitionSpec
 
 from theseus.data.loader import Windows
+from theseus.training.batches import batch_sharding
 from theseus.training.logger import RunLogger
 from theseus.training.loop import LoopState
 from theseus.training.optimizer import clip_by_global_norm, decay_mask
@@ -88,7 +91,11 @@ class BareLoop:
         s, o, model = run.settings.trainer, run.settings.optimizer, run.model
         self.every = s.log_every
         tokens = jnp.zeros((1, model.seq_len), jnp.int32)
-        self.params = jax.jit(lambda: nn.unbox(model.init(jax.random.key(s.seed), tokens)["params"]))()
+        # on the run's devices, as theseus lays them out: the params on each, the batch split over them
+        self.batches = batch_sharding(run.compiled.mesh)
+        replicated = NamedSharding(run.compiled.mesh, PartitionSpec())
+        self.params = jax.jit(lambda: nn.unbox(model.init(jax.random.key(s.seed), tokens)["params"]),
+                              out_shardings=replicated)()
         schedule = optax.warmup_cosine_decay_schedule(0.0, o.lr, o.warmup_steps, s.max_steps,
                                                       end_value=o.lr * o.min_lr_ratio)
         self.tx = optax.chain(clip_by_global_norm(o.clip_norm),  # theseus's clipping and rule of what decays
@@ -102,7 +109,7 @@ class BareLoop:
         """Run one log window; ``(seconds per step, mean loss of its steps)``, as theseus logs it."""
         clock, losses = time.perf_counter(), []
         for _ in range(self.every):
-            batch = jax.device_put(self.windows.batch(self.position))
+            batch = jax.device_put(self.windows.batch(self.position), self.batches)
             self.position += self.windows.stride
             self.params, self.opt_state, loss = self.step(self.params, self.opt_state, batch)
             losses.append(loss)
@@ -128,7 +135,7 @@ def measure(name: str, rounds: int) -> dict:
     run = make_run([*experiment(exp), *extra, *FAIR, f"trainer.max_steps={steps}"])
     with tempfile.TemporaryDirectory() as run_dir:
         ours, bare = TheseusLoop(run, Path(run_dir)), BareLoop(run)
-        batch = jax.device_put(bare.windows.batch(0))
+        batch = jax.device_put(bare.windows.batch(0), bare.batches)
         cost = {"theseus": program_cost(ours.compiled.step),
                 "bare": program_cost(bare.step.lower(bare.params, bare.opt_state, batch).compile())}
         same_init = all(jax.tree.leaves(jax.tree.map(np.array_equal, ours.state.params, bare.params)))
