@@ -94,6 +94,20 @@ def test_greedy_is_the_argmax_and_the_log_prob_is_the_tempered_softmax():
     np.testing.assert_allclose(logps, expected[np.arange(4), tokens], rtol=1e-5)
 
 
+def test_draws_are_jax_categoricals_and_ties_go_to_the_first_maximum():
+    """A draw is ``jax.random.categorical``'s with the row's key (warped-out tokens at -inf
+    included); greedy takes the first of tied maxima, as argmax does."""
+    logits = jnp.asarray(logits_batch())
+    keys = jax.random.split(jax.random.key(7), 4)
+    for top_p in (None, jnp.float32(0.8)):
+        tokens, _ = choose(logits, keys, jnp.float32(0.9), 30, top_p)
+        expected = jax.vmap(jax.random.categorical)(keys, warp(logits, jnp.float32(0.9), 30, top_p))
+        np.testing.assert_array_equal(tokens, expected)
+    tied = jnp.asarray([[0.0, 3.0, 1.0, 3.0], [-jnp.inf, -1.0, -1.0, -2.0]])
+    tokens, _ = choose(tied, keys[:2], jnp.float32(0.0), None, None)
+    np.testing.assert_array_equal(tokens, [1, 1])
+
+
 def test_settings_out_of_range_are_named():
     for sampling, match in [(Sampling(top_k=0), "top_k must be between 1 and the vocabulary size \\(10\\), got 0"),
                             (Sampling(top_p=-0.1), "top_p must be between 0 and 1, got -0.1"),

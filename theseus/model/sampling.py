@@ -94,7 +94,25 @@ def choose(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: in
     logits = logits.astype(jnp.float32)
     hot = temperature > 0
     scale = jnp.where(hot, temperature, 1.0)
-    tokens = jax.lax.cond(hot, lambda: jax.vmap(jax.random.categorical)(keys, warp(logits, scale, top_k, top_p)),
-                          lambda: jnp.argmax(logits, axis=-1)).astype(jnp.int32)  # greedy: no warper, no draw
+    tokens = jax.lax.cond(hot, lambda: _drawn(keys, warp(logits, scale, top_k, top_p)),
+                          lambda: _first_max(logits))  # greedy: no warper, no draw
     logps = jnp.take_along_axis(jax.nn.log_softmax(logits / scale, axis=-1), tokens[:, None], axis=-1)[:, 0]
     return tokens, logps
+
+
+def _drawn(keys: jax.Array, logits: jax.Array) -> jax.Array:
+    """``int32[batch]``: row i's token drawn from ``softmax(logits[i])`` with ``keys[i]``, as
+    ``jax.random.categorical`` draws it (the argmax of the logits plus Gumbel noise: the same
+    tokens)."""
+    return _first_max(logits + jax.vmap(lambda key, row: jax.random.gumbel(key, row.shape, row.dtype))(keys, logits))
+
+
+def _first_max(x: jax.Array) -> jax.Array:
+    """``int32[batch]``: ``argmax(x, axis=-1)`` of ``x: [batch, vocab]`` (the first of tied maxima;
+    the last index where a row has NaN) as two plain reductions, the maximum and then the least
+    index holding it: XLA's CPU backend reduces ``argmax``'s (value, index) pairs one element at a
+    time, 0.77 against 0.46 ms over ``[8, 49152]``, and 5.5 against 2.4 ms with the Gumbel noise
+    of a draw fused in."""
+    top = x.max(axis=-1, keepdims=True)
+    index = jnp.arange(x.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where(x == top, index, x.shape[-1] - 1), axis=-1)
