@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from support import ROOT, bare_env
 
+from theseus.base.hardware import CACHE
+
 pytestmark = pytest.mark.slow
 
 README = ROOT / "README.md"
@@ -48,6 +50,7 @@ SHORTEN = {
     "+sweep=lr": "trainer.max_steps=10",
     "trainer.init_from=$HOME/models/my-llama": "trainer.max_steps=3 trainer.batch_size=4 trainer.eval_batches=1",
     "trainer.init_from=smollm2": "trainer.max_steps=2 trainer.eval_batches=1",
+    "outputs/smol-lora --chat": "--max-new-tokens 24",  # two steps in, the reply need not end by itself
     "data.path=reverse_chats.jsonl": "trainer.max_steps=20",  # tests/e2e/test_grpo.py runs the GRPO section whole
     "+experiment=grpo_tiny": "trainer.max_steps=4 trainer.eval_every=2",
 }
@@ -148,6 +151,8 @@ def project(folder: Path, needs_model: bool) -> dict[str, str]:
     return {**env, "HOME": str(folder), "START": str(folder), "JAX_PLATFORMS": "cpu", "WANDB_SILENT": "true",
             "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
             "PIP_CACHE_DIR": env.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")),  # pip download: once
+            # compiled programs kept as a user's are between commands, here between sections too
+            "JAX_COMPILATION_CACHE_DIR": env.get("JAX_COMPILATION_CACHE_DIR", str(CACHE.parent / "jax")),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
 
 

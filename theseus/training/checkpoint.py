@@ -13,7 +13,9 @@ checked against the fingerprint, and lays the adapters over it.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import time
 from collections.abc import Callable, Container, Mapping
 from pathlib import Path
@@ -33,6 +35,24 @@ from theseus.training.frozen_base import FrozenBase, require_base_weights, train
 from theseus.training.stacked_inputs import as_saved, as_today, holds_stacked
 
 
+@functools.cache
+def _replicas_written_whole_in_one_process() -> None:
+    """A replicated array saved whole by one of its replicas when they are all in this process:
+    orbax's replica-parallel saving slices each array across its replicas, a program compiled per
+    shape (~60 ms each on a CPU: a second at a command's first save), and gains only where the
+    replicas are on several hosts. Registered once (orbax's registry is global; it logs each override)."""
+    if jax.process_count() > 1:
+        return
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False),
+                                                override=True)
+    finally:
+        absl.setLevel(level)
+
+
 class Checkpointer:
     """Saves and restores a run's checkpoints under ``directory`` (one folder per step)."""
 
@@ -47,6 +67,7 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         self.requested_step = requested_step  # restore this step rather than the newest
         self.base = base  # a LoRA run's frozen base: saved as a record, not as arrays
+        _replicas_written_whole_in_one_process()
         handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
                     "config": ocp.JsonCheckpointHandler(), "base": ocp.JsonCheckpointHandler()}
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)

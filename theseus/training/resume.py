@@ -110,12 +110,12 @@ def started_runs(composed: DictConfig) -> list[Path]:
     for recorded in root.glob("/".join(["*"] * depth) + "/.hydra/overrides.yaml"):
         hydra = recorded.parent
         try:
-            overrides = load_yaml(recorded, ListConfig)
+            if not same_command(load_yaml(recorded, ListConfig), composed.hydra.overrides.task):
+                continue
             given = load_yaml(hydra / "hydra.yaml").hydra.overrides.hydra  # Hydra's record of its own overrides
         except (ConfigError, OSError, AttributeError):  # not a run this command wrote
             continue
-        if same_command(overrides, composed.hydra.overrides.task) and not any(
-                str(o).lstrip("+").startswith("hydra.run.dir=") for o in given):
+        if not any(str(o).lstrip("+").startswith("hydra.run.dir=") for o in given):
             found.append(hydra.parent)
     return found
 
