@@ -280,7 +280,7 @@ def test_the_same_command_again_compiles_nothing_and_a_save_compiles_no_slices(c
     """Every program a command compiles is kept in the compilation cache, its small ones too (the
     init, the evaluation, the loss's mean), so the same command again reads each one back; and
     saving a checkpoint in one process compiles nothing per array (orbax's replica-parallel save
-    slices every replicated array, a program a shape)."""
+    slices every replicated array, a program per shape and replica)."""
     env = {"JAX_LOG_COMPILES": "1", "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax")}
     args = ["-m", "theseus.run", "+experiment=gpt_tiny", *small_data(corpus), "trainer.max_steps=4",
             "trainer.checkpoint_every=2", "trainer.eval_every=2", "logger.mode=disabled"]
