@@ -39,6 +39,7 @@ from rich.table import Table
 from omegaconf import DictConfig
 
 from theseus.base.command_exit import exit_after
+from theseus.base.compilation_cache import use_compilation_cache
 from theseus.base.compile_oom import oom_verdict
 from theseus.config import ConfigError, configuration, configure, registry
 from theseus.config.arguments import NON_NEGATIVE_INT, POSITIVE_INT, Parser
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N; for a model "
                                                       "not a run: data.*, architecture.seq_len=N")
     args = parser.parse_intermixed_args(argv)
+    use_compilation_cache()
     try:
         if args.out is not None and args.out.suffix != ".json" and args.out.is_file():
             raise ConfigError(f"--output_path {args.out} is a file: give a folder, or a .json file to write")

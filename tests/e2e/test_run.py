@@ -278,9 +278,10 @@ def test_a_gpt_run_imports_no_stateful_module_and_continues_a_run_saved_in_the_o
 
 def test_the_same_command_again_compiles_nothing_and_a_save_compiles_no_slices(corpus, tmp_path):
     """Every program a command compiles is kept in the compilation cache, its small ones too (the
-    init, the evaluation, the loss's mean), so the same command again reads each one back; and
-    saving a checkpoint in one process compiles nothing per array (orbax's replica-parallel save
-    slices every replicated array, a program per shape and replica)."""
+    init, the evaluation, the loss's mean), so the same command again reads each one back, a
+    training run's as an evaluation's; and saving a checkpoint in one process compiles nothing per
+    array (orbax's replica-parallel save slices every replicated array, a program per shape and
+    replica)."""
     env = {"JAX_LOG_COMPILES": "1", "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax")}
     args = ["-m", "theseus.run", "+experiment=gpt_tiny", *small_data(corpus), "trainer.max_steps=4",
             "trainer.checkpoint_every=2", "trainer.eval_every=2", "logger.mode=disabled"]
@@ -290,5 +291,15 @@ def test_the_same_command_again_compiles_nothing_and_a_save_compiles_no_slices(c
     logs = [proc.stdout + proc.stderr for proc in (first, again)]  # JAX's log: stderr, then Hydra's console
     compiled = re.findall(r"Finished XLA compilation of (\S+)", logs[0])
     assert {"jit(train_step)", "jit(eval_step)"} <= set(compiled) and "jit(slice)" not in compiled, compiled
+    read_back = re.findall(r"Persistent compilation cache hit for '(\S+)'", logs[1])
+    assert len(read_back) == len(re.findall(r"Finished XLA compilation of ", logs[1])) == len(compiled), read_back
+    # theseus.evaluate keeps its programs too (in a cache of its own: the run's hold the same ones)
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax-evaluate")
+    evaluations = [run_python("-m", "theseus.evaluate", "first", "--out", f"{n}.json", devices=2, env=env,
+                              cwd=tmp_path) for n in (1, 2)]
+    assert all(proc.returncode == 0 for proc in evaluations), evaluations[0].stderr[-3000:]
+    logs = [proc.stdout + proc.stderr for proc in evaluations]
+    compiled = re.findall(r"Finished XLA compilation of (\S+)", logs[0])
+    assert "jit(eval_step)" in compiled, compiled
     read_back = re.findall(r"Persistent compilation cache hit for '(\S+)'", logs[1])
     assert len(read_back) == len(re.findall(r"Finished XLA compilation of ", logs[1])) == len(compiled), read_back
