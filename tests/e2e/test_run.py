@@ -276,6 +276,16 @@ def test_a_gpt_run_imports_no_stateful_module_and_continues_a_run_saved_in_the_o
     assert steps[-1] == 4
 
 
+def programs_read_back(first, again) -> list[str]:
+    """The programs the ``first`` of two runs of a command compiled, checking that the run ``again``
+    read every one of them back from the compilation cache (JAX_LOG_COMPILES's log)."""
+    logs = [proc.stdout + proc.stderr for proc in (first, again)]  # JAX's log: stderr, then Hydra's console
+    compiled = re.findall(r"Finished XLA compilation of (\S+)", logs[0])
+    read_back = re.findall(r"Persistent compilation cache hit for '(\S+)'", logs[1])
+    assert len(read_back) == len(re.findall(r"Finished XLA compilation of ", logs[1])) == len(compiled), read_back
+    return compiled
+
+
 def test_the_same_command_again_compiles_nothing_and_a_save_compiles_no_slices(corpus, tmp_path):
     """Every program a command compiles is kept in the compilation cache, its small ones too (the
     init, the evaluation, the loss's mean), so the same command again reads each one back, a
@@ -288,18 +298,11 @@ def test_the_same_command_again_compiles_nothing_and_a_save_compiles_no_slices(c
     first, again = (run_python(*args, f"hydra.run.dir={name}", devices=2, env=env, cwd=tmp_path)
                     for name in ("first", "again"))
     assert first.returncode == 0 and again.returncode == 0, first.stderr[-3000:] + again.stderr[-3000:]
-    logs = [proc.stdout + proc.stderr for proc in (first, again)]  # JAX's log: stderr, then Hydra's console
-    compiled = re.findall(r"Finished XLA compilation of (\S+)", logs[0])
+    compiled = programs_read_back(first, again)
     assert {"jit(train_step)", "jit(eval_step)"} <= set(compiled) and "jit(slice)" not in compiled, compiled
-    read_back = re.findall(r"Persistent compilation cache hit for '(\S+)'", logs[1])
-    assert len(read_back) == len(re.findall(r"Finished XLA compilation of ", logs[1])) == len(compiled), read_back
     # theseus.evaluate keeps its programs too (in a cache of its own: the run's hold the same ones)
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax-evaluate")
     evaluations = [run_python("-m", "theseus.evaluate", "first", "--out", f"{n}.json", devices=2, env=env,
                               cwd=tmp_path) for n in (1, 2)]
     assert all(proc.returncode == 0 for proc in evaluations), evaluations[0].stderr[-3000:]
-    logs = [proc.stdout + proc.stderr for proc in evaluations]
-    compiled = re.findall(r"Finished XLA compilation of (\S+)", logs[0])
-    assert "jit(eval_step)" in compiled, compiled
-    read_back = re.findall(r"Persistent compilation cache hit for '(\S+)'", logs[1])
-    assert len(read_back) == len(re.findall(r"Finished XLA compilation of ", logs[1])) == len(compiled), read_back
+    assert "jit(eval_step)" in programs_read_back(*evaluations)
