@@ -24,7 +24,7 @@ ConfigStore.instance().store(name="app", node={
     "optimizer": {"lr": 1e-3},
     "trainer": {"batch_size": 4, "max_steps": 20},
     "architecture": {"seq_len": 16},
-    "hydra": {"callbacks": {"sweep_summary": {"_target_": "theseus.sweep.SweepSummary"}}},
+    "hydra": {"callbacks": {"sweep_summary": {"_target_": "theseus.cli.sweep.SweepSummary"}}},
 })
 
 

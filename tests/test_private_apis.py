@@ -3,9 +3,9 @@ library upgrade that changes one fails loudly in this file rather than quietly i
 
 - ``jax._src.clusters`` (theseus/base/distributed.py): JAX's cluster detection, which
   ``jax.distributed.initialize()`` reads and no public API exposes.
-- ``BasicSweeper.split_arguments`` (theseus/run.py): Hydra's expansion of ``-m`` overrides
+- ``BasicSweeper.split_arguments`` (theseus/cli/run.py): Hydra's expansion of ``-m`` overrides
   into jobs, to check every job before any runs.
-- ``JobReturn._return_value`` (theseus/sweep.py): a failed job's exception; the public
+- ``JobReturn._return_value`` (theseus/cli/sweep.py): a failed job's exception; the public
   ``return_value`` re-raises it and writes to stderr.
 - ``DictConfig._set_flag`` / ``_get_flag`` (theseus/config/context.py): the mark ``compose()``
   leaves on a config it has checked; copies keep it.

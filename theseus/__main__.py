@@ -20,17 +20,17 @@ import os
 import sys
 from typing import NoReturn
 
-from theseus.base.command_exit import exit_after
+from theseus.cli.command_exit import exit_after
 
 COMMANDS = {
-    "run": "theseus.run",
-    "sample": "theseus.sample",
-    "report": "theseus.report.__main__",
-    "config": "theseus.config.__main__",
-    "prepare": "theseus.data.prepare",
-    "launch": "theseus.launch",
-    "export": "theseus.export",
-    "evaluate": "theseus.evaluate",
+    "run": "theseus.cli.run",
+    "sample": "theseus.cli.sample",
+    "report": "theseus.cli.report",
+    "config": "theseus.cli.config",
+    "prepare": "theseus.cli.prepare",
+    "launch": "theseus.cli.launch",
+    "export": "theseus.cli.export",
+    "evaluate": "theseus.cli.evaluate",
 }
 
 

@@ -5,7 +5,7 @@
 
 Every command assembles through ``assemble``: ``theseus.run`` (training, and the dry run of
 ``theseus.plan``), ``theseus.evaluate`` (``steps="eval"``), and ``sample`` and ``export``
-(``theseus.trained.load_trained``: no steps, the tokenizer given). Each check raises a
+(``theseus.cli.trained.load_trained``: no steps, the tokenizer given). Each check raises a
 ConfigError in one line, before the work it guards.
 """
 
@@ -30,6 +30,7 @@ from theseus.config.compose import with_values
 from theseus.config.registry import chosen
 from theseus.data.dataset import planned_vocab_size
 from theseus.data.tokenizer import Tokenizer
+from theseus.evaluation.evaluations import EvaluationConfig, load_evaluations
 from theseus.interop.expressible import exportable
 from theseus.interop.hf_config import arch_of
 from theseus.interop.init_from import init_from_values, init_source
@@ -39,7 +40,6 @@ from theseus.model.lora import settings_of, without_adapters
 from theseus.model.source import ModelSource
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
-from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
 from theseus.tasks.task import START, LossTask, StepLayout, Task, task_class
 from theseus.training import init_from
 from theseus.training.batches import batch_share, global_batch
@@ -48,8 +48,8 @@ from theseus.training.compiled import Compiled, Steps, compile_steps
 from theseus.training.frozen_base import FrozenBase, fingerprint
 from theseus.training.logger import LoggerConfig, scrub, secrets
 from theseus.training.parts import Run, prefetch
-from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
 from theseus.training.resume import check_run_dir
+from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
 from theseus.training.state import TrainState
 
 

@@ -126,7 +126,7 @@ def params(run: Path) -> list[np.ndarray]:
     """The final checkpoint's params of ``run``, as numpy arrays in a fixed order."""
     import jax
 
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     return [np.asarray(leaf) for leaf in jax.tree.leaves(load_trained(run).params)]
 

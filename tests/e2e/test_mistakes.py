@@ -229,11 +229,11 @@ CASES = [
     # misleading before
     case("save_to_disk_folder_as_parquet", "theseus.run", [*RUN, "data.source=parquet", "data.path=corpus_hf"],
          "data.path=corpus_hf is a folder written by datasets' save_to_disk", "use data.source=arrow"),
-    case("save_to_disk_folder_as_text", "theseus.data.prepare", ["data.source=text", "data.path=corpus_hf"],
+    case("save_to_disk_folder_as_text", "theseus.cli.prepare", ["data.source=text", "data.path=corpus_hf"],
          "use data.source=arrow"),
-    case("parquet_file_as_jsonl", "theseus.data.prepare", ["data.source=jsonl", "data.path=corpus.parquet"],
+    case("parquet_file_as_jsonl", "theseus.cli.prepare", ["data.source=jsonl", "data.path=corpus.parquet"],
          "data.path=corpus.parquet is a parquet file", "use data.source=parquet"),
-    case("parquet_column_missing", "theseus.data.prepare", ["data.source=parquet", "data.path=corpus.parquet",
+    case("parquet_column_missing", "theseus.cli.prepare", ["data.source=parquet", "data.path=corpus.parquet",
                                                             "data.cache_dir=fresh-cache"],
          "has no column 'text' (its columns: id, content)"),  # said before anything is prepared
     case("chat_template_without_sft", "theseus.run", [*RUN, "data.source=jsonl", "data.path=chats.jsonl",
@@ -242,7 +242,7 @@ CASES = [
     case("conversations_as_documents", "theseus.run", [*RUN, "data.source=jsonl", "data.path=chats.jsonl",
                                                        "data.cache_dir=fresh-cache"],
          "has no field 'text' (its fields: messages)", "add task=sft"),
-    case("chat_template_to_prepare", "theseus.data.prepare", ["data.source=jsonl", "data.path=chats.jsonl",
+    case("chat_template_to_prepare", "theseus.cli.prepare", ["data.source=jsonl", "data.path=chats.jsonl",
                                                               "data.chat_template=chat.jinja"],
          "drop data.chat_template"),
     case("template_syntax_error", "theseus.run", [*SFT, "data.chat_template=unclosed.jinja"],

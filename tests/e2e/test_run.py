@@ -210,7 +210,7 @@ COUNT_COMPOSITIONS = """
 import atexit, sys
 from hydra._internal.hydra import Hydra
 from hydra.experimental.callback import Callback
-from theseus.run import main
+from theseus.cli.run import main
 
 class Probe(Callback):  # a callback of the user's: each hook it sees, in order
     def __getattribute__(self, name):

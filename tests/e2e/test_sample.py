@@ -47,7 +47,7 @@ def test_a_bad_sampling_argument_is_one_line(run_dir):
 def test_the_readme_s_200_tokens_past_a_64_token_context(run_dir):
     """The README's command (greedy): 200 tokens from gpt_tiny (seq_len 64), each the argmax of
     a full forward pass over the last 64 tokens, as nanoGPT samples."""
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     proc = run_python("-m", "theseus.sample", str(run_dir), "--prompt", "def ", "--max-new-tokens", "200",
                       "--temperature", "0")

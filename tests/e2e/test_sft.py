@@ -94,7 +94,7 @@ def test_lora_fine_tune_of_a_llama_folder_evaluates_samples_and_exports_both_way
     from interop.hf_models import hf_logits, llama_config, save_hf, torch, transformers
 
     peft = pytest.importorskip("peft")
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     config = llama_config()
     config.vocab_size, config.max_position_embeddings = 400, 128

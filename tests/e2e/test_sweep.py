@@ -11,8 +11,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from support import ROOT, run_python, wandb_records
 
+from theseus.cli.sweep import RESULT, Job, SweepSummary, error_line, swept
 from theseus.config.compose import compose
-from theseus.sweep import RESULT, Job, SweepSummary, error_line, swept
 
 pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 

@@ -99,7 +99,7 @@ def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
     base = json.loads((llama_folder / "config.json").read_text())
     assert {key: config[key] for key in base} == base  # every field of the base's config.json kept
 
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     restored = load_trained(run)
     model, params, tokenizer = restored.model, restored.params, restored.tokenizer
@@ -140,7 +140,7 @@ def test_a_native_run_exports_as_gpt2_without_its_vocabulary_padding(tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert (config["model_type"], config["vocab_size"], config["n_positions"]) == ("gpt2", 300, 64)
 
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     restored = load_trained(run)
     model, params, tokenizer = restored.model, restored.params, restored.tokenizer

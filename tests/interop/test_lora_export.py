@@ -17,15 +17,15 @@ from interop.test_cli import train_args
 from safetensors.numpy import load_file
 from support import run_python
 
+from theseus.cli.export import export_adapter
 from theseus.config import ConfigError, configuration, configure
-from theseus.export import export_adapter
-from theseus.model.source import parse_source
 from theseus.interop.expressible import check_expressible
 from theseus.interop.hf_config import arch_of, read_config
 from theseus.interop.hf_weights import save, to_hf
 from theseus.interop.loading import load_params
 from theseus.interop.peft_adapter import adapter_config, adapter_tensors, save_adapter
 from theseus.model.lora import LoRA, merged, settings_of, without_adapters
+from theseus.model.source import parse_source
 
 peft = pytest.importorskip("peft")
 

@@ -17,7 +17,7 @@ from synthetic_runs import LRS, SEEDS, age, final_val_loss, write_run, write_swe
 
 from theseus.report.data import document
 from theseus.report.page import ReportError, render
-from theseus.training.records import load
+from theseus.report.records import load
 
 DATA = re.compile(r"window\.THESEUS = \{data: (.*), live: (true|false)\};</script>")
 

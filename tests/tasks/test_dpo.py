@@ -81,7 +81,7 @@ def trl_numbers(project: Path, kind: str, loss_type: str, beta: float, smoothing
 
 def theseus_numbers(project: Path, kind: str, *overrides: str) -> dict[str, float]:
     """What ``python -m theseus.evaluate policy task=dpo ...`` records, run in this process."""
-    from theseus.evaluate import run_evaluations
+    from theseus.cli.evaluate import run_evaluations
     from theseus.model.source import parse_source
 
     record = run_evaluations(parse_source(project / "policy", key=None), None, ["task=dpo", "data.source=jsonl",

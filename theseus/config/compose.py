@@ -102,7 +102,7 @@ def choices(overrides: Sequence[str]) -> dict[str, str]:
     return registry.choices_of(_hydra(picks))
 
 
-JOB_NAME = "run"  # hydra.job.name, as Hydra names a job of theseus/run.py (its log: run.log)
+JOB_NAME = "run"  # hydra.job.name, as Hydra names a job of theseus/cli/run.py (its log: run.log)
 
 
 def conf_dir() -> Path:

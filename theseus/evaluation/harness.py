@@ -34,13 +34,13 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from theseus.base.axis import BATCH_MESH_AXES
-from theseus.base.native_output import native_lines_filtered
 from theseus.base.mesh import on_devices
+from theseus.base.native_output import native_lines_filtered
 from theseus.config import ConfigError
 from theseus.data.tokenizer import Tokenizer
+from theseus.evaluation.multiple_choice import encode_text, log_likelihoods
 from theseus.model.generate import complete
 from theseus.model.sampling import Sampling
-from theseus.tasks.multiple_choice import encode_text, log_likelihoods
 
 try:
     from lm_eval import simple_evaluate

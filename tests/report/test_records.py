@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from theseus.training.records import Run, parse_override
+from theseus.report.records import RunRecord
+from theseus.training.run_files import parse_override
 
 
 @pytest.mark.parametrize("override, parsed", [
@@ -31,6 +32,6 @@ def test_a_runs_params_come_from_its_recorded_overrides(tmp_path):
     OmegaConf.save(["+experiment=gpt_tiny", "trainer.dry_run=false", "optimizer.lr=3e-4", "~trainer.seed"],
                    tmp_path / ".hydra" / "overrides.yaml")
     (tmp_path / "metrics.jsonl").write_text('{"step": 6, "loss": 2.5}\n{"step": 6, "val')  # the last line cut short
-    run = Run.load(tmp_path)
+    run = RunRecord.load(tmp_path)
     assert run.params == {"experiment": "gpt_tiny", "trainer.dry_run": False, "optimizer.lr": 3e-4}
     assert run.tokens_per_step == 32 and run.series("loss") == ([6], [2.5]) and run.last("val_loss") is None

@@ -75,7 +75,7 @@ class Conversation:
 
     @classmethod
     def of(cls, trained: Any, **kwargs) -> Conversation:
-        """A conversation with a trained model (``theseus.trained.Trained``) by its run's chat
+        """A conversation with a trained model (``theseus.cli.trained.Trained``) by its run's chat
         template (``data.chat_template``, the tokenizer's, or theseus's default for byte)."""
         with configuration(trained.cfg):
             data = configure(DataConfig)

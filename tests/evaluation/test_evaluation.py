@@ -15,12 +15,12 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from support import ROOT, read_params, run_python
+from theseus.cli.trained import load_trained
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
-from theseus.trained import load_trained
-from theseus.tasks.evaluation import EvaluationConfig, evaluate, load_evaluations
+from theseus.evaluation.evaluations import EvaluationConfig, evaluate, load_evaluations
 from theseus.recipe import assemble
 
 STEPS = 12

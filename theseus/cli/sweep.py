@@ -34,13 +34,13 @@ from rich.console import Console
 from rich.table import Table
 
 from theseus.config import PLANNING, ConfigError, keys_with
+from theseus.report.records import SUMMARY_METRICS, Job, RunRecord, collect, fmt, label, rows, swept
+from theseus.report.seeds import LEVEL, Group, seed_groups, seed_keys
 from theseus.training.commands import runs_elsewhere
 from theseus.training.config import TrainerConfig
 from theseus.training.console import TRANSCRIPT, console_off
 from theseus.training.metrics import format_duration
-from theseus.training.records import (RESULT, SUMMARY_METRICS, Job, Run, collect, error_line, fmt, label, rows,
-                                      swept)
-from theseus.training.seeds import LEVEL, Group, seed_groups, seed_keys
+from theseus.training.run_files import RESULT, error_line
 
 
 def write(sweep_dir: Path, jobs: Sequence[Job]) -> None:
@@ -150,7 +150,7 @@ def finished(run_dir: Path) -> str:
     """``step 20/20, val_loss 3.6566, 20,366 tokens/s, MFU 8.12%``: a finished job's end, as its
     run directory recorded it (``done`` where it recorded none: a job of its own, a damaged record)."""
     try:
-        run = Run.load(run_dir)
+        run = RunRecord.load(run_dir)
     except (ConfigError, OSError):
         return "done"
     shown = {"val_loss": "val_loss {}", "tokens_per_s": "{} tokens/s", "mfu": "MFU {}"}

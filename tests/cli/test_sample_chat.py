@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from theseus.cli.conversation import Conversation
 from theseus.config import configuration, configure
-from theseus.conversation import Conversation
 from theseus.data.chat import ChatTemplate
 from theseus.data.chat_corpus import chat_tokenizer
 from theseus.data.config import DataConfig

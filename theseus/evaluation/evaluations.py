@@ -33,7 +33,7 @@ from theseus.config import ConfigError, Configurable, field
 from theseus.data.dataset import Dataset
 from theseus.data.mixture import Mixture
 from theseus.data.tokenizer import Tokenizer
-from theseus.tasks.multiple_choice import Examples, accuracy, load_examples, log_likelihoods, per_example, score
+from theseus.evaluation.multiple_choice import Examples, accuracy, load_examples, log_likelihoods, per_example, score
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +107,7 @@ def load_evaluations(settings: EvaluationConfig, data: Dataset | Mixture, model:
     vocab_size = model.vocab_size if imported else data.tokenizer.vocab_size
     manager = None
     if settings.lm_eval:
-        from theseus.tasks import harness  # lm-eval is optional: ConfigError saying what to install
+        from theseus.evaluation import harness  # lm-eval is optional: ConfigError saying what to install
 
         include = settings.lm_eval_include and os.path.expanduser(settings.lm_eval_include)
         manager = harness.task_manager(list(settings.lm_eval), include)
@@ -164,7 +164,7 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metri
             evaluations.samples[name] = per_example(scores, examples)
             metrics.update({f"eval/{name}/{key}": value for key, value in accuracy(scores, examples).items()})
     if evaluations.harness is not None:
-        from theseus.tasks import harness
+        from theseus.evaluation import harness
 
         settings = evaluations.harness
         lm = harness.HarnessLM(evaluations.model, params, evaluations.tokenizer, sharding.mesh, rules, batch_size,

@@ -10,24 +10,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tasks.harness_fixtures import MC, write_tasks
+from evaluation.harness_fixtures import MC, write_tasks
 from jax.sharding import NamedSharding, PartitionSpec
 
 from theseus.base.mesh import MeshConfig, make_mesh
 from theseus.config import configuration, configure
 from theseus.data.tokenizer import ByteTokenizer, HFTokenizer, export_tokenizer
+from theseus.evaluation.multiple_choice import accuracy, load_examples, log_likelihoods, score
 from theseus.interop.hf_config import arch_of
 from theseus.interop.loading import load_params
 from theseus.model.generate import generate
 from theseus.model.models.gpt import GPT
-from theseus.tasks.multiple_choice import accuracy, load_examples, log_likelihoods, score
 
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate")  # lm-eval's hf model needs it
 from interop.hf_models import (CORPUS, gpt2_config, llama_config, save_hf, target_of,  # noqa: E402
                                theseus_model, transformers)
 
-from theseus.tasks.harness import HarnessLM, run_tasks, task_manager  # noqa: E402
+from theseus.evaluation.harness import HarnessLM, run_tasks, task_manager  # noqa: E402
 
 TASKS = ["theseus_mc", "theseus_ppl", "theseus_gen", "theseus_ll"]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from data.chat_folders import chatml_folder
 
-from theseus.conversation import Conversation, TextStream
+from theseus.cli.conversation import Conversation, TextStream
+from theseus.cli.sample import converse
 from theseus.data.tokenizer import ByteTokenizer
 from theseus.model.sampling import Sampling
-from theseus.sample import converse
 
 SYSTEM = "You are terse."
 # each message of a conversation, "/reset" starting over (the system message stays)
@@ -68,7 +68,7 @@ def expected(folder) -> list[tuple[list[int], list[int], str]]:
 
 @pytest.fixture(scope="module")
 def chat(folder) -> Conversation:
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     return Conversation.of(load_trained(folder), system=SYSTEM, sampling=Sampling(0.0), max_new_tokens=MAX_NEW)
 
