@@ -79,8 +79,11 @@ class Run:
 
     @property
     def step(self) -> int:
-        """The last logged step (0 before the first log)."""
-        return max((row["step"] for row in self.metrics if "step" in row), default=0)
+        """The step it reached: the last logged one, or its last checkpoint's where that is later
+        (a run stopped by Ctrl-C saves the step it was on; its last log may be before it). 0
+        before either."""
+        logged = max((row["step"] for row in self.metrics if "step" in row), default=0)
+        return max([logged, *checkpoint_steps(self.path)])
 
     @property
     def max_steps(self) -> int | None:
@@ -218,10 +221,16 @@ def record_failure(run_dir: Path, exc: BaseException) -> None:
     (run_dir / RESULT).write_text(json.dumps({"status": "failed", "error": error_line(exc)}) + "\n")
 
 
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """The steps of the checkpoints ``run_dir`` holds (``checkpoints/STEP``; a save in progress
+    has another name until it is complete)."""
+    checkpoints = run_dir / "checkpoints"
+    return [int(path.name) for path in checkpoints.iterdir() if path.name.isdigit()] if checkpoints.is_dir() else []
+
+
 def resumable(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a checkpoint to resume from (``checkpoints/STEP``)."""
-    checkpoints = run_dir / "checkpoints"
-    return checkpoints.is_dir() and any(path.name.isdigit() for path in checkpoints.iterdir())
+    return bool(checkpoint_steps(run_dir))
 
 
 def is_run(path: Path) -> bool:
