@@ -186,10 +186,10 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
         return jobs
     write(sweep_dir, jobs)
     summary, seeds = table(jobs), group_table(jobs)
-    tables = [summary, *([seeds] if isinstance(seeds, Table) else [])]
-    console = console_for(*tables)
-    for item in tables:
-        console.print(item, markup=False, highlight=False)
+    console = console_for(summary, *([seeds] if isinstance(seeds, Table) else []))
+    console.print(summary)
+    if isinstance(seeds, Table):
+        console.print(seeds, markup=False, highlight=False)
     lines = [(seeds, None)] if isinstance(seeds, str) else []
     lines += [(f"job {job.name} {job.status}: {job.error}", "red") for job in jobs if job.error]
     lines += [(f"summary: {sweep_dir / 'summary.csv'}, {sweep_dir / 'summary.json'}", None)]

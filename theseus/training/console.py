@@ -93,9 +93,10 @@ class RunConsole:
 
 def console_for(*shown: RenderableType) -> Console:
     """A console on stdout for ``shown`` (tables): the terminal's; off one (a log, a pipe, where
-    rich assumes 80 columns), as wide as the widest of them, so that no column or name is cut."""
+    rich assumes 80 columns, FORCE_COLOR or not), as wide as the widest of them, so that no column
+    or name is cut."""
     console = Console()
-    if console.is_terminal:
+    if console.file.isatty():
         return console
     unbounded = Console(file=io.StringIO(), width=100_000)
     return Console(width=max(unbounded.measure(item).maximum for item in shown))
