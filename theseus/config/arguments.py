@@ -25,10 +25,10 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"theseus: error: {message} (usage: {self.prog} --help)\n")
 
-    def parse_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 (argparse's own signature)
+    def parse_args(self, args=None, namespace=None):  # argparse's signatures; unknown arguments refused here
         return self._known(*self.parse_known_args(args, namespace))
 
-    def parse_intermixed_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201
+    def parse_intermixed_args(self, args=None, namespace=None):
         return self._known(*self.parse_known_intermixed_args(args, namespace))
 
     def _known(self, namespace: argparse.Namespace, unknown: Sequence[str]) -> argparse.Namespace:
