@@ -130,9 +130,12 @@ def test_sweep_runs_each_point_and_summarises(sweep):
 
 def test_a_sweep_off_a_terminal_shows_a_line_per_job_and_its_summary(swept):
     """Piped, each job's banner, progress, tables and next commands go to its run.log alone; the
-    console has Hydra's launch line, one line per job (its overrides and how it ended), the summary."""
+    console has the sweep's first line (where its jobs go; not Hydra's launch lines), one line per
+    job (its overrides and how it ended), the summary."""
     sweep, proc = swept
     shown = (proc.stdout + proc.stderr).splitlines()
+    assert f"sweep into {sweep}: a line per job as it ends, each job's whole console in its run.log" in shown
+    assert not any("Launching" in line for line in shown), shown
     jobs = [line for line in shown if line.startswith("#")]
     assert len(jobs) == 2 and "theseus run" not in proc.stderr and "next:" not in proc.stderr, shown
     for job, (lr, row) in enumerate(zip(("0.001", "0.003"), csv.DictReader((sweep / "summary.csv").open()))):
@@ -142,7 +145,7 @@ def test_a_sweep_off_a_terminal_shows_a_line_per_job_and_its_summary(swept):
         log = (sweep / str(job) / "run.log").read_text()
         assert "theseus: compiling" in log and "step 15/20 " in log and "next:" in log
     assert any(line.startswith("sweep: 2 jobs, 0 failed") for line in shown)
-    assert len(shown) < 20, shown  # Hydra's line, the jobs', the summary table and its files
+    assert len(shown) < 20, shown  # the sweep's line, the jobs', the summary table and its files
 
 
 def test_each_run_logs_every_metric_and_an_offline_wandb_run(sweep):

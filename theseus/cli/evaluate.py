@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(record, indent=2) + "\n")
     if samples:
         out.with_suffix(".jsonl").write_text("".join(json.dumps(sample) + "\n" for sample in samples))
+    print(f"wrote {out}" + (f" (each example's scores: {out.with_suffix('.jsonl')})" if samples else ""))
     if harness_results is not None and args.out is not None:  # lm-eval writes only where it is told to
         from theseus.evaluation import harness
 

@@ -127,7 +127,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = Parser(prog="python -m theseus.launch", description=__doc__.splitlines()[0].strip("`"))
+    parser = Parser(prog="python -m theseus.launch", description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=POSITIVE_INT, required=True, help="processes to start (simulated hosts)")
     parser.add_argument("--devices-per-process", type=POSITIVE_INT, default=None,
                         help="simulated CPU devices per process (sets XLA_FLAGS and JAX_PLATFORMS=cpu)")

@@ -26,7 +26,7 @@ from omegaconf import ListConfig, OmegaConf
 from theseus.config.registry import RECORD
 from theseus.config.schema import flatten
 from theseus.config.yaml_file import load_yaml
-from theseus.training.run_files import RESULT, SAMPLES, WANDB_ID, parse_override, resumable
+from theseus.training.run_files import RESULT, SAMPLES, WANDB_ID, checkpoint_steps, parse_override, resumable
 
 METRICS = "metrics.jsonl"
 SUMMARY_METRICS = ("val_loss", "tokens_per_s", "mfu")  # a job's final values in the sweep summary
@@ -76,8 +76,11 @@ class RunRecord:
 
     @property
     def step(self) -> int:
-        """The last logged step (0 before the first log)."""
-        return max((row["step"] for row in self.metrics if "step" in row), default=0)
+        """The step it reached: the last logged one, or its last checkpoint's where that is later
+        (a run stopped by Ctrl-C saves the step it was on; its last log may be before it). 0
+        before either."""
+        logged = max((row["step"] for row in self.metrics if "step" in row), default=0)
+        return max([logged, *checkpoint_steps(self.path)])
 
     @property
     def max_steps(self) -> int | None:

@@ -48,7 +48,13 @@ def record_failure(run_dir: Path, exc: BaseException) -> None:
     (run_dir / RESULT).write_text(json.dumps({"status": "failed", "error": error_line(exc)}) + "\n")
 
 
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """The steps of the checkpoints ``run_dir`` holds (``checkpoints/STEP``; a save in progress
+    has another name until it is complete)."""
+    checkpoints = run_dir / "checkpoints"
+    return [int(path.name) for path in checkpoints.iterdir() if path.name.isdigit()] if checkpoints.is_dir() else []
+
+
 def resumable(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a checkpoint to resume from (``checkpoints/STEP``)."""
-    checkpoints = run_dir / "checkpoints"
-    return checkpoints.is_dir() and any(path.name.isdigit() for path in checkpoints.iterdir())
+    return bool(checkpoint_steps(run_dir))
