@@ -47,6 +47,8 @@ CASES = [
     case("sample_no_path", "theseus.sample", [], "the following arguments are required: path"),
     case("sample_path_missing", "theseus.sample", ["nowhere"], "nowhere is no local path",
          "not in the Hugging Face cache", "give a Hugging Face folder, a theseus run or checkpoint"),
+    case("sample_run_from_another_folder", "theseus.sample", ["outputs/tiny"],
+         "outputs/tiny does not exist (no folder ", "/outputs/tiny, and no model outputs/tiny in the Hugging Face cache"),  # before: hf download outputs/tiny
     case("sample_negative_temperature", "theseus.sample", ["run", "--temperature", "-1"], "--temperature",
          "must be 0 or more, got '-1'"),
     case("sample_temperature_text", "theseus.sample", ["run", "--temperature", "hot"], "--temperature", "'hot'"),
