@@ -142,7 +142,8 @@ CASES = [
     case("moe_key_on_a_dense_model", "theseus.run", [*RUN, "architecture.moe.every=2"],
          "architecture.moe is a key of model=moe", "choose model=moe or drop the key"),
     case("expert_axis_beyond_the_devices", "theseus.run", [*RUN, "model=moe", "mesh.expert=4"], "expert=4",
-         "does not divide the 2 devices", "fix mesh.*"),
+         "does not divide the 2 devices", "fix mesh.*", "or set mesh.cpu_devices=4: on a CPU, it sets how many "
+         "devices there are"),
     case("lm_eval_include_missing", "theseus.run", [*RUN, "evaluation.lm_eval=[mytask]",
                                                     "evaluation.lm_eval_include=tasks_nowhere"], "tasks_nowhere"),
     case("lm_eval_fewshot_negative", "theseus.run", [*RUN, "evaluation.lm_eval=[mytask]",
