@@ -13,10 +13,12 @@ from __future__ import annotations
 import importlib
 
 from theseus.base import command_exit  # noqa: F401 (first: its exit handler then runs after every other)
+from theseus.base.dependencies import require_dependencies
 from theseus.base.host_allocator import restart_with_huge_pages
 from theseus.base.native_output import quiet_cuda_plugin
 from theseus.base.platforms import cpu_only_platforms
 
+require_dependencies()  # a Python without them (the environment not active): one line, exit 2, no traceback
 # Every entry point imports this first: before anything imports jax, the plan extra's plugins say nothing
 # on a machine without their hardware (no CUDA driver lines; no CUDA or TPU backend started on a CPU host)
 quiet_cuda_plugin()
