@@ -26,10 +26,13 @@ from __future__ import annotations
 import importlib
 
 from theseus.cli import command_exit  # noqa: F401 (first: its exit handler then runs after every other)
+from theseus.base.dependencies import require_dependencies
 from theseus.base.host_allocator import restart_with_huge_pages
 from theseus.base.native_output import quiet_cuda_plugin
 from theseus.base.platforms import cpu_only_platforms
 
+# These imports are the standard library's alone: what follows runs before anything heavy is imported.
+require_dependencies()  # a Python without them (the environment not active): one line, exit 2, no traceback
 # Before anything imports jax: the plan extra's plugins say nothing on a machine without their hardware
 quiet_cuda_plugin()
 cpu_only_platforms()

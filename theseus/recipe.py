@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from theseus.base.axis import BATCH_MESH_AXES
 from theseus.base.compile_oom import oom_verdict
-from theseus.base.mesh import auto_cpu_devices, make_mesh, use_cpu_devices
+from theseus.base.mesh import auto_cpu_devices, make_mesh, sizable, use_cpu_devices
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import with_values
 from theseus.config.registry import chosen
@@ -76,8 +76,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
                           f"run it with python -m theseus.run")
     target = _target(settings)
     devices = target.devices if target else _local_devices(settings, auto=tokenizer is None)
-    _check_batch(settings, settings.mesh.shape(len(devices)), target.process_count if target else jax.process_count(),
-                 task)
+    _check_batch(settings, settings.mesh.shape(len(devices), sizable(devices)),
+                 target.process_count if target else jax.process_count(), task)
     declared_vocab = check_model(cfg)  # the model's own checks, before the data (which can take minutes)
 
     dataset = None if target or tokenizer else task.dataset(settings.data)

@@ -31,6 +31,13 @@ def test_round_trip(tmp_path, kind):
     assert [a.tolist() for a in tokenizer.encode_batch(CORPUS)] == [tokenizer.encode(t) for t in CORPUS]
 
 
+@pytest.mark.parametrize("kind", ["byte", "bpe", "json"])
+def test_printable_text_escapes_what_a_terminal_acts_on(tmp_path, kind):
+    tokenizer = tokenizers(tmp_path)[kind]
+    assert tokenizer.printable(tokenizer.encode(TEXT)) == TEXT  # tab, newline, any character as they are
+    assert tokenizer.printable(tokenizer.encode("a\x1b[31mb\x00\r\x7f\x9b")) == "a\\x1b[31mb\\x00\\x0d\\x7f\\x9b"
+
+
 @pytest.mark.parametrize("kind", ["byte", "char", "bpe", "char_eot"])
 def test_saved_tokenizer_encodes_alike(tmp_path, kind):
     tokenizer = tokenizers(tmp_path)[kind]

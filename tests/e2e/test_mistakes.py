@@ -47,6 +47,8 @@ CASES = [
     case("sample_no_path", "theseus.sample", [], "the following arguments are required: path"),
     case("sample_path_missing", "theseus.sample", ["nowhere"], "nowhere is no local path",
          "not in the Hugging Face cache", "give a Hugging Face folder, a theseus run or checkpoint"),
+    case("sample_run_from_another_folder", "theseus.sample", ["outputs/tiny"],
+         "outputs/tiny does not exist (no folder ", "/outputs/tiny, and no model outputs/tiny in the Hugging Face cache"),  # before: hf download outputs/tiny
     case("sample_negative_temperature", "theseus.sample", ["run", "--temperature", "-1"], "--temperature",
          "must be 0 or more, got '-1'"),
     case("sample_temperature_text", "theseus.sample", ["run", "--temperature", "hot"], "--temperature", "'hot'"),
@@ -143,7 +145,8 @@ CASES = [
     case("moe_key_on_a_dense_model", "theseus.run", [*RUN, "architecture.moe.every=2"],
          "architecture.moe is a key of model=moe", "choose model=moe or drop the key"),
     case("expert_axis_beyond_the_devices", "theseus.run", [*RUN, "model=moe", "mesh.expert=4"], "expert=4",
-         "does not divide the 2 devices", "fix mesh.*"),
+         "does not divide the 2 devices", "fix mesh.*", "or set mesh.cpu_devices=4: on a CPU, it sets how many "
+         "devices there are"),
     case("lm_eval_include_missing", "theseus.run", [*RUN, "evaluation.lm_eval=[mytask]",
                                                     "evaluation.lm_eval_include=tasks_nowhere"], "tasks_nowhere"),
     case("lm_eval_fewshot_negative", "theseus.run", [*RUN, "evaluation.lm_eval=[mytask]",

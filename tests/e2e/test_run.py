@@ -13,10 +13,13 @@ from omegaconf import OmegaConf, open_dict
 
 from support import ROOT, run_python
 
+from theseus.base.processor import processor, running
+
 pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
 METRICS = ("loss", "lr", "grad_norm", "step_time", "tokens_per_s", "flops_per_s", "mfu", "data_wait")
+HOST = processor()
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +147,8 @@ def test_a_sweep_off_a_terminal_shows_a_line_per_job_and_its_summary(swept):
         assert f": step 20/20, val_loss {float(row['val_loss']):.4f}, " in jobs[job]
         log = (sweep / str(job) / "run.log").read_text()
         assert "theseus: compiling" in log and "step 15/20 " in log and "next:" in log
+        if HOST is not None and HOST.peak("float32"):  # the start table says which clock the CPU's peak takes
+            assert f" GHz ({running(HOST).clock}) x " in log, log
     assert any(line.startswith("sweep: 2 jobs, 0 failed") for line in shown)
     assert len(shown) < 20, shown  # the sweep's line, the jobs', the summary table and its files
 

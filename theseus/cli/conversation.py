@@ -33,7 +33,8 @@ from theseus.model.sampling import Sampling
 class TextStream:
     """The text of a growing list of token ids, handed out as it becomes final: the ids decoded
     whole each time, the text held back while it ends in an unfinished character (U+FFFD, a
-    multi-byte character's first bytes), so that every piece is whole characters."""
+    multi-byte character's first bytes), so that every piece is whole characters; as a terminal may
+    show it (``Tokenizer.printable``: control characters and bytes that are no character's as ``\\xNN``)."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
@@ -43,12 +44,11 @@ class TextStream:
     def add(self, ids: Sequence[int]) -> str:
         """The text that ``ids`` complete (empty while a character is unfinished)."""
         self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids)
-        return "" if text.endswith("\ufffd") else self._new(text)
+        return "" if self.tokenizer.decode(self.ids).endswith("\ufffd") else self.close()
 
     def close(self) -> str:
-        """The text not handed out yet (an unfinished character's replacement included)."""
-        return self._new(self.tokenizer.decode(self.ids))
+        """The text not handed out yet (an unfinished character's bytes included)."""
+        return self._new(self.tokenizer.printable(self.ids))
 
     def _new(self, text: str) -> str:
         new, self.shown = text[len(self.shown):], text
@@ -97,7 +97,8 @@ class Conversation:
 
     def say(self, message: str, on_text: Callable[[str], None] | None = None) -> Reply:
         """The model's reply to a user's ``message``, which joins the history with it;
-        ``on_text`` receives the reply's text as it is made (whole characters at a time)."""
+        ``on_text`` receives the reply's text as it is made (whole characters at a time, printable:
+        ``TextStream``)."""
         prompt = self.prompt(message)
         stream = TextStream(self.tokenizer)
 

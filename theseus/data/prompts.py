@@ -88,6 +88,11 @@ class Prompts:
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
+    @property
+    def conversational(self) -> bool:
+        """Whether the prompts are messages (every row's kind is the same), not strings."""
+        return not isinstance(self.rows[0][PROMPT], str)
+
     def n_tokens(self, split: str) -> int:
         """The prompts' tokens in ``split``."""
         return sum(len(self.ids[i]) for i in self.split[split])

@@ -252,10 +252,13 @@ def fmt(column: str, value: Any) -> str:
 
 
 def run_paths(path: Path) -> list[Path]:
-    """The run directories at ``path``: itself, a sweep's jobs, or every run below it (``outputs/``)."""
+    """The run directories at ``path``: itself, or a sweep's jobs in job order then every other run
+    below it (``outputs/``: its named runs, ``outputs/tiny``, and Hydra's ``outputs/DATE/TIME``)."""
     if is_run(path):
         return [path]
-    return job_dirs(path) or sorted(config.parent.parent for config in path.rglob(".hydra/config.yaml"))
+    jobs = job_dirs(path)
+    below = sorted(config.parent.parent for config in path.rglob(".hydra/config.yaml"))
+    return jobs + [run for run in below if run not in set(jobs)]
 
 
 @dataclasses.dataclass(frozen=True)

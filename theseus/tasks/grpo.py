@@ -242,6 +242,10 @@ class GroupRelativePolicyOptimization(LossTask):
     def tokenizer(self, data: DataConfig) -> Tokenizer:
         return prompt_tokenizer(data)
 
+    def chats(self, dataset: Prompts) -> bool:
+        """Whether the prompts are conversations (messages, rendered by the chat template), not strings."""
+        return dataset.conversational
+
     def chat_template(self, data: DataConfig) -> ChatTemplate | None:
         """The template conversational prompts are rendered with (``ChatTemplate.find``), which an
         export writes and ``theseus.sample --chat`` uses; None when there is none (string prompts

@@ -109,6 +109,10 @@ class LossTask(Task):
         ``tokenizer``, ``vocab_size`` and ``bytes_per_token``."""
         return open_dataset(data)
 
+    def chats(self, dataset: Any) -> bool:
+        """Whether the run trains a chat model on ``dataset`` (its summary samples it with --chat): ``CHAT``."""
+        return self.CHAT
+
     def check_model(self, model: nn.Module) -> None:
         """ConfigError for a model this task cannot train, before the data is prepared (a
         model configured with a stand-in vocabulary, unbound). None by default."""
