@@ -3,7 +3,7 @@ and compile times, each configuration built, measured and freed before the next 
 holds one at a time), the planner's prediction of the same compiled step beside each.
 
     python benchmarks/accelerator.py                               # every section
-    python benchmarks/accelerator.py --sections train --models gpt2_124m --batches 16 24
+    python benchmarks/accelerator.py --sections train --models gpt2_124m --batches 24 32
 
 Sections: ``train`` (each model's step: median of ``--rounds`` windows, tokens/s, MFU by
 theseus's count and by 6N + 12·L·d·T, XLA's bytes and temporaries, the roofline's prediction
@@ -174,7 +174,7 @@ def main() -> None:
                         choices=["train", "generate", "checkpoint", "build"])
     parser.add_argument("--models", nargs="+", default=["gpt_small", "gpt2_124m", "llama_small", "smollm2_135m",
                                                         "smollm2_135m_lora"], choices=list(MODELS))
-    parser.add_argument("--batches", type=int, nargs="*", default=[], help="also gpt2_124m at these batch sizes")
+    parser.add_argument("--batches", type=int, nargs="*", default=[], help="also the first model at these batch sizes")
     parser.add_argument("--set", nargs="*", default=[], help="overrides added to every model (e.g. a kernel's key)")
     parser.add_argument("--rounds", type=int, default=5, help="timed windows (calls) per measurement")
     parser.add_argument("--build-once", help=argparse.SUPPRESS)
@@ -185,8 +185,8 @@ def main() -> None:
     device = jax.devices()[0].device_kind
     results: dict = {"device": device, "set": args.set}
     cases = {name: [*MODELS[name], *args.set] for name in args.models}
-    cases.update({f"gpt2_124m batch {b}": [*MODELS["gpt2_124m"], f"trainer.batch_size={b}", *args.set]
-                  for b in args.batches})
+    first = args.models[0]
+    cases.update({f"{first} batch {b}": [*MODELS[first], f"trainer.batch_size={b}", *args.set] for b in args.batches})
     if "train" in args.sections:
         results["train"] = {}
         for name, overrides in cases.items():

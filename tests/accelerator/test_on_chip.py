@@ -49,7 +49,7 @@ def test_the_main_job_runs_as_typed_and_a_checkpoint_costs_the_steps_around_it_n
 
 def test_a_resumed_run_continues_bitwise(tmp_path):
     tiny = ["-m", "theseus.run", "+experiment=gpt_tiny", "trainer.log_every=5", "trainer.eval_every=0",
-            "logger.mode=disabled"]
+            "optimizer.schedule=constant", "logger.mode=disabled"]  # a constant rate: a run extends in place
     on_chip(*tiny, "trainer.max_steps=30", "hydra.run.dir=straight", cwd=tmp_path)
     on_chip(*tiny, "trainer.max_steps=15", "hydra.run.dir=resumed", cwd=tmp_path)
     on_chip(*tiny, "trainer.max_steps=30", "hydra.run.dir=resumed", cwd=tmp_path)  # resume=auto: from step 15
@@ -79,7 +79,7 @@ def test_every_task_samples_evaluates_and_exports(tmp_path):
     on_chip("-m", "theseus.evaluate", "sft", cwd=tmp_path)
     on_chip("-m", "theseus.export", "sft", "sft-hf", cwd=tmp_path)
     assert (tmp_path / "sft-hf" / "model.safetensors").is_file()
-    on_chip(*run, "+experiment=sft_tiny", "trainer.init_from=sft", "architecture.lora.rank=4", "trainer.max_steps=10",
+    on_chip(*run, "+experiment=sft_tiny", "trainer.init_from=sft-hf", "architecture.lora.rank=4", "trainer.max_steps=10",
             "hydra.run.dir=lora", cwd=tmp_path)
     on_chip("-m", "theseus.export", "lora", "lora-adapter", "--adapter", cwd=tmp_path)
     assert (tmp_path / "lora-adapter" / "adapter_model.safetensors").is_file()
