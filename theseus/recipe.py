@@ -70,7 +70,7 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     composed, derived = cfg, init_from_values(cfg, source)  # its architecture and tokenizer
     cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
     settings, task, evaluation, logging = configure_parts(cfg)
-    init_from.check_asked(settings.trainer, source)
+    init_from.check_asked(settings.trainer, source, cfg)
     if not isinstance(task, LossTask):
         raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
                           f"run it with python -m theseus.run")

@@ -141,3 +141,26 @@ def test_a_run_from_a_folder_passes_the_folders_architecture_and_tokenizer_on(ll
     ours, folders = resolved(run), resolved(llama_folder, "architecture.seq_len=16")
     assert OmegaConf.to_container(ours.architecture) == OmegaConf.to_container(folders.architecture)
     assert ours.data.tokenizer == str(llama_folder / "tokenizer.json")
+
+
+def test_a_data_position_is_taken_from_a_run_of_the_same_data_only(tmp_path):
+    """trainer.init_data reads on where the run stopped in its data: with other data.* (those a
+    resume may not change) the position means nothing there (accepted silently before)."""
+    from theseus.training import init_from
+    from theseus.training.settings import configure_settings
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    OmegaConf.save(compose(["+experiment=gpt_tiny", "data.source=text", "data.path=a.txt"]), run / ".hydra" / "config.yaml")
+    (run / "checkpoints" / "5").mkdir(parents=True)
+
+    def check(*overrides: str) -> None:
+        cfg = resolved(run, "+experiment=gpt_tiny", "data.source=text", "trainer.init_data=true", *overrides)
+        init_from.check_asked(configure_settings(cfg).trainer, init_source(cfg), cfg)
+
+    check("data.path=a.txt", "data.cache_dir=elsewhere", "optimizer.lr=1e-4")  # the same data, cached elsewhere
+    with pytest.raises(ConfigError) as err:
+        check("data.path=b.txt", "data.seed=3")
+    assert str(err.value) == (f"trainer.init_data=true reads on where trainer.init_from={run} stopped in its data, but "
+                              f"this run's data differs (data.path: 'a.txt' -> 'b.txt', data.seed: 0 -> 3): a position "
+                              f"in other data means nothing; give the run's data.* or drop trainer.init_data")
