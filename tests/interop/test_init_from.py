@@ -151,7 +151,8 @@ def test_a_data_position_is_taken_from_a_run_of_the_same_data_only(tmp_path):
 
     run = tmp_path / "run"
     (run / ".hydra").mkdir(parents=True)
-    OmegaConf.save(compose(["+experiment=gpt_tiny", "data.source=text", "data.path=a.txt"]), run / ".hydra" / "config.yaml")
+    OmegaConf.save(compose(["+experiment=gpt_tiny", "data.source=text", "data.path=a.txt"]),
+                   run / ".hydra" / "config.yaml")
     (run / "checkpoints" / "5").mkdir(parents=True)
 
     def check(*overrides: str) -> None:
