@@ -122,12 +122,38 @@ def init_from_problem(source: str, saved_optimizer: str | None, optimizer: str, 
     if fresh and init_optimizer:
         return (f"trainer.init_from={source} has no LoRA adapter {fresh[0]}, nor optimizer state for it: drop "
                 f"trainer.init_optimizer")
-    for name, shape in params.items():
-        if saved_params.get(name) != shape and name not in fresh:
-            held = "does not exist there" if name not in saved_params else f"is {saved_params[name]} there"
-            return (f"trainer.init_from={source}: parameter {name} is {shape} in this run but {held}: "
-                    f"start from a run of the same architecture (or drop the architecture.* overrides)")
+    differs = differing_param(saved_params, {name: shape for name, shape in params.items() if name not in fresh})
+    if differs:
+        name, shape, held = differs
+        return (f"trainer.init_from={source}: parameter {name} is {shape} in this run but {held}: "
+                f"start from a run of the same architecture (or drop the architecture.* overrides)")
     return None
+
+
+def differing_param(saved_params: Mapping[str, tuple[int, ...]],
+                    params: Mapping[str, tuple[int, ...]]) -> tuple[str, tuple[int, ...], str] | None:
+    """``(name, shape, how it is there)`` of the first of ``params`` (path -> shape) that
+    ``saved_params`` (a checkpoint's) lacks or holds in another shape; None when each fits."""
+    for name, shape in params.items():
+        if saved_params.get(name) != shape:
+            return name, shape, "does not exist there" if name not in saved_params else f"is {saved_params[name]} there"
+    return None
+
+
+def check_reference(model: nn.Module, source: ModelSource) -> None:
+    """ConfigError when the theseus checkpoint ``source`` (a task's reference: ``dpo.reference``)
+    holds a parameter of ``model`` in another shape, or not at all (LoRA's adapters aside: a
+    reference is their base), before its weights are read (orbax's own error is a traceback)."""
+    if source.kind != "run":
+        return
+    _, layout, _ = _checkpoints(source)
+    params = {name: shape for name, shape in path_shapes(param_shapes(model, model.seq_len)).items()
+              if not lora.is_adapter(name)}
+    differs = differing_param(path_shapes(layout["params"]), params)
+    if differs:
+        name, shape, held = differs
+        raise ConfigError(f"{source}: parameter {name} is {shape} in the policy but {held}: give a reference of the "
+                          f"policy's architecture and vocabulary")
 
 
 def restart_schedule(opt_state: Any) -> Any:
