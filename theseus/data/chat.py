@@ -82,12 +82,13 @@ class ChatTemplate:
                               f"{exc.message}): fix the template") from None
 
     @classmethod
-    def find(cls, tokenizer: str, given: str | None = None) -> ChatTemplate:
-        """The template a run uses: ``given`` (``data.chat_template``, a Jinja file) if set, else
-        the tokenizer's (``own``), else, for theseus's byte, char and bpe tokenizers,
-        ``DEFAULT_TEMPLATE``. ConfigError when there is none or a file does not read."""
+    def find(cls, tokenizer: str, given: str | None = None, key: str = "data.chat_template") -> ChatTemplate:
+        """The template a run uses: ``given`` (``data.chat_template``, or the option ``key``: a
+        Jinja file, or a tokenizer_config.json holding one) if set, else the tokenizer's (``own``),
+        else, for theseus's byte, char and bpe tokenizers, ``DEFAULT_TEMPLATE``. ConfigError when
+        there is none or a file does not read."""
         if given is not None:
-            return cls(_given_source(given), _special_tokens(tokenizer), f"data.chat_template={given}")
+            return cls(_given_source(given, key), _special_tokens(tokenizer), f"{key}={given}")
         own = cls.own(tokenizer)
         if own is not None:
             return own
@@ -185,13 +186,13 @@ class ChatTemplate:
         return int(ids[inside[-1]])
 
 
-def _given_source(given: str) -> str:
-    """The Jinja source ``data.chat_template=given`` names: the file's text, or, for a
-    tokenizer_config.json (a JSON object), its ``chat_template``; ConfigError naming the file when
-    it is missing or such a JSON file holds no template."""
+def _given_source(given: str, key: str) -> str:
+    """The Jinja source ``key=given`` (``data.chat_template=FILE``) names: the file's text, or,
+    for a tokenizer_config.json (a JSON object), its ``chat_template``; ConfigError naming the file
+    when it is missing or such a JSON file holds no template."""
     path = Path(given).expanduser()
     if not path.is_file():
-        raise ConfigError(f"data.chat_template={given} does not exist: give the path of a Jinja chat template")
+        raise ConfigError(f"{key}={given} does not exist: give the path of a Jinja chat template")
     text = path.read_text(encoding="utf-8")
     try:
         settings = json.loads(text)
@@ -199,7 +200,7 @@ def _given_source(given: str) -> str:
         return text  # Jinja
     source = _default_template(settings.get("chat_template")) if isinstance(settings, dict) else None
     if not isinstance(source, str):
-        raise ConfigError(f"data.chat_template={given} is a JSON file without a chat_template (a "
+        raise ConfigError(f"{key}={given} is a JSON file without a chat_template (a "
                           f"{TRANSFORMERS_CONFIG} of a model that is not a chat model?): give a Jinja file, or the "
                           f"{TRANSFORMERS_CONFIG} of a chat model")
     return source
