@@ -86,7 +86,8 @@ def report_end(run: Run, loop: LoopState, console: RunConsole) -> None:
                 if extendable else
                 command_line(("trainer.max_steps=", "hydra.run.dir=", "trainer.init_from="),
                              [f"trainer.init_from={run_dir}", f"hydra.run.dir={run_dir}-more"]))
-        prompt = "--chat" if run.task.CHAT else "--prompt"  # a chat model replies
+        chats = run.task.CHAT and run.task.chat_template(run.settings.data) is not None  # dpo's pairs may be text
+        prompt = "--chat" if chats else "--prompt"  # a chat model replies
         lines += [f"  sample:   python -m theseus.sample {run_dir} {prompt} \"...\"",
                   f"  evaluate: python -m theseus.evaluate {run_dir}"]
         if run.exports:  # a model a Hugging Face config.json expresses
