@@ -90,8 +90,8 @@ class Conversation:
             template = chat_template_of(trained.cfg)
         if template is None:
             run = f"a run of task={chosen(trained.cfg, 'task')}; " if trained.source.kind == "run" else ""
-            raise ConfigError(f"{trained.source} has no chat template ({run}its tokenizer {data.tokenizer} holds none): "
-                              f"give one with --chat-template FILE (a Jinja file, or a chat model's "
+            raise ConfigError(f"{trained.source} has no chat template ({run}its tokenizer {data.tokenizer} holds "
+                              f"none): give one with --chat-template FILE (a Jinja file, or a chat model's "
                               f"tokenizer_config.json), or continue text with --prompt")
         return cls(trained.model, trained.params, trained.tokenizer, template, **kwargs)
 

@@ -8,10 +8,10 @@ number: past the context, each is drawn from the last ``architecture.seq_len``. 
 MESSAGE`` renders MESSAGE as a user's turn (after ``--system TEXT``, if given) by the chat
 template (``--chat-template FILE``, else the model's own: the one its task rendered conversations
 with, or its tokenizer's; a model without one is refused) with its generation prompt, and prints
-the reply, up to the template's end-of-turn token or the tokenizer's end of text. ``--chat`` alone holds a conversation: on a terminal, a prompt for
-each message (``/reset`` starts over, ``/exit``, Ctrl-D or Ctrl-C leaves); otherwise each line
-of standard input is a message and each reply is printed on its own line. Every turn renders the
-whole history.
+the reply, up to the template's end-of-turn token or the tokenizer's end of text. ``--chat``
+alone holds a conversation: on a terminal, a prompt for each message (``/reset`` starts over,
+``/exit``, Ctrl-D or Ctrl-C leaves); otherwise each line of standard input is a message and each
+reply is printed on its own line. Every turn renders the whole history.
 """
 
 from __future__ import annotations

@@ -70,9 +70,12 @@ def test_functions_in_the_project_folder_are_found_from_below_it(tmp_path, monke
     ("rewards:", "is not module:function"),
     ("no_such_module_here:f", "cannot import 'no_such_module_here', asked for by grpo.reward=no_such_module_here:f "
                               r"\(looked for in .*\): ModuleNotFoundError"),
+    ("broken_rewards_here:f", r"cannot import 'broken_rewards_here', .*: SyntaxError: .*\(broken_rewards_here.py, "
+                              r"line 1\)"),
 ])
 def test_a_function_that_is_not_there_is_one_line(tmp_path, monkeypatch, spec, says):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken_rewards_here.py").write_text("def f(:\n    return []\n")  # does not parse
     with pytest.raises(ConfigError, match=says) as error:
         Rewards.load(spec)
     assert "grpo.reward=" in str(error.value) and "\n" not in str(error.value)
