@@ -33,7 +33,7 @@ from theseus.data.tokenizer import Tokenizer
 from theseus.evaluation.evaluations import EvaluationConfig, load_evaluations
 from theseus.interop.expressible import exportable
 from theseus.interop.hf_config import arch_of
-from theseus.interop.init_from import init_from_values, init_source
+from theseus.interop.init_from import check_same_architecture, init_from_values, init_source
 from theseus.interop.loading import load_params
 from theseus.interop.sources import base_path
 from theseus.model.lora import settings_of, without_adapters
@@ -70,7 +70,7 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     composed, derived = cfg, init_from_values(cfg, source)  # its architecture and tokenizer
     cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
     settings, task, evaluation, logging = configure_parts(cfg)
-    init_from.check_asked(settings.trainer, source)
+    init_from.check_asked(settings.trainer, source, cfg)
     if not isinstance(task, LossTask):
         raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
                           f"run it with python -m theseus.run")
@@ -79,6 +79,9 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     _check_batch(settings, settings.mesh.shape(len(devices), sizable(devices)),
                  target.process_count if target else jax.process_count(), task)
     declared_vocab = check_model(cfg)  # the model's own checks, before the data (which can take minutes)
+    reference = task.reference() if tokenizer is None else None  # what scores the examples once, if anything
+    if isinstance(reference, ModelSource):
+        check_same_architecture(cfg, reference)
 
     dataset = None if target or tokenizer else task.dataset(settings.data)
     tokens = (planned_vocab_size(settings.data, declared_vocab) if target
@@ -95,6 +98,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
         check_run_dir(run_dir, composed, settings)
     if source is not None:  # a checkpoint of other shapes: one line before compiling (a dry run's, a sweep's too)
         init_from.check(settings, model, source)
+    if isinstance(reference, ModelSource):
+        init_from.check_reference(model, reference)
 
     mesh = make_mesh(settings.mesh, devices)
     say = functools.partial(_say_compiling, model, devices, settings) if steps == "train" and announce else None

@@ -63,6 +63,9 @@ def test_a_relative_path_is_resolved_and_named_as_given(tmp_path, monkeypatch, r
     (lambda tmp: _folder(tmp / "fresh" / ".hydra").parent,
      "trainer.init_from={} holds no checkpoint (checkpoints/ is empty or absent): train it first, or give a run "
      "directory that trainer.checkpoint_every or the end of its run saved"),
+    (lambda tmp: _text(tmp / "broken" / ".hydra" / "config.yaml", "trainer: {max_steps: 2\n").parents[1],
+     "{}/.hydra/config.yaml is not valid YAML (line 2): expected ',' or '}}', but got '<stream end>'; it is the run's "
+     "saved config: repair it, or remove the run"),  # said first (before: that it holds no checkpoint)
 ])
 def test_what_names_no_model_is_one_line(tmp_path, make, message):
     path = make(tmp_path)
@@ -145,8 +148,12 @@ def test_a_cached_model_of_a_paths_form_is_the_model(tmp_path, monkeypatch):
 
 
 def _file(path):
+    return _text(path, "{}")
+
+
+def _text(path, text: str):
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("{}")
+    path.write_text(text)
     return path
 
 

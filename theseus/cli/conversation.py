@@ -22,12 +22,14 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from theseus.config import configuration, configure
+from theseus.config import ConfigError, configuration, configure
+from theseus.config.registry import chosen
 from theseus.data.chat import ChatTemplate, tokenize
 from theseus.data.config import DataConfig
 from theseus.data.tokenizer import Tokenizer
 from theseus.model.generate import complete
 from theseus.model.sampling import Sampling
+from theseus.tasks.task import chat_template_of
 
 
 class TextStream:
@@ -74,12 +76,23 @@ class Conversation:
         self.reset()
 
     @classmethod
-    def of(cls, trained: Any, **kwargs) -> Conversation:
-        """A conversation with a trained model (``theseus.cli.trained.Trained``) by its run's chat
-        template (``data.chat_template``, the tokenizer's, or theseus's default for byte)."""
+    def of(cls, trained: Any, chat_template: str | None = None, **kwargs) -> Conversation:
+        """A conversation with a trained model (``theseus.cli.trained.Trained``) by ``chat_template``
+        (a file: ``--chat-template``) if given, else by the model's own: the one its task rendered
+        conversations with (``sft``, ``dpo``, ``grpo``: ``data.chat_template``, the tokenizer's, or
+        theseus's default for byte), else its tokenizer's. ConfigError when it has none (a model
+        trained on text by a tokenizer without one: its replies would be noise)."""
         with configuration(trained.cfg):
             data = configure(DataConfig)
-        template = ChatTemplate.find(data.tokenizer, data.chat_template)
+        if chat_template is not None:
+            template = ChatTemplate.find(data.tokenizer, chat_template, key="--chat-template")
+        else:
+            template = chat_template_of(trained.cfg)
+        if template is None:
+            run = f"a run of task={chosen(trained.cfg, 'task')}; " if trained.source.kind == "run" else ""
+            raise ConfigError(f"{trained.source} has no chat template ({run}its tokenizer {data.tokenizer} holds "
+                              f"none): give one with --chat-template FILE (a Jinja file, or a chat model's "
+                              f"tokenizer_config.json), or continue text with --prompt")
         return cls(trained.model, trained.params, trained.tokenizer, template, **kwargs)
 
     def reset(self) -> None:

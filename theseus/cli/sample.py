@@ -6,12 +6,12 @@ file or a model id in the local Hugging Face cache (``theseus.model.source``). T
 text is printed as it is made. ``--prompt`` continues TEXT for ``--max-new-tokens`` tokens, any
 number: past the context, each is drawn from the last ``architecture.seq_len``. ``--chat
 MESSAGE`` renders MESSAGE as a user's turn (after ``--system TEXT``, if given) by the chat
-template (``data.chat_template``, the tokenizer's, or theseus's default for byte) with its
-generation prompt, and prints the reply, up to the template's end-of-turn token or the
-tokenizer's end of text. ``--chat`` alone holds a conversation: on a terminal, a prompt for
-each message (``/reset`` starts over, ``/exit``, Ctrl-D or Ctrl-C leaves); otherwise each line
-of standard input is a message and each reply is printed on its own line. Every turn renders the
-whole history.
+template (``--chat-template FILE``, else the model's own: the one its task rendered conversations
+with, or its tokenizer's; a model without one is refused) with its generation prompt, and prints
+the reply, up to the template's end-of-turn token or the tokenizer's end of text. ``--chat``
+alone holds a conversation: on a terminal, a prompt for each message (``/reset`` starts over,
+``/exit``, Ctrl-D or Ctrl-C leaves); otherwise each line of standard input is a message and each
+reply is printed on its own line. Every turn renders the whole history.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--chat", nargs="?", const=TALK, default=None, metavar="MESSAGE",
                        help="a user's message to reply to, by the chat template; alone: a conversation")
     parser.add_argument("--system", default=None, metavar="TEXT", help="a system message before the chat's first")
+    parser.add_argument("--chat-template", default=None, metavar="FILE",
+                        help="the chat template to render --chat by (a Jinja file, or a chat model's "
+                             "tokenizer_config.json); default: the model's own")
     parser.add_argument("--max-new-tokens", type=POSITIVE_INT, default=200, help="tokens to make (with --chat: a reply's most)")
     parser.add_argument("--temperature", type=NON_NEGATIVE, default=0.8, help="0: greedy")
     parser.add_argument("--top-k", type=POSITIVE_INT, default=None, help="draw from the K likeliest tokens")
@@ -52,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
     parser.add_argument("--step", type=NON_NEGATIVE_INT, default=None, help="checkpoint step of a run (default: the newest)")
     args = parser.parse_args(argv)
-    if args.system is not None and args.chat is None:
-        parser.error("--system needs --chat")
+    for given, flag in ((args.system, "--system"), (args.chat_template, "--chat-template")):
+        if given is not None and args.chat is None:
+            parser.error(f"{flag} needs --chat")
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     use_compilation_cache()
     try:
@@ -61,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         sampling.check(trained.tokenizer.vocab_size)
         if args.chat is None:
             return continue_prompt(trained, args.prompt, args.max_new_tokens, sampling, args.seed)
-        chat = Conversation.of(trained, system=args.system, sampling=sampling, max_new_tokens=args.max_new_tokens,
-                               seed=args.seed)
+        chat = Conversation.of(trained, args.chat_template, system=args.system, sampling=sampling,
+                               max_new_tokens=args.max_new_tokens, seed=args.seed)
         if args.chat is TALK:
             return converse(chat, sys.stdin, sys.stdout, str(args.path))
         chat.say(args.chat, on_text=_printer(sys.stdout))

@@ -122,7 +122,7 @@ def validate(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
     """
     schema = registry.chosen_schema(cfg)
     for key in _leaves(cfg, schema):
-        raise unknown_key(key, origin(key, overrides), overrides)
+        raise unknown_key(key, origin(key, overrides), overrides, registry.choices_of(cfg))
     for key, spec in schema.items():
         value = OmegaConf.select(cfg, key, default=MISSING, throw_on_missing=False)
         if value is not MISSING and value != "???" and not OmegaConf.is_missing(cfg, key):
@@ -274,22 +274,34 @@ def explain(exc: BaseException, overrides: Sequence[str] = ()) -> ConfigError:
     return ConfigError(" ".join(str(exc).split()))
 
 
-def unknown_key(key: str, where: str = "", overrides: Sequence[str] = ()) -> ConfigError:
+def unknown_key(key: str, where: str = "", overrides: Sequence[str] = (),
+                chosen: Mapping[str, str] | None = None) -> ConfigError:
     """``unknown config key 'x'; did you mean y (int, default 1: help)?`` (``where``: a prefix
     naming the file it was found in; with ``overrides``, the value a file they choose gives y:
-    ``int, default 12, +experiment=gpt_small sets 6: ...``)."""
+    ``int, default 12, +experiment=gpt_small sets 6: ...``); for a key (or a node: ``dpo``) that an
+    option not chosen declares, which option it applies to (``chosen``: the options chosen, else
+    those of ``overrides``)."""
     known = registry.every_key()
     group = key.split(".")[0]
     if key in known and group in registry.groups():  # declared, by options of its group not chosen
         owners = [name for name, cls in registry.options(group).items() if key in schema_of(cls)]
         return ConfigError(f"{where}{key} does not apply to the {group} chosen; it is a key of "
                            f"{', '.join(f'{group}={name}' for name in owners)}: choose one of those or drop the key")
-    models = [name for name, cls in registry.options("model").items()
-              if any(k == key or k.startswith(f"{key}.") for k in schema_of(cls))]
+    models = _owners("model", key)
     if models:  # a key (or a node: architecture.moe) of another model than the one chosen
         return ConfigError(f"{where}{key} is a key of {', '.join(f'model={name}' for name in models)}, not of the "
                            f"model chosen: choose {'one of those' if len(models) > 1 else f'model={models[0]}'} "
                            f"or drop the key")
+    for other in registry.groups():  # a key of another group's option: dpo.beta is task=dpo's
+        owners = _owners(other, key)
+        if owners:
+            given = next((o.lstrip("+~").partition("=")[0] for o in overrides
+                          if o.lstrip("+~").partition("=")[0].startswith(f"{key}.")),
+                         key if key in known else f"{key}.*")
+            here = (chosen if chosen is not None else _chosen_by(overrides)).get(other)
+            options = " or ".join(f"{other}={name}" for name in owners)
+            return ConfigError(f"{where}{given} applies to {options} only ({other}={here} here): drop it or set "
+                               f"{options if len(owners) == 1 else f'one of {options}'}")
     close = suggest(key, known)
     if not close:
         return ConfigError(f"{where}unknown config key {key!r}; `python -m theseus.config` lists every key (a key "
@@ -299,6 +311,20 @@ def unknown_key(key: str, where: str = "", overrides: Sequence[str] = ()) -> Con
     setting = _file_setting(best, overrides)
     described = known[best].describe(f"{setting[0]} sets {_cli(setting[2])}" if setting else "")
     return ConfigError(f"{where}unknown config key {key!r}; did you mean {best} ({described})?{also}")
+
+
+def _owners(group: str, key: str) -> list[str]:
+    """The options of ``group`` that declare ``key``, or keys under it (a node)."""
+    return [name for name, cls in registry.options(group).items()
+            if any(k == key or k.startswith(f"{key}.") for k in schema_of(cls))]
+
+
+def _chosen_by(overrides: Sequence[str]) -> dict[str, str]:
+    """``choices(overrides)``, Hydra's store published again as it was (every imported option's node)."""
+    try:
+        return choices(overrides)
+    finally:
+        registry.publish({})
 
 
 def _cli(value) -> str:

@@ -124,6 +124,11 @@ class Prompts:
                             process_count)
         return Loader.over(order, split=split, prefetch=0)  # microseconds a batch: no thread
 
+    @property
+    def column_names(self) -> list[str]:
+        """The rows' columns but the prompt (every row's, in order): what reward functions are given by name."""
+        return list(dict.fromkeys(name for row in self.rows for name in row if name != PROMPT))
+
     def columns(self, rows: np.ndarray) -> dict[str, list]:
         """Every column but the prompt, for ``rows``, by name: what reward functions are given."""
         names = [name for name in self.rows[int(rows[0])] if name != PROMPT] if len(rows) else []

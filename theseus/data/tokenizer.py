@@ -217,11 +217,13 @@ class HFTokenizer(Tokenizer):
             file = open_gguf(path)
             return cls(gguf_tokenizer.build(file), kind, gguf_tokenizer.special_tokens(file).get("eos_token", EOT))
         try:
-            return cls(tokenizers.Tokenizer.from_file(str(path)), kind, _eos_token(path.parent / TRANSFORMERS_CONFIG))
+            tokenizer = tokenizers.Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ConfigError(f"{path} does not parse as a Hugging Face tokenizer.json ({reason}): "
                               "point data.tokenizer at a file saved by tokenizers.Tokenizer.save") from exc
+        _check_unknown_token(tokenizer, path)
+        return cls(tokenizer, kind, _eos_token(path.parent / TRANSFORMERS_CONFIG))
 
     def encode_batch(self, texts: Sequence[str], special: bool = False) -> list[np.ndarray]:
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=special)
@@ -305,6 +307,18 @@ def _eos_token(config: Path) -> str:
     if isinstance(eos, dict):
         eos = eos.get("content")
     return eos if isinstance(eos, str) else EOT
+
+
+def _check_unknown_token(tokenizer: tokenizers.Tokenizer, path: Path) -> None:
+    """ConfigError when ``tokenizer`` (read from ``path``) is a WordLevel or WordPiece model whose
+    ``unk_token`` its vocabulary lacks: a word outside the vocabulary could not be encoded (tokenizers
+    raises "Missing [UNK] token from the vocabulary" then, in the middle of preparing a corpus)."""
+    model = tokenizer.model
+    if isinstance(model, models.WordLevel | models.WordPiece) and tokenizer.token_to_id(model.unk_token) is None:
+        kind = type(model).__name__
+        raise ConfigError(f"{path}: its {kind} model's unk_token {model.unk_token!r} is not in its vocabulary, so a "
+                          f"word outside the vocabulary cannot be encoded: add {model.unk_token!r} to model.vocab (or "
+                          f"set model.unk_token to a token of it), or give another tokenizer")
 
 
 def _checked(ids: Sequence[int], vocab_size: int) -> np.ndarray:

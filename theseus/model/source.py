@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from theseus.config import ConfigError
+from theseus.config.yaml_file import load_yaml
 
 Kind = Literal["hf", "run", "gguf"]
 CONFIG_FILE = "config.json"
@@ -122,6 +123,8 @@ def _kind(path: Path, named: str) -> Kind:
     if theseus_checkpoint(path) is not None:
         return "run"
     if (path / ".hydra").is_dir():
+        if (path / SAVED_CONFIG).is_file():
+            load_yaml(path / SAVED_CONFIG)  # a config that does not parse: that first (ConfigError naming the file)
         raise ConfigError(f"{named} holds no checkpoint (checkpoints/ is empty or absent): train it first, or give a "
                           f"run directory that trainer.checkpoint_every or the end of its run saved")
     if (path / CONFIG_FILE).is_file():
