@@ -165,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--include", "--include_path", default=None, help="a folder of local lm-eval task YAMLs")
     parser.add_argument("--num_fewshot", type=NON_NEGATIVE_INT, default=None, help="few-shot examples (default: each task's own)")
     parser.add_argument("--limit", type=POSITIVE_INT, default=None, help="at most this many examples of each lm-eval task")
-    parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N; for a model "
-                                                      "not a run: data.*, architecture.seq_len=N")
+    parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N, dpo.*=VALUE; "
+                                                      "task=NAME, data.*=VALUE: the data to score (a run without "
+                                                      "them: its own validation split); for a model, not a run, "
+                                                      "also architecture.seq_len=N, trainer.batch_size=N")
     args = parser.parse_intermixed_args(argv)
     use_compilation_cache()
     try:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from e2e.test_next_commands import next_commands, shell
 from support import read_params, run_python
 from tasks.dpo_folders import random_llama, transformers, transformers_logps, write_rows
 
@@ -72,6 +73,7 @@ def test_a_short_lora_run_learns_the_preference_against_its_base_and_resumes_bit
     straight, stopped, cache = project / "straight", project / "stopped", project / "cache"
     proc = train(project, straight, "trainer.max_steps=8")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    offered = next_commands(proc.stderr)
     rows = logged(straight)
     assert rows[0]["step"] == 0 and rows[0]["val_loss"] == pytest.approx(math.log(2))  # B = 0: the policy is its base
     assert rows[0]["val_rewards/accuracies"] == 0 and rows[0]["val_rewards/margins"] == 0
@@ -108,11 +110,11 @@ def test_a_short_lora_run_learns_the_preference_against_its_base_and_resumes_bit
     assert proc.stdout.splitlines()[0].endswith("; scored every example of data.path=heldout.jsonl"), proc.stdout
     run_scores = json.loads((project / "run-heldout.json").read_text())["metrics"]
     assert run_scores == pytest.approx(ours, rel=1e-4, abs=1e-6)
-    # with no data named, the run's own validation pairs: the numbers its last evaluation logged
-    proc = run_python("-m", "theseus.evaluate", str(straight), "--out", "own.json", cwd=project)
+    # the evaluate: line the run printed (no data named): its validation pairs, the numbers its last evaluation logged
+    proc = shell(offered["evaluate"], project)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[0].endswith("; scored the run's validation split"), proc.stdout
-    own = json.loads((project / "own.json").read_text())
+    own = json.loads((straight / "eval-8.json").read_text())
     assert own["step"] == 8 and own["split"] == "val"
     assert own["metrics"] == pytest.approx({key: rows[-1][key] for key in own["metrics"]}, rel=1e-6)
 

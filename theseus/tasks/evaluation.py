@@ -137,7 +137,8 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metri
 
     def scored(weighted: Iterable[tuple[Any, int]]) -> dict[str, float]:
         """The mean loss and metrics over ``(batch, weight)`` pairs, a few batches on the devices at a time."""
-        return _weighted_means(fetched((loss(params, _placed(batch, sharding, batch_size)), n) for batch, n in weighted))
+        steps = ((loss(params, _placed(batch, sharding, batch_size)), n) for batch, n in weighted)  # run when drawn
+        return _weighted_means(fetched(steps))
 
     by_source: dict[str, dict[str, float]] = {}  # NAME -> {"loss": ..., the task's metrics}
     for name, (dataset, _) in evaluations.sources.items():
