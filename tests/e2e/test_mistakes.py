@@ -118,6 +118,11 @@ CASES = [
          "trainer.eval_batches=N"),
     case("evaluate_misspelt_key", "theseus.evaluate", ["run", "evaluation.multiple_chioce.x=a.jsonl"],
          "evaluation.multiple_chioce", "did you mean evaluation.multiple_choice"),
+    case("evaluate_unknown_task", "theseus.evaluate", ["run", "task=dpx"], "unknown task 'dpx'", "available: "),
+    case("evaluate_run_other_tokenizer", "theseus.evaluate", ["run", "data.path=corpus.txt", "data.tokenizer=char"],
+         "run reads its data with its own tokenizer", "drop data.tokenizer"),
+    case("evaluate_fitted_run_other_data", "theseus.evaluate", ["char_run", "data.path=corpus.txt"],
+         "'data.path=corpus.txt'", "(data.tokenizer=char) was fitted to its own data", "no data.* keys"),
     # theseus.runs.load (a Python API: its error, one line)
     case("runs_load_missing", "theseus.runs", ["nowhere"], "nowhere is neither a run directory"),
     case("runs_load_corrupt_config", "theseus.runs", ["corrupt"], "corrupt/.hydra/config.yaml is not valid YAML"),
@@ -355,8 +360,11 @@ def results(tmp_path_factory) -> dict:
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_python("-m", "theseus.export", "run", "exported", cwd=ws)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("untrained", "corrupt", "listed", "bad_overrides"):
+    for name in ("untrained", "corrupt", "listed", "bad_overrides", "char_run"):
         shutil.copytree(ws / "run" / ".hydra", ws / name / ".hydra")
+    (ws / "char_run" / "checkpoints").symlink_to(ws / "run" / "checkpoints")  # as if its tokenizer were fitted
+    saved = ws / "char_run" / ".hydra" / "config.yaml"
+    saved.write_text(saved.read_text().replace("  tokenizer: byte\n", "  tokenizer: char\n"))
     (ws / "corrupt" / "checkpoints").symlink_to(ws / "run" / "checkpoints")
     (ws / "corrupt" / ".hydra" / "config.yaml").write_text("architecture: {n_layers: 2\ntrainer: [\n")
     (ws / "listed" / "checkpoints").symlink_to(ws / "run" / "checkpoints")

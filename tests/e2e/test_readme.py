@@ -47,7 +47,8 @@ SHORTEN = {
     "+experiment=gpt_small": "trainer.max_steps=2 trainer.eval_batches=1",
     "+experiment=moe_small": "trainer.max_steps=2 trainer.eval_batches=1",
     "+experiment=sft_tiny": "trainer.max_steps=10",
-    "+experiment=dpo_tiny": "trainer.max_steps=4 trainer.eval_every=2 data.max_files=30",
+    # every pair, as the README has them: its evaluation once hung on 2 CPU devices past 32 batches in flight
+    "+experiment=dpo_tiny": "trainer.max_steps=4 trainer.eval_every=2",
     "+sweep=lr_optuna": "hydra.sweeper.n_trials=2 trainer.max_steps=10",
     "+sweep=lr": "trainer.max_steps=10",
     "trainer.init_from=$HOME/models/my-llama": "trainer.max_steps=3 trainer.batch_size=4 trainer.eval_batches=1",

@@ -6,18 +6,21 @@ prints them as a table and writes them as JSON: a run's into ``RUN/eval-STEP.jso
 FILE.json``, or into ``--out FOLDER``), with each task's per-example scores beside it in
 ``eval-STEP.jsonl``; another model's only where ``--out`` says (nothing is written into a model's
 folder). PATH is a model source: a theseus run (its newest readable checkpoint, or ``--step``;
-overrides may add or change evaluation keys), a Hugging Face folder, a GGUF file or a model id in
-the local Hugging Face cache (its weights; overrides also name the data, and the window
-``architecture.seq_len``: by default the model's context up to 1024 tokens, shorter where the
-data holds less)::
+overrides may add or change evaluation keys, or name other data and the task to score it by),
+a Hugging Face folder, a GGUF file or a model id in the local Hugging Face cache (its weights;
+overrides also name the data, and the window ``architecture.seq_len``: by default the model's
+context up to 1024 tokens, shorter where the data holds less)::
 
     python -m theseus.evaluate outputs/run evaluation.multiple_choice.toy=toy.jsonl trainer.eval_batches=20
     python -m theseus.evaluate ~/models/my-llama data.source=text data.path=notes.txt
     python -m theseus.evaluate ~/models/my-llama task=dpo data.source=jsonl data.path=pairs.jsonl dpo.reference=REF
+    python -m theseus.evaluate outputs/sft task=dpo data.source=jsonl data.path=pairs.jsonl dpo.reference=REF
 
-``task=dpo`` scores every pair of the file (``LossTask.EVALUATE_SPLIT``; a run's own evaluations
-score its validation pairs): ``val_loss`` and TRL's ``val_rewards/...``, ``val_logps/...``;
-``dpo.*`` overrides are taken for a run too (another reference, loss or beta).
+A run's own data (no ``data.*`` key given) is scored on its validation split, what its
+evaluations scored; data named on the command line by the task's ``LossTask.EVALUATE_SPLIT``:
+``task=dpo`` scores every pair of the file, ``val_loss`` and TRL's ``val_rewards/...``,
+``val_logps/...`` (``dpo.*`` overrides give another reference, loss or beta, for a run too).
+The first line says which.
 
 ``--tasks hellaswag,arc_easy`` adds lm-evaluation-harness tasks (lm-eval's names, or those of
 the task YAMLs under ``--include PATH``; ``--num_fewshot``, ``--limit`` as lm-eval has them):
@@ -44,6 +47,7 @@ from theseus.cli.trained import source_config, trained_params
 from theseus.config import ConfigError, configuration, configure, registry
 from theseus.config.arguments import NON_NEGATIVE_INT, POSITIVE_INT, Parser
 from theseus.config.compose import undeclared, unknown_key, with_values
+from theseus.data.config import DataConfig
 from theseus.interop.init_from import init_from_values, init_source
 from theseus.model.source import ModelSource, parse_source
 from theseus.recipe import assemble
@@ -52,13 +56,15 @@ from theseus.training.settings import Context, configure_settings
 
 WINDOW = "architecture.seq_len"
 # What an override may set (key prefixes, and how the refusal says it): what is evaluated, not
-# the model; a Hugging Face folder brings no data, so its overrides name that too.
-RUN_KEYS = (("evaluation.", "trainer.eval_batches", "dpo."),
-            "e.g. evaluation.multiple_choice.NAME=FILE, trainer.eval_batches=N or dpo.reference=MODEL (the model and "
-            "data are the run's)")
-FOLDER_KEYS = ((*RUN_KEYS[0], "data.", "trainer.batch_size", "task", WINDOW),
+# the model: its window and batch are a run's own; a Hugging Face folder brings no data, a run
+# may be scored on other data (an SFT run on preference pairs: task=dpo data.path=PAIRS).
+RUN_KEYS = (("evaluation.", "trainer.eval_batches", "dpo.", "data.", "task"),
+            "e.g. evaluation.multiple_choice.NAME=FILE, trainer.eval_batches=N, dpo.reference=MODEL or task=dpo "
+            "data.source=jsonl data.path=FILE (the model is the run's)")
+FOLDER_KEYS = ((*RUN_KEYS[0], "trainer.batch_size", WINDOW),
                "e.g. data.path=FILE, architecture.seq_len=N, evaluation.multiple_choice.NAME=FILE or "
                "trainer.eval_batches=N (the model is the folder's)")
+FITTED = ("char", "bpe")  # data.tokenizer values fitted to a run's own data
 EVAL_WINDOW = 1024  # a model's default window here, at most: a long context (8192) is rarely what data needs
 
 
@@ -86,18 +92,44 @@ def run_evaluations(source: ModelSource, step: int | None, args: list[str]) -> d
     evaluates on; ``lm_eval``: lm-eval's own results of ``evaluation.lm_eval``'s tasks (or None)."""
     given = overrides(args, RUN_KEYS if source.kind == "run" else FOLDER_KEYS)
     cfg = source_config(source, given)
+    own = source.kind == "run" and not any(item.startswith("data.") for item in given)  # the run's own data
+    if source.kind == "run" and not own:
+        check_other_data(source, given, configure_settings(cfg).data)
     if source.kind != "run" and not any(item.startswith(f"{WINDOW}=") for item in given):
         cfg = source_config(source, [*given, f"{WINDOW}={window(cfg)}"])
     run = assemble(cfg, steps="eval")
     params, at = trained_params(source, step, run.model, run.compiled.target, run.base)
+    split = "val" if own else run.task.EVALUATE_SPLIT
     with oom_verdict(f"the evaluation (windows of {run.model.seq_len} tokens, {run.micro_batch} a batch)",
                      advice="lower trainer.batch_size or architecture.seq_len"):
-        metrics = run.evaluate(params, split=run.task.EVALUATE_SPLIT)
+        metrics = run.evaluate(params, split=split)
     samples = [{"task": task, "index": i, **record}
                for task, records in run.evaluations.samples.items() for i, record in enumerate(records)]
     return {"path": str(source.given), "step": at, "mesh": dict(run.compiled.mesh.shape),
-            "seq_len": run.model.seq_len, "metrics": metrics, "samples": samples,
-            "lm_eval": run.evaluations.harness_results or None}
+            "seq_len": run.model.seq_len, "split": split, "scored": scored(run.settings.data, split, own),
+            "metrics": metrics, "samples": samples, "lm_eval": run.evaluations.harness_results or None}
+
+
+def check_other_data(source: ModelSource, given: list[str], data: DataConfig) -> None:
+    """ConfigError unless a run can be scored on the data ``given`` names (``data``: the run's
+    settings with them): read by the run's own tokenizer, its model's vocabulary, which a
+    ``data.tokenizer`` given would replace and a char or bpe one was fitted to the run's data."""
+    tokenizer = next((item for item in given if item.startswith("data.tokenizer=")), None)
+    if tokenizer is not None:
+        raise ConfigError(f"{tokenizer!r}: {source.given} reads its data with its own tokenizer, its model's "
+                          "vocabulary: drop data.tokenizer")
+    if data.tokenizer in FITTED:
+        key = next(item for item in given if item.startswith("data."))
+        raise ConfigError(f"{key!r}: {source.given}'s tokenizer (data.tokenizer={data.tokenizer}) was fitted to its "
+                          "own data and reads no other: evaluate the run on its own data (no data.* keys)")
+
+
+def scored(data: DataConfig, split: str, own: bool) -> str:
+    """What an evaluation scored, in words: a run's own validation split, or the data named."""
+    if own:
+        return "the run's validation split"
+    where = f"data.path={data.path}" if data.path else f"data.source={data.source}"
+    return f"{'every example' if split == 'all' else 'the validation split'} of {where}"
 
 
 def window(cfg: DictConfig) -> int:
@@ -132,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--include", "--include_path", default=None, help="a folder of local lm-eval task YAMLs")
     parser.add_argument("--num_fewshot", type=NON_NEGATIVE_INT, default=None, help="few-shot examples (default: each task's own)")
     parser.add_argument("--limit", type=POSITIVE_INT, default=None, help="at most this many examples of each lm-eval task")
-    parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N; for a model "
-                                                      "not a run: data.*, architecture.seq_len=N")
+    parser.add_argument("overrides", nargs="*", help="evaluation.*=VALUE, trainer.eval_batches=N, dpo.*=VALUE; "
+                                                      "task=NAME, data.*=VALUE: the data to score (a run without "
+                                                      "them: its own validation split); for a model, not a run, "
+                                                      "also architecture.seq_len=N, trainer.batch_size=N")
     args = parser.parse_intermixed_args(argv)
     use_compilation_cache()
     try:
@@ -147,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     mesh = " x ".join(f"{axis} {size}" for axis, size in record["mesh"].items())
     at = "" if record["step"] is None else f" at step {record['step']}"
-    print(f"{args.path}{at}: mesh {mesh}, windows of {record['seq_len']} tokens")
+    print(f"{args.path}{at}: mesh {mesh}, windows of {record['seq_len']} tokens; scored {record['scored']}")
     table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
