@@ -187,3 +187,17 @@ def read_param_paths(step_dir: Path) -> dict:
     params = reader.restore(step_dir.absolute(), target)["params"]
     leaves = jax.tree_util.tree_leaves_with_path(params)
     return {"/".join(str(k.key) for k in path): np.asarray(x) for path, x in leaves}
+
+
+def tpu_mesh(shape: dict[str, int]):
+    """A mesh of a TPU v5e slice's compile-only devices (``mesh.target``'s: nothing allocated),
+    axes and sizes ``shape``; the test is skipped without the plan extra's libtpu."""
+    import numpy as np
+    import pytest
+    from jax.sharding import Mesh
+
+    pytest.importorskip("libtpu", reason="the plan extra: pip install 'theseus[plan]'")
+    from theseus.plan.target import target_named
+
+    devices = target_named(f"tpu:v5e-{max(4, int(np.prod(list(shape.values()))))}").devices
+    return Mesh(np.array(devices[:int(np.prod(list(shape.values())))]).reshape(tuple(shape.values())), tuple(shape))

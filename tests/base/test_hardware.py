@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from support import tpu_mesh
 from theseus.base import hardware
 from theseus.base.hardware import CHIPS, check_attention_impl, lookup, measure_peak, peak_flops
 from theseus.config import ConfigError
@@ -105,6 +106,14 @@ def test_peak_flops_sources(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware, "_measure", lambda dtype, device: 8e9)
     monkeypatch.setattr(hardware, "processor", lambda: None)  # a host that does not describe its processor
     assert peak_flops(cpu, jnp.float32) == (8e9 / shared, "measured")
+
+
+def test_the_backend_is_the_platform_of_the_mesh_in_force():
+    assert hardware.backend() == "cpu"
+    with jax.set_mesh(tpu_mesh({"data": 2, "tensor": 2})):  # a TPU slice's compile-only devices
+        assert hardware.backend() == "tpu"
+    with jax.set_mesh(jax.sharding.Mesh(jax.devices("cpu"), ("data",))):
+        assert hardware.backend() == "cpu"
 
 
 def test_cudnn_attention_needs_a_gpu_and_half_precision(monkeypatch):

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from support import tpu_mesh
 from theseus.config import configuration, configure
 from theseus.model.layers import MLP, Attention, Block
 from theseus.model.models.gpt import GPT
@@ -119,14 +120,20 @@ def test_lora_flops_agree_with_xla_within_5_percent(cfg):
     assert abs(model.flops(seq) - xla) / xla > 0.15  # counting the frozen weights' gradients is far off
 
 
-def test_a_sliding_window_layer_counts_each_query_against_its_window_only():
-    """Attention's seq^2 becomes seq x window in the sliding layers (MaxText's convention for
-    Gemma's local layers); the global ones (every ``global_every``-th) and a window no shorter
-    than the sequence count in full; the projections do not change."""
-    seq, window = 64, 16
+def test_a_sliding_window_layer_counts_the_pairs_its_kernel_computes():
+    """Written out (the CPU's), every layer computes all seq^2 scores, a window masking them
+    after; splash (a TPU's) computes the blocks its mask reaches: at 768 positions, blocks of
+    256, a window of 100 reaches the diagonal's 3 and the 2 below it of the 9; the global layers
+    (every ``global_every``-th) and the causal ones reach 6. The projections do not change."""
+    seq, window = 768, 100
+    per_pair = 12 * 6 * 32  # heads x head_dim, forward and backward
+    sliding, mixed = ({**LLAMA, "architecture.sliding_window": window, "architecture.global_every": every}
+                      for every in (0, 2))  # mixed: layer 1 global
     full = build(GPT, LLAMA).flops(seq)
-    per_layer = 12 * 6 * 32 * seq  # heads x head_dim x seq: each key a query meets
-    assert build(GPT, {**LLAMA, "architecture.sliding_window": window}).flops(seq) == full - 2 * per_layer * (seq - window)
-    mixed = {**LLAMA, "architecture.sliding_window": window, "architecture.global_every": 2}  # layer 1 global
-    assert build(GPT, mixed).flops(seq) == full - per_layer * (seq - window)
-    assert build(GPT, {**LLAMA, "architecture.sliding_window": seq}).flops(seq) == full
+    assert build(GPT, sliding).flops(seq) == build(GPT, mixed).flops(seq) == full
+    with jax.set_mesh(tpu_mesh({"data": 1})):
+        causal = build(GPT, LLAMA).flops(seq)
+        assert causal == full - 2 * per_pair * 3 * 256**2
+        assert build(GPT, sliding).flops(seq) == causal - 2 * per_pair * 256**2
+        assert build(GPT, mixed).flops(seq) == causal - per_pair * 256**2
+        assert build(GPT, {**LLAMA, "architecture.sliding_window": seq}).flops(seq) == causal

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from support import tpu_mesh
 from theseus.config import configuration, configure, field, schema_of
 from theseus.model.module import Module
 
@@ -121,6 +122,8 @@ def test_dtypes():
     assert Scale()._activation_dtype == jnp.float32  # auto on CPU
     with configuration({"architecture.dtype.activation": "float16"}):
         assert configure(Scale)._activation_dtype == jnp.float16
+    with jax.set_mesh(tpu_mesh({"data": 4})):  # traced for a TPU (a dry run's mesh.target): bfloat16
+        assert Scale()._activation_dtype == jnp.bfloat16 and m._param_dtype == jnp.float32
 
 
 def test_subclass_may_declare_positional_fields():

@@ -157,15 +157,24 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def backend() -> str:
+    """The platform the program being traced runs on (``cpu``, ``gpu``, ``tpu``): the devices' of
+    the mesh in force (``jax.set_mesh``: every step theseus compiles, a dry run's ``mesh.target``
+    on a CPU host too), else JAX's default backend. What an ``auto`` setting chooses by: the
+    activations' dtype, the attention kernel, the loss."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return jax.default_backend() if mesh.empty else mesh.abstract_device.platform
+
+
 def check_attention_impl(impl: str | None, dtype: Any) -> None:
     """Refuse ``architecture.attention_impl`` where the backend cannot run it (before any work):
     cuDNN's fused attention runs on NVIDIA GPUs only, in bfloat16 or float16 activations."""
     if impl != "cudnn":
         return
-    backend = jax.default_backend()
-    if backend != "gpu":
-        raise ConfigError(f"architecture.attention_impl=cudnn needs an NVIDIA GPU, but the backend is {backend}: "
-                          f"leave architecture.attention_impl null (theseus's own attention), or set "
+    platform = jax.default_backend()
+    if platform != "gpu":
+        raise ConfigError(f"architecture.attention_impl=cudnn needs an NVIDIA GPU, but the backend is {platform}: "
+                          f"leave architecture.attention_impl=auto (the platform's fastest), or set "
                           f"architecture.attention_impl=xla")
     if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
         raise ConfigError(f"architecture.attention_impl=cudnn needs bfloat16 or float16 activations, not "

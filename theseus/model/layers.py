@@ -27,10 +27,11 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.tree_util import DictKey
 
 from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, VOCAB
-from theseus.base.hardware import check_attention_impl
+from theseus.base.hardware import backend, check_attention_impl
 from theseus.config import POSITIVE, RUNTIME, ConfigError, configure, field
 from theseus.model.lora import GATE_UP, QKV, LoRA, adapt, adapters, lora_flops
 from theseus.model.module import Module, param
+from theseus.model.splash import block_size, computed_pairs, splash_attention
 
 
 def check_vocab_size(vocab_size: int | None) -> None:
@@ -388,8 +389,11 @@ def packed(layer: type, segments: jax.Array | None) -> dict[str, jax.Array]:
     return {"segments": segments}
 
 
-ATTENTION_IMPL_HELP = ("jax.nn.dot_product_attention's implementation (xla, cudnn); None: theseus's own, written "
-                       "out (grouped_attention)")
+ATTENTION_IMPLS = ("auto", None, "xla", "cudnn", "splash")
+ATTENTION_IMPL_HELP = ("auto: the platform's fused kernel where it applies (a TPU: splash), else theseus's own; None: "
+                       "theseus's own, written out (grouped_attention: the [seq, seq] scores in memory); xla, cudnn: "
+                       "jax.nn.dot_product_attention's implementation; splash: Pallas's TPU flash kernel (blocks of "
+                       "the sequence, masked ones skipped; interpreted off a TPU), where 128 divides the sequence")
 FUSED_DOC = ("fuse q, k and v into one LoRA adapter and gate and up into another, as a Hugging Face model that "
              "stores them fused (Phi-3's qkv_proj, gate_up_proj); None: q, k and v fused with learned positions "
              "(GPT-2's c_attn), nothing fused with rope")
@@ -583,8 +587,7 @@ class Attention(Module):
                                        help="soft-cap attention scores to (-c, c) by c * tanh(score / c) (Gemma 2); "
                                             "None: no cap")
     attention_impl: str | None = field(
-        "architecture.attention_impl", default=None, choices=(None, "xla", "cudnn"),
-        help=ATTENTION_IMPL_HELP,
+        "architecture.attention_impl", default="auto", choices=ATTENTION_IMPLS, help=ATTENTION_IMPL_HELP,
     )
     fused_projections: bool | None = field("architecture.fused_projections", default=None, help=FUSED_DOC,
                                            role=RUNTIME)
@@ -655,9 +658,13 @@ class Attention(Module):
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
         same = None if segments is None else (segments[:, None, :, None] == segments[:, None, None, :])
+        kernel = self.kernel(x.shape[1])
         if self.cache is not None:  # a masked step over the cache (the flash kernels want whole sequences)
             out = grouped_attention(q, *self.cache(k, v, positions), self.scale, self.attn_softcap)
-        elif self.attention_impl is None or self.attn_softcap is not None:  # a key sees itself and those before
+        elif kernel == "splash":
+            out = splash_attention(q, k, v, segments, scale=self.scale, window=self.sliding_window,
+                                   softcap=self.attn_softcap, interpret=backend() != "tpu")
+        elif kernel is None:  # a key sees itself and those before
             index = jnp.arange(x.shape[1])
             mask = causal_mask(index, index, self.sliding_window)[None, None]
             out = grouped_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
@@ -665,18 +672,45 @@ class Attention(Module):
         else:
             window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
             out = jax.nn.dot_product_attention(q, k, v, mask=same, scale=self.scale, is_causal=True,
-                                               local_window_size=window, implementation=self.attention_impl)
+                                               local_window_size=window, implementation=kernel)
         y = dense("bshk,hkd->bsd", out, self.wo, self.bo, dtype, self._matmul_dtype)
         (y,) = adapt(self.lora, out, {"o": y}, deterministic)
         return self.drop(y, deterministic=deterministic)
 
+    def kernel(self, seq: int) -> str | None:
+        """What computes the attention of ``seq`` positions: ``attention_impl`` with ``auto``
+        resolved for the platform being traced for (``backend()``): splash on a TPU, else
+        theseus's own (None). Splash only where its blocks divide ``seq`` (else theseus's own);
+        soft-capped scores, which jax.nn.dot_product_attention does not compute, written out."""
+        kernel = self.attention_impl
+        if kernel == "auto":
+            kernel = "splash" if backend() == "tpu" else None
+        if kernel == "splash" and block_size(seq) is None or kernel == "xla" and self.attn_softcap is not None:
+            return None
+        return kernel
+
     def flops(self, seq: int) -> int:
         """Projections (q, o: d_model x heads x head_dim; k, v: d_model x kv width) and their adapters,
-        then scores and values: 2 x 2 x seq x keys x heads x head_dim forward, x 3 with backward, in
-        full (not causal-halved), where a query's keys are ``seq``, or ``sliding_window`` when fewer."""
+        then scores and values: 2 x 2 x heads x head_dim forward a (query, key) pair, x 3 with
+        backward, over the pairs the kernel computes (``attention_pairs``)."""
         projections = sum(self.dense_flops(name, seq) for name in ("wq", "wk", "wv", "wo"))
-        keys = min(seq, self.sliding_window or seq)
-        return projections + lora_flops(self.lora, seq) + 12 * self.n_heads * self.head_dim * seq * keys
+        return projections + lora_flops(self.lora, seq) + 12 * self.n_heads * self.head_dim * self.attention_pairs(seq)
+
+    def attention_pairs(self, seq: int) -> int:
+        """The (query, key) pairs of one sequence whose scores are computed, as the ``kernel``
+        computes them: splash the blocks its mask reaches (``splash.computed_pairs``: about half
+        of them causal, fewer in a sliding window), the others all ``seq x seq``."""
+        if self.kernel(seq) == "splash":
+            return computed_pairs(seq, self.sliding_window)
+        return seq * seq
+
+    def flops_note(self, seq: int) -> str:
+        """The kernel, and the share of the ``seq x seq`` pairs counted."""
+        if self.kernel(seq) == "splash":
+            share = computed_pairs(seq, self.sliding_window) / seq**2
+            return (f"attention by splash: {share:.3g} x seq^2 pairs, the blocks of {block_size(seq)} its mask "
+                    f"reaches (XLA does not count inside the kernel)")
+        return f"attention {self.kernel(seq) or 'written out'}: seq^2 pairs, masked ones too"
 
 
 class Block(Module):
@@ -728,3 +762,6 @@ class Block(Module):
     def flops(self, seq: int) -> int:
         """Attention + MLP (the norms do no matmuls)."""
         return self.attn.flops(seq) + self.mlp.flops(seq)
+
+    def flops_note(self, seq: int) -> str | None:
+        return self.attn.flops_note(seq)

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from theseus.base.axis import ShardingPlan, gathered_for_use, merge
+from theseus.base.hardware import backend
 from theseus.config.context import Snapshot, active, configuration, configure
 from theseus.config.fields import RUNTIME, Configurable, check_ranges, field, specs
 
@@ -95,8 +96,9 @@ class Module(nn.Module, Configurable):
         for name, method in list(cls.__dict__.items()):
             if name == "setup" or getattr(method, "compact", False):  # where children are built
                 setattr(cls, name, _in_own_configuration(method))
-        if "flops" in cls.__dict__:
-            cls.flops = _bound_for_flops(cls.__dict__["flops"])
+        for name in ("flops", "flops_note"):
+            if name in cls.__dict__:
+                setattr(cls, name, _bound_for_flops(cls.__dict__[name]))
         super().__init_subclass__(**kwargs)
 
     def __post_init__(self):
@@ -112,7 +114,7 @@ class Module(nn.Module, Configurable):
     @property
     def _activation_dtype(self) -> jnp.dtype:
         if self.activation_dtype == "auto":
-            return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+            return jnp.dtype(jnp.float32 if backend() == "cpu" else jnp.bfloat16)
         return jnp.dtype(self.activation_dtype)
 
     @property
@@ -136,6 +138,11 @@ class Module(nn.Module, Configurable):
         parameter is allocated), so both kinds compose.
         """
         return 0
+
+    def flops_note(self, seq: int) -> str | None:
+        """How ``flops(seq)`` counts what its convention leaves open (the attention's kernel), for
+        the start table; None: nothing to say. Called bound or unbound, as ``flops``."""
+        return None
 
     def dense_flops(self, name: str, positions: float) -> int:
         """Forward + backward FLOPs of the products ``x @ W`` of this module's parameter ``name``
@@ -176,8 +183,8 @@ class Module(nn.Module, Configurable):
 
 
 def _bound_for_flops(flops):
-    """Wrap ``flops`` so that, called on an unbound module, it runs bound to abstract variables,
-    and with ``trainable=mask``, under that mask (``dense_flops`` reads it)."""
+    """Wrap ``flops`` (or ``flops_note``) so that, called on an unbound module, it runs bound to
+    abstract variables, and with ``trainable=mask``, under that mask (``dense_flops`` reads it)."""
 
     @functools.wraps(flops)
     def wrapped(self, seq: int, trainable: Any = None) -> int:
@@ -190,7 +197,7 @@ def _bound_for_flops(flops):
         if self.scope is not None:
             return flops(self, seq)
         counted = []
-        jax.eval_shape(lambda: self.init(jax.random.key(0), method=lambda bound: counted.append(bound.flops(seq))))
+        jax.eval_shape(lambda: self.init(jax.random.key(0), method=lambda bound: counted.append(flops(bound, seq))))
         return counted[0]
 
     return wrapped

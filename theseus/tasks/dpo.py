@@ -43,6 +43,7 @@ from theseus.data.tokenizer import Tokenizer
 from theseus.model.module import AUXILIARY, auxiliary
 from theseus.model.source import ModelSource, parse_source
 from theseus.tasks.task import START, LossTask
+from theseus.tasks.token_logps import token_logps
 
 NONE = "none"  # dpo.reference: reference-free, its log-probs 0
 
@@ -101,11 +102,9 @@ def sequence_logps(logits: jax.Array, tokens: jax.Array, completion: jax.Array) 
     ``t >= 1`` with ``completion[t]`` of ``log p(tokens[t] | tokens[:t])``.
 
     ``logits: [n, seq, vocab]`` (of ``tokens[:, :-1]``), ``tokens``, ``completion: int [n, seq + 1]``.
-    logsumexp minus the target's logit: no log-softmax of ``[n, seq, vocab]`` is kept.
+    ``token_logps``: no log-softmax, nor float32 copy, of ``[n, seq, vocab]`` is kept.
     """
-    logits = logits.astype(jnp.float32)
-    target = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
-    return jnp.sum(jnp.where(completion[:, 1:] > 0, target - jax.nn.logsumexp(logits, axis=-1), 0.0), axis=-1)
+    return jnp.sum(jnp.where(completion[:, 1:] > 0, token_logps(logits, tokens[:, 1:]), 0.0), axis=-1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,6 +52,7 @@ from theseus.model.module import AUXILIARY, auxiliary
 from theseus.tasks.grpo_rollout import GRPORollout
 from theseus.tasks.rewards import Rewards
 from theseus.tasks.task import LossTask, Rollout, StepLayout
+from theseus.tasks.token_logps import token_logps
 
 SCALE_REWARDS = ("group", "batch", "none")
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
@@ -179,8 +180,7 @@ def completion_logps(logits: jax.Array, tokens: jax.Array, prompt_lengths: jax.A
     """
     at = prompt_lengths[:, None] + jnp.arange(width)  # [batch, width]: where each completion token is
     picked = jnp.take_along_axis(logits, (at - 1)[..., None], axis=1).astype(jnp.float32) / temperature
-    target = jnp.take_along_axis(tokens, at, axis=1)
-    return jnp.take_along_axis(picked, target[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(picked, axis=-1)
+    return token_logps(picked, jnp.take_along_axis(tokens, at, axis=1))
 
 
 @dataclasses.dataclass(frozen=True)

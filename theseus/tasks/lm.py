@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from theseus.model.module import AUXILIARY, auxiliary
 from theseus.tasks.task import LossTask
+from theseus.tasks.token_logps import token_logps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +59,9 @@ class LanguageModeling(LossTask):
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """Mean next-token loss, float32, over positions whose target is not -1.
 
-    ``logits: [batch, seq, vocab]``, ``targets: int[batch, seq]``. logsumexp minus the target's
-    logit: no one-hot of [batch, seq, vocab] is built.
+    ``logits: [batch, seq, vocab]`` (any float dtype: no float32 copy of them is kept, see
+    ``token_logps``), ``targets: int[batch, seq]``.
     """
-    logits = logits.astype(jnp.float32)
     keep = targets != -1
-    target_logit = jnp.take_along_axis(logits, jnp.where(keep, targets, 0)[..., None], axis=-1)[..., 0]
-    nll = jax.nn.logsumexp(logits, axis=-1) - target_logit
+    nll = -token_logps(logits, jnp.where(keep, targets, 0))
     return jnp.sum(jnp.where(keep, nll, 0.0)) / jnp.maximum(jnp.sum(keep), 1)

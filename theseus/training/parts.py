@@ -91,14 +91,24 @@ class Run:
     @functools.cached_property
     def flops_per_step(self) -> int:
         """Model FLOPs of one optimizer step: ``model.flops(seq)`` per sequence, frozen weights'
-        gradients left out (the step does not compute them)."""
-        return self.model.flops(self.model.seq_len, trainable=self.trainable) * self.sequences_per_step
+        gradients left out (the step does not compute them), counted for the mesh's devices (the
+        attention's kernel is the platform's)."""
+        with jax.set_mesh(self.compiled.mesh):
+            return self.model.flops(self.model.seq_len, trainable=self.trainable) * self.sequences_per_step
+
+    @functools.cached_property
+    def flops_note(self) -> str | None:
+        """How ``flops_per_step`` counts what the convention leaves open (``Module.flops_note``)."""
+        with jax.set_mesh(self.compiled.mesh):
+            return self.model.flops_note(self.model.seq_len)
 
     @functools.cached_property
     def peak(self) -> tuple[float, str]:
         """FLOP/s per device for MFU, and where the figure comes from: ``trainer.peak_flops``,
         the target's or the device's table entry, or a measured calibration (a CPU)."""
-        dtype, given = self.model._activation_dtype, self.settings.trainer.peak_flops
+        with jax.set_mesh(self.compiled.mesh):  # the dtype "auto" gives on the mesh's devices (a target's)
+            dtype = self.model._activation_dtype
+        given = self.settings.trainer.peak_flops
         if self.target and given is None and self.target.peak(dtype):
             return self.target.peak(dtype), f"table: {self.target.chip.name}"
         return peak_flops(self.devices[0] if self.target else jax.local_devices()[0], dtype, given)

@@ -18,7 +18,8 @@ from theseus.training.console import RunConsole
 from theseus.training.state import bytes_per_device
 
 FLOPS_CONVENTION = ("model.flops(seq): forward+backward, 6 x matmul params x seq (4 for a frozen weight: no gradient) "
-                    "+ 12 x n_layers x d_model x seq^2 per sequence; MFU = FLOP/s / (peak x devices)")
+                    "+ 12 x heads x head_dim per layer and (query, key) pair its attention kernel computes (written "
+                    "out: seq^2; splash: the blocks its mask reaches) per sequence; MFU = FLOP/s / (peak x devices)")
 
 
 def describe(run: Run, params: int) -> list[tuple[str, str]]:
@@ -37,7 +38,7 @@ def describe(run: Run, params: int) -> list[tuple[str, str]]:
         ("tokens / step", f"{run.tokens_per_step:,}"),
         ("FLOPs / step", f"{run.flops_per_step:.3e} analytic"
          + (f", {compiled.xla_flops:.3e} XLA ({compiled.xla_flops / run.flops_per_step:.2f}x)"
-            if compiled.xla_flops else "")),
+            if compiled.xla_flops else "") + (f"; {run.flops_note}" if run.flops_note else "")),
         ("peak FLOP/s / device", f"{peak:.3e} ({source})"),
     ]
     return rows + [(f"XLA {name} / device", format_bytes(v)) for name, v in compiled.memory.items()]
@@ -55,7 +56,7 @@ def record(run: Run, params: int, say) -> dict[str, Any]:
             "xla_flops_per_step": measured,
             "flops_ratio_xla": ratio, "peak_flops": peak, "peak_flops_source": source,
             "device_kind": jax.local_devices()[0].device_kind, "n_devices": jax.device_count(),
-            "mesh": run.mesh_shape, "flops_convention": FLOPS_CONVENTION}
+            "mesh": run.mesh_shape, "flops_convention": FLOPS_CONVENTION, "flops_note": run.flops_note}
 
 
 def report_end(run: Run, loop: LoopState, console: RunConsole) -> None:

@@ -25,6 +25,7 @@ from theseus.config import FRACTION, NON_NEGATIVE, POSITIVE, RUNTIME, ConfigErro
 from theseus.model.layers import (
     ACTIVATIONS,
     ATTENTION_IMPL_HELP,
+    ATTENTION_IMPLS,
     NORM_HELP,
     NORMS,
     WEIGHT_PRODUCT,
@@ -138,8 +139,7 @@ class GPT(Module):
     init_std: float = field("architecture.init_std", default=0.02, check=POSITIVE,
                             help="stddev of the normal initialiser", role=RUNTIME)
     attention_impl: str | None = field(
-        "architecture.attention_impl", default=None, choices=(None, "xla", "cudnn"),
-        help=ATTENTION_IMPL_HELP, role=RUNTIME,
+        "architecture.attention_impl", default="auto", choices=ATTENTION_IMPLS, help=ATTENTION_IMPL_HELP, role=RUNTIME,
     )
     remat: str = field(
         "architecture.remat", default="none", choices=("none", *REMAT_POLICIES),
@@ -275,15 +275,23 @@ class GPT(Module):
         """Forward + backward FLOPs of one sequence of ``seq`` tokens.
 
         Convention (PaLM's; nanoGPT's estimate_mfu): 6 x (parameters in matmuls) x seq, plus
-        12 x n_layers x d_model x seq^2 for attention scores and values, in full (not halved
-        for causality; a sliding-window layer's queries meet ``min(seq, sliding_window)`` keys,
-        not ``seq``). Lookups, norms and elementwise ops are not counted. It is the blocks'
-        count plus the output head's matmul (d_model x vocab_size); ``flops(seq, trainable=mask)``
-        leaves out the gradients of frozen weights (``Module.dense_flops``).
+        12 x heads x head_dim for attention scores and values per (query, key) pair its kernel
+        computes (``Attention.attention_pairs``: written out, all seq^2 of them; splash, on a
+        TPU, the blocks its causal or sliding-window mask reaches). Lookups, norms and
+        elementwise ops are not counted. It is the blocks' count plus the output head's matmul
+        (d_model x vocab_size); ``flops(seq, trainable=mask)`` leaves out the gradients of
+        frozen weights (``Module.dense_flops``).
         """
-        blocks = self.h if isinstance(self.h, Sequence) else [self.h] * self.n_layers  # scanned: one, n times
         head = self.wte.dense_flops("embedding", seq) if self.tie_embeddings else self.dense_flops("lm_head", seq)
-        return sum(block.flops(seq) for block in blocks) + head
+        return sum(block.flops(seq) for block in self._blocks) + head
+
+    def flops_note(self, seq: int) -> str | None:
+        """Its layers' notes (a sliding-window model's two kinds of layer: each once)."""
+        return "; ".join(dict.fromkeys(note for block in self._blocks if (note := block.flops_note(seq)))) or None
+
+    @property
+    def _blocks(self) -> Sequence[Module]:
+        return self.h if isinstance(self.h, Sequence) else [self.h] * self.n_layers  # scanned: one, n times
 
 
 def segment_positions(segments: jax.Array) -> jax.Array:
