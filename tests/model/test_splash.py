@@ -16,7 +16,7 @@ from theseus.base.axis import BATCH_MESH_AXES
 from theseus.config import configuration, configure
 from theseus.model.layers import Attention
 from theseus.model.models.gpt import GPT
-from theseus.model.splash import _kernel, block_size, computed_pairs
+from theseus.model.splash import _kernel, block_size, computed_pairs, splash_attention
 
 SEQ = 384  # three blocks of 128: the causal diagonal's partial blocks, and blocks skipped above it
 # no biases: a key bias's gradient is zero in exact arithmetic (softmax is blind to a shift), float32
@@ -84,6 +84,18 @@ def test_the_pairs_counted_are_the_blocks_the_kernels_own_map_computes(seq, wind
     assert computed_pairs(seq, window) == blocks * block_size(seq) ** 2
     if (seq, window) == (1024, None):
         assert computed_pairs(seq, window) == 3 * 512 * 512
+
+
+def test_no_trace_takes_another_traces_kernel():
+    """The state's layout is traced (eval_shape) before its init compiles: a kernel kept from the
+    first trace carried its tracers into the second (on a TPU: an init compiled for 5 inputs and
+    called with none). JAX's leak checker finds any tracer that outlives its trace."""
+    q = jnp.ones((1, 256, 2, 64))
+    attend = lambda q: splash_attention(q, q, q, None, scale=0.125, interpret=True)  # noqa: E731
+    with jax.checking_leaks():
+        jax.eval_shape(attend, q)
+        out = jax.jit(attend).lower(q).compile()(q)
+    np.testing.assert_allclose(out, attend(q), rtol=1e-6)
 
 
 def test_block_sizes_divide_the_sequence_or_there_is_none():
