@@ -137,3 +137,7 @@ def test_a_gpt_step_compiles_for_a_tpu_slice_with_splash_per_device_over_batch_a
     assert all("bf16[2,2,256,16]" in result for name, result in kernels.items() if "dkv" not in name), kernels
     assert all("bf16[2,1,256,16]" in result for name, result in kernels.items() if "dkv" in name), kernels
     assert "all-gather" not in text and "256,256]" not in text  # nothing gathered, no scores
+    entry = text[text.index("\nENTRY"):]
+    entry = entry[:entry.index("\n}")]
+    # its inputs are the params and the tokens alone: no tracer of the layout's trace above taken in
+    assert entry.count(" parameter(") == len(jax.tree.leaves(params)) + 1
