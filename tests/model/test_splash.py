@@ -90,7 +90,7 @@ def test_no_trace_takes_another_traces_kernel():
     """The state's layout is traced (eval_shape) before its init compiles: a kernel kept from the
     first trace carried its tracers into the second (on a TPU: an init compiled for 5 inputs and
     called with none). JAX's leak checker finds any tracer that outlives its trace."""
-    q = jnp.ones((1, 256, 2, 64))
+    q = jnp.ones((1, 128, 1, 32))
     attend = lambda q: splash_attention(q, q, q, None, scale=0.125, interpret=True)  # noqa: E731
     with jax.checking_leaks():
         jax.eval_shape(attend, q)
