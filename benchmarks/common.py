@@ -148,12 +148,13 @@ def machine() -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    from theseus.base.processor import processor
+    from theseus.base.processor import processor, running
 
-    cpu = processor()
+    cpu = running(processor()) if processor() else None  # at the clock the runs' MFU takes
     described = {} if cpu is None else {
         "cpu_vendor": cpu.vendor, "cpu_family": cpu.family, "cpu_model_number": cpu.model_number,
-        "vector_extensions": cpu.extensions, "fma_bits": cpu.fma_bits, "ghz": cpu.ghz, "physical_cores": cpu.cores,
+        "vector_extensions": cpu.extensions, "fma_bits": cpu.fma_bits, "ghz": cpu.ghz, "clock": cpu.clock,
+        "physical_cores": cpu.cores,
         "peak_flops_float32": cpu.peak(jnp.float32), "peak_flops_bfloat16": cpu.peak(jnp.bfloat16)}
     return {"cpu": cpu.model if cpu else platform.processor() or platform.machine(), **described,
             "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(), "jax": jax.__version__,

@@ -101,7 +101,7 @@ def in_process(folder: Path, batches: list[int], new: int, rounds: int) -> dict:
 
     from theseus.model.generate import complete
     from theseus.model.sampling import Sampling
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     trained = load_trained(folder)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()

@@ -90,7 +90,7 @@ def _time_phases(overrides: list[str]) -> None:
 
     import jax
 
-    import theseus.run  # noqa: F401  (what the command line imports)
+    import theseus.cli.run  # noqa: F401  (what the command line imports)
     from theseus.config.compose import compose
     from theseus.recipe import assemble
     from theseus.training.batches import global_batch

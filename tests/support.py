@@ -42,8 +42,8 @@ def refuse_run(*args, **kwargs):  # a single run, composed and checked: Hydra wo
     raise Started
 
 hydra.main = refuse
-import theseus.run
-theseus.run.run_composed = refuse_run
+import theseus.cli.run
+theseus.cli.run.run_composed = refuse_run
 
 import contextlib, io, json, sys, traceback
 from pathlib import Path

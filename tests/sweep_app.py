@@ -1,5 +1,5 @@
-"""A tiny Hydra app for the sweep tests: theseus's SweepSummary callback and sweep files
-(``+sweep=NAME``) around a fake training run.
+"""A tiny Hydra app for the sweep tests: theseus's Hydra settings (its SweepSummary callback, its
+log filters) and sweep files (``+sweep=NAME``) around a fake training run.
 
 The task writes metrics.jsonl as a run would; its final val_loss, the returned objective, is
 smallest at optimizer.lr=3e-3; ``+trainer.seed=S`` adds seed noise, NOISE[S]. optimizer.lr >= 0.1
@@ -15,16 +15,17 @@ from pathlib import Path
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from theseus.config import registry
+from theseus.config.compose import conf_dir
 
 registry.store()
 ConfigStore.instance().store(name="app", node={
     "optimizer": {"lr": 1e-3},
     "trainer": {"batch_size": 4, "max_steps": 20},
     "architecture": {"seq_len": 16},
-    "hydra": {"callbacks": {"sweep_summary": {"_target_": "theseus.sweep.SweepSummary"}}},
+    "hydra": OmegaConf.load(conf_dir() / "config.yaml").hydra,  # theseus's: its summary callback, its log filters
 })
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from theseus.training.records import RESULT
+from theseus.training.run_files import RESULT
 
 
 def final_val_loss(lr: float, seed: int) -> float:

@@ -3,10 +3,16 @@ plugin the shipped configs or README choose, or a pin whose reason is written he
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import tomllib
 
+import pytest
 from support import ROOT
+
+from theseus.base.dependencies import CORE
 
 IMPORTS = {"hydra-core": "hydra", "orbax-checkpoint": "orbax", "jaxlib": "jax", "tensorboardx": "tensorboardX",
            "pyyaml": "yaml", "hydra-submitit-launcher": "hydra_plugins.hydra_submitit_launcher"}  # jaxlib: jax's backend
@@ -35,3 +41,22 @@ def test_no_declared_dependency_goes_unused():
             unused.append(name)
     assert not unused, f"declared in pyproject.toml, used nowhere: {unused}"
     assert "grain" not in declared() and "scikit-learn" not in declared()  # an extra: pip install 'theseus[pmm]'
+
+
+def test_the_dependencies_import_theseus_asks_for_are_declared():
+    assert set(CORE.values()) <= set(declared())
+    assert all(IMPORTS.get(dist, dist.replace("-", "_")) == module for module, dist in CORE.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [["-m", "theseus.run", "+experiment=gpt_tiny"], ["-c", "import theseus"]])
+def test_a_python_without_the_dependencies_says_so_in_one_line(tmp_path, argv):
+    """The README's commands run by a Python whose environment is not active: this one without its
+    site-packages (``-S``), theseus on its path. One line naming what is missing and the fix, exit 2."""
+    proc = subprocess.run([sys.executable, "-S", *argv], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"theseus: error: this Python ({sys.executable}) lacks theseus's dependencies (numpy, jax, "
+                           f"flax, optax, omegaconf, hydra-core): activate the virtual environment they are installed "
+                           f"in (source .venv/bin/activate), or install them there (pip install -e .)\n")
+    assert list(tmp_path.iterdir()) == []

@@ -1,11 +1,14 @@
 """The import graph of theseus is layered and acyclic (README, Layout: config -> base -> model ->
-stateful / data -> tasks -> training -> interop / plan -> entry points).
+stateful / data -> tasks / evaluation -> training -> interop / plan / report -> recipe -> cli ->
+the entries users type).
 
 Every module under theseus/ is parsed with ``ast`` (nothing is imported); every ``theseus.*``
 import counts, a lazy one inside a function as much as one at the top, since laziness only
 hides a cycle. ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else
 to ``pkg``. The root package ``theseus`` is every module's parent (Python runs it first in any
-case), so an edge to it carries no layer.
+case), so an edge to it carries no layer. A module's ``if __name__ == "__main__":`` block runs
+only when the file is the program (``python -m theseus.data.prepare``), as another module,
+``__main__``: its imports are that entry's, not the module's.
 """
 
 from __future__ import annotations
@@ -17,11 +20,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "theseus"
 
-# Layer of each part: an import may go to the same part or a lower layer, never up, and never
-# sideways between two different parts of one layer. Top-level modules not listed here (run,
-# sample, export, evaluate, launch, sweep, report/, ...) are entry points.
-LAYERS = {"config": 0, "base": 1, "model": 2, "stateful": 3, "data": 3, "tasks": 4, "training": 5, "interop": 6,
-          "plan": 6}
+# The floors, lowest first: an import may go to the same part or a lower floor, never up, and never
+# sideways between two different parts of one floor.
+FLOORS = [("config",), ("base",), ("model",), ("stateful", "data"), ("tasks", "evaluation"), ("training",),
+          ("interop", "plan", "report"), ("recipe",), ("cli",)]
+LAYERS = {name: level for level, names in enumerate(FLOORS) for name in names}
+# Above them, the entries: the package (its lazy API), the ``python -m`` paths users type (each a
+# command of cli/), every ``__main__``, the notebook's ``theseus.runs`` and ``theseus.options`` (the
+# entry point naming theseus's own options). Any other part is an error (test_every_part_is_placed).
+COMMANDS = ("run", "sample", "evaluate", "export", "launch")
+ENTRIES = ("theseus", *COMMANDS, "runs", "options")
 # A model family: what the generic step, the tasks and the trainer must not know (they reach a
 # model's auxiliary losses and own updates through theseus.model.module's channels).
 FAMILIES = ("theseus.model.models", "theseus.model.moe", "theseus.stateful")
@@ -45,7 +53,8 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
     """The theseus modules that module ``name`` (its file ``path``) imports, anywhere in it."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for node in (node for top in tree.body if not is_main_block(top) for node in ast.walk(top)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -64,16 +73,26 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+def is_main_block(node: ast.stmt) -> bool:
+    """Whether ``node`` is a module's ``if __name__ == "__main__":`` block."""
+    return isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+
+
 def graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     """Module -> the theseus modules it imports."""
     files = modules(root)
     return {name: imports(name, path, set(files)) for name, path in files.items()}
 
 
+def is_main(module: str) -> bool:
+    """A package's command (``python -m theseus.config`` runs ``theseus.config.__main__``)."""
+    return module.endswith(".__main__")
+
+
 def part(module: str) -> str:
-    """``theseus.model.layers`` -> ``model``; a top-level module, or a part's command (its
-    ``__main__``: ``python -m theseus.config``), is its own part: an entry point."""
-    return module.split(".")[1] if "." in module and not module.endswith(".__main__") else module
+    """``theseus.model.layers`` -> ``model``; a top-level module is its own part (``recipe``, ``run``),
+    and so is a package's ``__main__``: an entry."""
+    return module.split(".")[1] if "." in module and not is_main(module) else module
 
 
 def layer(module: str) -> int:
@@ -128,7 +147,19 @@ def test_the_package_is_parsed_whole():
     edges = graph()
     assert len(edges) > 60
     assert "theseus.config.fields" in edges["theseus.config"]  # a package's own exports count
-    assert "theseus.training.trainer" in edges["theseus.run"]  # lazy imports inside functions count
+    assert "theseus.training.trainer" in edges["theseus.cli.run"]  # lazy imports inside functions count
+    assert "theseus.cli.prepare" not in edges["theseus.data.prepare"]  # its __main__ block is the entry's
+
+
+def test_every_part_is_placed():
+    assert sorted({part(m) for m in graph() if not is_main(m)} - set(LAYERS) - set(ENTRIES)) == []
+
+
+def test_the_command_entries_only_import_their_command():
+    edges = graph()
+    entries = [m for m in edges if is_main(m) and m != "theseus.__main__" or part(m) in COMMANDS]
+    assert len(entries) == 7
+    assert {m: sorted(t for t in edges[m] if part(t) != "cli") for m in entries} == {m: [] for m in entries}
 
 
 def parts(edges: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -188,16 +219,16 @@ def test_a_lazy_cycle_and_an_upward_import_are_found(package):
         "training/__init__.py": "",
         "training/t.py": "from theseus.model.a import f\n",
         "run.py": "from theseus.training import t\n",
-        "sweep.py": "from theseus.report.rundir import Run\n",
-        "report/__init__.py": "",
-        "report/rundir.py": "",
-        "report/page.py": "from theseus.sweep import collect\n",
+        "sweep.py": "from theseus.viewer.rundir import Run\n",
+        "viewer/__init__.py": "",
+        "viewer/rundir.py": "",
+        "viewer/page.py": "from theseus.sweep import collect\n",
     })
     edges = graph(root)
     assert edges["theseus.model.b"] == {"theseus.model.a"}  # relative import resolved
     assert cycles(edges) == [["theseus.model.a", "theseus.model.b"]]
     assert upward(edges) == ["theseus.config.c (config) imports theseus.training.t (training)"]
-    assert cycles(parts(edges)) == [["report", "sweep"]]  # no module cycle, but the parts import each other
+    assert cycles(parts(edges)) == [["sweep", "viewer"]]  # no module cycle, but the parts import each other
 
 
 def test_sideways_between_parts_of_one_layer_is_refused(package):

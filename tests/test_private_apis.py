@@ -3,16 +3,19 @@ library upgrade that changes one fails loudly in this file rather than quietly i
 
 - ``jax._src.clusters`` (theseus/base/distributed.py): JAX's cluster detection, which
   ``jax.distributed.initialize()`` reads and no public API exposes.
-- ``BasicSweeper.split_arguments`` (theseus/run.py): Hydra's expansion of ``-m`` overrides
+- ``BasicSweeper.split_arguments`` (theseus/cli/run.py): Hydra's expansion of ``-m`` overrides
   into jobs, to check every job before any runs.
-- ``JobReturn._return_value`` (theseus/sweep.py): a failed job's exception; the public
+- ``JobReturn._return_value`` (theseus/cli/sweep.py): a failed job's exception; the public
   ``return_value`` re-raises it and writes to stderr.
 - ``DictConfig._set_flag`` / ``_get_flag`` (theseus/config/context.py): the mark ``compose()``
   leaves on a config it has checked; copies keep it.
+- ``ArgumentParser._option_string_actions`` (theseus/config/arguments.py): every option string a
+  parser takes, a mutually exclusive group's too, for the did-you-mean of an unknown option.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -61,3 +64,10 @@ def test_the_checked_mark_is_an_omegaconf_flag_that_copies_keep():
         del copied["hydra"]
     assert is_checked(copied) and is_checked(copy.deepcopy(cfg)) and is_checked(OmegaConf.merge(cfg, {}))
     assert not is_checked(OmegaConf.create(OmegaConf.to_container(cfg)))  # the values alone are not marked
+
+
+def test_a_parser_lists_every_option_it_takes():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--max-new-tokens", "-n")
+    parser.add_mutually_exclusive_group().add_argument("--chat")
+    assert set(parser._option_string_actions) == {"-h", "--help", "--max-new-tokens", "-n", "--chat"}

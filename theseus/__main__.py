@@ -20,17 +20,18 @@ import os
 import sys
 from typing import NoReturn
 
-from theseus.base.command_exit import exit_after
+from theseus.cli.command_exit import exit_after
+from theseus.config.arguments import plain
 
 COMMANDS = {
-    "run": "theseus.run",
-    "sample": "theseus.sample",
-    "report": "theseus.report.__main__",
-    "config": "theseus.config.__main__",
-    "prepare": "theseus.data.prepare",
-    "launch": "theseus.launch",
-    "export": "theseus.export",
-    "evaluate": "theseus.evaluate",
+    "run": "theseus.cli.run",
+    "sample": "theseus.cli.sample",
+    "report": "theseus.cli.report",
+    "config": "theseus.cli.config",
+    "prepare": "theseus.cli.prepare",
+    "launch": "theseus.cli.launch",
+    "export": "theseus.cli.export",
+    "evaluate": "theseus.cli.evaluate",
 }
 
 
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["COMP_LINE"] = f"{program} {rest[3:].lstrip()}"
         argv = ["run", *argv]
     if not argv or argv[0] not in COMMANDS:
-        print(__doc__.strip() if not argv or argv[0] in ("-h", "--help") else
+        print(plain(__doc__.strip()) if not argv or argv[0] in ("-h", "--help") else
               f"theseus: error: unknown command {argv[0]!r}{_did_you_mean(argv[0])}; commands: {', '.join(COMMANDS)}",
               file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if not argv or argv[0] in ("-h", "--help") else 2

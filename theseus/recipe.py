@@ -5,7 +5,7 @@
 
 Every command assembles through ``assemble``: ``theseus.run`` (training, and the dry run of
 ``theseus.plan``), ``theseus.evaluate`` (``steps="eval"``), and ``sample`` and ``export``
-(``theseus.trained.load_trained``: no steps, the tokenizer given). Each check raises a
+(``theseus.cli.trained.load_trained``: no steps, the tokenizer given). Each check raises a
 ConfigError in one line, before the work it guards.
 """
 
@@ -24,22 +24,22 @@ from omegaconf import DictConfig, OmegaConf
 
 from theseus.base.axis import BATCH_MESH_AXES
 from theseus.base.compile_oom import oom_verdict
-from theseus.base.mesh import auto_cpu_devices, make_mesh, use_cpu_devices
+from theseus.base.mesh import auto_cpu_devices, make_mesh, sizable, use_cpu_devices
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import with_values
 from theseus.config.registry import chosen
 from theseus.data.dataset import planned_vocab_size
 from theseus.data.tokenizer import Tokenizer
+from theseus.evaluation.evaluations import EvaluationConfig, load_evaluations
 from theseus.interop.expressible import exportable
 from theseus.interop.hf_config import arch_of
-from theseus.interop.init_from import init_from_values, init_source
+from theseus.interop.init_from import check_same_architecture, init_from_values, init_source
 from theseus.interop.loading import load_params
 from theseus.interop.sources import base_path
 from theseus.model.lora import settings_of, without_adapters
 from theseus.model.source import ModelSource
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
-from theseus.tasks.evaluation import EvaluationConfig, load_evaluations
 from theseus.tasks.task import START, LossTask, StepLayout, Task, task_class
 from theseus.training import init_from
 from theseus.training.batches import batch_share, global_batch
@@ -48,8 +48,8 @@ from theseus.training.compiled import Compiled, Steps, compile_steps
 from theseus.training.frozen_base import FrozenBase, fingerprint
 from theseus.training.logger import LoggerConfig, scrub, secrets
 from theseus.training.parts import Run, prefetch
-from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
 from theseus.training.resume import check_run_dir
+from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
 from theseus.training.state import TrainState
 
 
@@ -70,15 +70,18 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     composed, derived = cfg, init_from_values(cfg, source)  # its architecture and tokenizer
     cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
     settings, task, evaluation, logging = configure_parts(cfg)
-    init_from.check_asked(settings.trainer, source)
+    init_from.check_asked(settings.trainer, source, cfg)
     if not isinstance(task, LossTask):
         raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
                           f"run it with python -m theseus.run")
     target = _target(settings)
     devices = target.devices if target else _local_devices(settings, auto=tokenizer is None)
-    _check_batch(settings, settings.mesh.shape(len(devices)), target.process_count if target else jax.process_count(),
-                 task)
+    _check_batch(settings, settings.mesh.shape(len(devices), sizable(devices)),
+                 target.process_count if target else jax.process_count(), task)
     declared_vocab = check_model(cfg)  # the model's own checks, before the data (which can take minutes)
+    reference = task.reference() if tokenizer is None else None  # what scores the examples once, if anything
+    if isinstance(reference, ModelSource):
+        check_same_architecture(cfg, reference)
 
     dataset = None if target or tokenizer else task.dataset(settings.data)
     tokens = (planned_vocab_size(settings.data, declared_vocab) if target
@@ -95,6 +98,8 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
         check_run_dir(run_dir, composed, settings)
     if source is not None:  # a checkpoint of other shapes: one line before compiling (a dry run's, a sweep's too)
         init_from.check(settings, model, source)
+    if isinstance(reference, ModelSource):
+        init_from.check_reference(model, reference)
 
     mesh = make_mesh(settings.mesh, devices)
     say = functools.partial(_say_compiling, model, devices, settings) if steps == "train" and announce else None

@@ -5,12 +5,14 @@
     runs.metrics()            # every logged row: {"run": "optimizer.lr=0.001", "optimizer.lr": 0.001, "step": 10, "loss": ...}
     runs.summary()            # one row per run: status, step of max_steps, ETA, differing keys, last metrics
     runs.dataframe()          # metrics() as a pandas DataFrame (pandas installed)
-    runs[0].config, runs[0].series("val_loss")
+    runs[0].config, runs[0].series("val_loss")   # a RunRecord
+
+The implementation is the report's (``theseus.report.records``, ``theseus.report.seeds``).
 """
 
 from __future__ import annotations
 
-from theseus.training.records import Run, Runs, load
-from theseus.training.seeds import Group, seed_groups
+from theseus.report.records import RunRecord, Runs, load
+from theseus.report.seeds import Group, seed_groups
 
-__all__ = ["Group", "Run", "Runs", "load", "seed_groups"]
+__all__ = ["Group", "RunRecord", "Runs", "load", "seed_groups"]

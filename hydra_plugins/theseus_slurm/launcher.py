@@ -1,5 +1,5 @@
 """``hydra/launcher=slurm``: Hydra's submitit SLURM launcher, collecting its jobs one by one
-(``theseus.slurm`` says why; theseus is imported only when a job runs or ends)."""
+(``theseus.cli.slurm`` says why; theseus is imported only when a job runs or ends)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         try:
             return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
         except SystemExit as stop:
-            from theseus.slurm import record_preempted
+            from theseus.cli.slurm import record_preempted
 
             record_preempted(self._job_dir(sweep_overrides, job_num), f"stopped by a signal (exit code {stop.code})")
             raise
@@ -51,7 +51,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         """The job's JobReturn once it has ended (requeues followed: submitit waits through them)."""
         from submitit.core.utils import UncompletedJobError
 
-        from theseus.slurm import stopped
+        from theseus.cli.slurm import stopped
 
         try:
             return job.results()[0]

@@ -5,6 +5,26 @@ from __future__ import annotations
 import pytest
 from support import run_python
 
+from theseus.base.mesh import MeshConfig
+from theseus.config import ConfigError
+
+CPU = ": on a CPU, it sets how many devices there are (the host's cores split among them)"
+
+
+@pytest.mark.parametrize("mesh, sizable, message", [
+    (MeshConfig(tensor=3), True, "mesh data=-1 x fsdp=1 x expert=1 x tensor=3 does not divide the 1 device: fix "
+                                 "mesh.* so the product is 1, or set mesh.cpu_devices=3" + CPU),
+    (MeshConfig(data=2, tensor=2), True, "mesh data=2 x fsdp=1 x expert=1 x tensor=2 needs 4 devices but 1 are "
+                                         "present: set mesh.data/fsdp/tensor so their product is 1 (-1 takes the "
+                                         "rest), or set mesh.cpu_devices=4" + CPU),
+    (MeshConfig(tensor=3), False, "mesh data=-1 x fsdp=1 x expert=1 x tensor=3 does not divide the 1 device: fix "
+                                  "mesh.* so the product is 1"),  # an accelerator's: their count is the machine's
+])
+def test_a_mesh_the_devices_cannot_hold_says_how_to_make_more_cpu_devices(mesh, sizable, message):
+    with pytest.raises(ConfigError) as error:
+        mesh.shape(1, sizable)
+    assert str(error.value) == message
+
 SCRIPT = r"""
 import sys
 import jax

@@ -36,6 +36,16 @@ def test_misspelt_key_suggests_the_intended_one():
     assert "did you mean architecture.scale (float, default 1.0: multiplier applied to x)?" in message
 
 
+def test_the_suggestion_gives_the_value_the_chosen_experiment_sets():
+    """Under gpt_small the default (3e-4) is not what runs: the experiment's 1e-3 is named beside it."""
+    with pytest.raises(ConfigError) as err:
+        compose(["+experiment=gpt_small", "optimizer.learning_rate=2e-3"])
+    assert "did you mean optimizer.lr (float, default 0.0003, +experiment=gpt_small sets 0.001: " in str(err.value)
+    with pytest.raises(ConfigError) as err:  # set on the command line too: that value, not the file's, runs
+        compose(["+experiment=gpt_small", "optimizer.lr=2e-3", "optimizer.learning_rate=2e-3"])
+    assert "did you mean optimizer.lr (float, default 0.0003: " in str(err.value)
+
+
 def test_wrong_type_names_key_and_type():
     with pytest.raises(ConfigError, match=r"architecture.n_layers: Value 'abc' .* Integer \(int, default 12: "):
         compose(["model=toy", "architecture.n_layers=abc"])

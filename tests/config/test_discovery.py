@@ -171,7 +171,7 @@ def test_unknown_model_says_how_to_make_a_module_visible():
 def test_sweep_expansion_uses_hydra_as_it_is():
     """run.job_overrides leans on Hydra's BasicSweeper.split_arguments (private): this fails loudly
     should Hydra change it."""
-    from theseus.run import job_overrides
+    from theseus.cli.run import job_overrides
 
     jobs = job_overrides(["-m", "a.b=1,2", "c=x"], ["d=3,4"])
     assert sorted(map(sorted, jobs)) == sorted(sorted([f"d={d}", f"a.b={a}", "c=x"]) for d in (3, 4) for a in (1, 2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,25 @@ def test_template_sources_in_order(tmp_path):
     (folder / "chat_template.jinja").unlink()
     with pytest.raises(ConfigError, match="has no chat template .* set data.chat_template to a Jinja file"):
         ChatTemplate.find(str(folder / "tokenizer.json"))
+
+
+def test_a_tokenizer_config_given_as_the_template_gives_its_template(tmp_path):
+    """data.chat_template=tokenizer_config.json (a chat model's, or one without a template: named,
+    where it rendered the JSON as text before and no turn was found)."""
+    chatml = chatml_folder(tmp_path / "chatml") / "tokenizer_config.json"
+    template = ChatTemplate.find("byte", str(chatml))
+    assert template.source == CHATML and template.origin == f"data.chat_template={chatml}"
+    named = tmp_path / "named.json"
+    named.write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "x"},
+                                                   {"name": "default", "template": CHATML}]}))
+    assert ChatTemplate.find("byte", str(named)).source == CHATML
+    plain = tmp_path / "tokenizer_config.json"
+    plain.write_text(json.dumps({"eos_token": "</s>"}))
+    with pytest.raises(ConfigError) as err:
+        ChatTemplate.find("byte", str(plain))
+    assert str(err.value) == (f"data.chat_template={plain} is a JSON file without a chat_template (a "
+                              f"tokenizer_config.json of a model that is not a chat model?): give a Jinja file, or "
+                              f"the tokenizer_config.json of a chat model")
 
 
 def test_default_template_ends_turns_with_endoftext():

@@ -94,6 +94,10 @@ BAD_SHARDS = [
                                 "fix meta.json"),
     ({"tokenizer": "char"}, "data.tokenizer=byte but {s}/meta.json says the shards were tokenized with 'char': "
                             "set data.tokenizer to char"),
+    ({"bytes_per_token": "1.5"}, "{s}/meta.json: bytes_per_token must be a positive number (UTF-8 bytes of text per "
+                                 "token) or null, got '1.5': fix meta.json"),  # before: a traceback at an evaluation
+    ({"bytes_per_token": 0}, "{s}/meta.json: bytes_per_token must be a positive number (UTF-8 bytes of text per "
+                             "token) or null, got 0: fix meta.json"),
 ]
 
 

@@ -12,9 +12,10 @@ import pytest
 import tokenizers
 
 from data.corpora import DOCS, FORMATS, stream, write_corpus
+from theseus.cli.prepare import main
 from theseus.config import ConfigError
 from theseus.data.dataset import open_dataset
-from theseus.data.prepare import main, prepare
+from theseus.data.prepare import prepare
 from theseus.data.shards import read_meta
 from theseus.data.tokenizer import EOT, HFTokenizer
 

@@ -65,6 +65,7 @@ def test_byte_prompts_split_and_their_columns(tmp_path):
     text = "<|system|>\nYou add." + EOT + "\n<|user|>\n" + STANDARD[0]["prompt"] + EOT + "\n<|assistant|>\n"
     assert conversational.tokenizer.decode(conversational.ids[0].tolist()) == text
     assert conversational.ids[0].tolist().count(256) == 2 and conversational.stop_tokens == (256,)
+    assert (prompts.conversational, conversational.conversational) == (False, True)  # sampled with --prompt, --chat
 
 
 def test_a_step_draws_prompts_in_a_seeded_order_each_process_its_share(tmp_path):

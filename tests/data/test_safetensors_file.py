@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from theseus.config import ConfigError
-from theseus.data.safetensors_file import SafetensorsFile, read_header
+from theseus.data.safetensors_file import SafetensorsFile, read_header, write_safetensors
 
 TENSORS = {
     "f32": np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7,
@@ -72,3 +74,18 @@ def test_a_damaged_file_is_named_in_one_line(saved, damage, reason):
 def test_a_tensor_the_file_lacks(saved):
     with pytest.raises(ConfigError, match="has no tensor 'missing'"):
         SafetensorsFile(saved).read("missing")
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
+def test_a_written_file_is_as_readable_as_the_umask_lets_files_be(tmp_path, umask, mode):
+    """Not owner-only whatever the umask, as safetensors leaves its files: a shared folder's team reads it."""
+    path = tmp_path / "model.safetensors"
+    saved = os.umask(umask)
+    try:
+        write_safetensors(TENSORS, path)
+    finally:
+        os.umask(saved)
+    assert path.stat().st_mode & 0o777 == mode
+    with safe_open(path, "np") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert all(np.array_equal(f.get_tensor(name), TENSORS[name]) for name in TENSORS)

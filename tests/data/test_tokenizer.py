@@ -31,6 +31,13 @@ def test_round_trip(tmp_path, kind):
     assert [a.tolist() for a in tokenizer.encode_batch(CORPUS)] == [tokenizer.encode(t) for t in CORPUS]
 
 
+@pytest.mark.parametrize("kind", ["byte", "bpe", "json"])
+def test_printable_text_escapes_what_a_terminal_acts_on(tmp_path, kind):
+    tokenizer = tokenizers(tmp_path)[kind]
+    assert tokenizer.printable(tokenizer.encode(TEXT)) == TEXT  # tab, newline, any character as they are
+    assert tokenizer.printable(tokenizer.encode("a\x1b[31mb\x00\r\x7f\x9b")) == "a\\x1b[31mb\\x00\\x0d\\x7f\\x9b"
+
+
 @pytest.mark.parametrize("kind", ["byte", "char", "bpe", "char_eot"])
 def test_saved_tokenizer_encodes_alike(tmp_path, kind):
     tokenizer = tokenizers(tmp_path)[kind]
@@ -86,6 +93,29 @@ def test_tokenizer_file_that_does_not_parse(tmp_path):
     assert message.startswith(f"{bad} does not parse as a Hugging Face tokenizer.json (")
     assert message.endswith("): point data.tokenizer at a file saved by tokenizers.Tokenizer.save")
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("model", ["WordLevel", "WordPiece"])
+def test_a_word_vocabulary_without_its_unknown_token_is_refused_when_read(tmp_path, model):
+    """tokenizers itself raises only when a word outside the vocabulary comes (mid-corpus, a traceback
+    before); with its unk_token in the vocabulary the file reads and encodes an unknown word as it."""
+    import tokenizers as hf
+
+    def write(vocab: list[str], **unk) -> Path:
+        tokenizer = hf.Tokenizer(getattr(hf.models, model)({w: i for i, w in enumerate(vocab)}, **unk))
+        tokenizer.pre_tokenizer = hf.pre_tokenizers.Whitespace()
+        tokenizer.save(str(tmp_path / "tokenizer.json"))
+        return tmp_path / "tokenizer.json"
+
+    path = write(["the", "a", "of"])
+    unk = getattr(hf.models, model)().unk_token  # the model's default: <unk> (WordLevel), [UNK] (WordPiece)
+    with pytest.raises(ConfigError) as err:
+        HFTokenizer.from_file(path)
+    assert str(err.value) == (f"{path}: its {model} model's unk_token {unk!r} is not in its vocabulary, so a word "
+                              f"outside the vocabulary cannot be encoded: add {unk!r} to model.vocab (or set "
+                              f"model.unk_token to a token of it), or give another tokenizer")
+    path = write(["the", "a", "of", "<u>"], unk_token="<u>")
+    assert HFTokenizer.from_file(path).encode("the cat") == [0, 3]
 
 
 def test_missing_tokenizer_file(tmp_path):

@@ -126,7 +126,7 @@ CASES = [
           "set architecture.vocab_size>=257"),
     # mesh and batch (two devices)
     _case("mesh_needs_more_devices", ["mesh.data=3"], "needs 3 devices but 2 are present",
-          "set mesh.data/fsdp/tensor so their product is 2"),
+          "set mesh.data/fsdp/tensor so their product is 2 (-1 takes the rest), or set mesh.cpu_devices=3"),
     _case("mesh_size_zero", ["mesh.data=0"], "mesh.data=0", "must be positive"),
     _case("profile_steps_one_number", ["trainer.profile_steps=[3]"], "trainer.profile_steps must be [START, END]"),
     _case("profile_steps_from_zero", ["trainer.profile_steps=[0,2]"], "with 1 <= START <= END"),

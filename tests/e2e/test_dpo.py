@@ -2,7 +2,8 @@
 (the log-probs the cache keeps are transformers' of the folder); a short run raises
 ``rewards/accuracies`` and ``rewards/margins`` on held-out pairs, as TRL scores its export, and
 ``theseus.evaluate`` of the export gives TRL's numbers; the run stopped and continued is
-bit-identical to the run never stopped (bad rows: tests/e2e/test_bad_input.py; the full
+bit-identical to the run never stopped; ``theseus.evaluate RUN`` gives the run's own validation
+numbers, or scores a file as its export does (bad rows: tests/e2e/test_bad_input.py; the full
 fine-tune: the README's section)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from e2e.test_next_commands import next_commands, shell
 from support import read_params, run_python
 from tasks.dpo_folders import random_llama, transformers, transformers_logps, write_rows
 
@@ -71,6 +73,7 @@ def test_a_short_lora_run_learns_the_preference_against_its_base_and_resumes_bit
     straight, stopped, cache = project / "straight", project / "stopped", project / "cache"
     proc = train(project, straight, "trainer.max_steps=8")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    offered = next_commands(proc.stderr)
     rows = logged(straight)
     assert rows[0]["step"] == 0 and rows[0]["val_loss"] == pytest.approx(math.log(2))  # B = 0: the policy is its base
     assert rows[0]["val_rewards/accuracies"] == 0 and rows[0]["val_rewards/margins"] == 0
@@ -98,6 +101,22 @@ def test_a_short_lora_run_learns_the_preference_against_its_base_and_resumes_bit
     ours = json.loads((project / "heldout.json").read_text())["metrics"]
     for name in ("loss", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected"):
         assert ours[f"val_{name}"] == pytest.approx(scores[f"eval_{name}"], rel=1e-4, abs=1e-6), name
+
+    # the run itself scored on the file (MODEL_OR_RUN: its adapters over the base), as its export is
+    proc = run_python("-m", "theseus.evaluate", str(straight), "task=dpo", "data.source=jsonl",
+                      "data.path=heldout.jsonl", f"dpo.reference={project / 'policy'}", f"data.cache_dir={cache}",
+                      "--out", "run-heldout.json", cwd=project)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0].endswith("; scored every example of data.path=heldout.jsonl"), proc.stdout
+    run_scores = json.loads((project / "run-heldout.json").read_text())["metrics"]
+    assert run_scores == pytest.approx(ours, rel=1e-4, abs=1e-6)
+    # the evaluate: line the run printed (no data named): its validation pairs, the numbers its last evaluation logged
+    proc = shell(offered["evaluate"], project)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0].endswith("; scored the run's validation split"), proc.stdout
+    own = json.loads((straight / "eval-8.json").read_text())
+    assert own["step"] == 8 and own["split"] == "val"
+    assert own["metrics"] == pytest.approx({key: rows[-1][key] for key in own["metrics"]}, rel=1e-6)
 
     # stopped at step 4, then continued to 8 in place: the same steps, bit for bit
     for steps in (4, 8):

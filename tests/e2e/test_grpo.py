@@ -67,6 +67,9 @@ def test_the_readme_run_raises_its_reward_and_held_out_accuracy(folder):
     assert {s["step"] for s in samples} == {0, 25, 50, 75, 100} and set(samples[0]) == {"step", "prompt", "completion",
                                                                                         "correct"}
     assert "  sample: 'reverse " in (run / "run.log").read_text()
+    offered = output.split("theseus run summary")[-1]  # the GRPO run's end: trained on chats, it is talked to
+    chat = r"^  sample: +python -m theseus.sample \S*outputs/reverse-grpo --chat \"\.\.\.\"$"
+    assert re.search(chat, offered, re.M), offered
     reply = output.split("$ python -m theseus.sample outputs/reverse-grpo", 1)[1].splitlines()[1]
     assert re.fullmatch("[a-h]{4}", reply.strip()), reply  # the chat template's reply: a word
 
@@ -126,7 +129,7 @@ def params(run: Path) -> list[np.ndarray]:
     """The final checkpoint's params of ``run``, as numpy arrays in a fixed order."""
     import jax
 
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     return [np.asarray(leaf) for leaf in jax.tree.leaves(load_trained(run).params)]
 

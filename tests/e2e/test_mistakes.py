@@ -29,6 +29,10 @@ RUN = ["+experiment=gpt_tiny", *DATA, "logger.mode=offline", "hydra.run.dir=refu
 SFT = [*RUN, "task=sft", "data.source=jsonl", "data.path=chats.jsonl", "data.cache_dir=fresh-cache"]  # nothing prepared
 SLURM = ["-m", *RUN, "hydra/launcher=slurm"]  # a sweep submitted to SLURM (refused here: no SLURM is needed)
 DRY = [*RUN, "trainer.dry_run=true"]
+DPO = [*RUN, "task=dpo", "trainer.init_from=run", "data.source=jsonl", "data.path=pairs.jsonl", "trainer.batch_size=4",
+       "data.cache_dir=fresh-cache"]
+GRPO = [*RUN, "task=grpo", "trainer.init_from=run", "data.source=jsonl", "data.path=prompts.jsonl",
+        "grpo.reward=rewards:correct", "grpo.max_completion_length=8", "trainer.batch_size=16"]
 LORA = ["data.source=text", "data.path=corpus.txt", "data.cache_dir=cache", "trainer.init_from=base",
         "architecture.lora.rank=4", "trainer.max_steps=2", "trainer.batch_size=4", "trainer.checkpoint_every=2",
         "trainer.eval_every=0", "logger.mode=disabled", "hydra.run.dir=lora"]  # its base is changed after it trained
@@ -47,6 +51,8 @@ CASES = [
     case("sample_no_path", "theseus.sample", [], "the following arguments are required: path"),
     case("sample_path_missing", "theseus.sample", ["nowhere"], "nowhere is no local path",
          "not in the Hugging Face cache", "give a Hugging Face folder, a theseus run or checkpoint"),
+    case("sample_run_from_another_folder", "theseus.sample", ["outputs/tiny"],
+         "outputs/tiny does not exist (no folder ", "/outputs/tiny, and no model outputs/tiny in the Hugging Face cache"),  # before: hf download outputs/tiny
     case("sample_negative_temperature", "theseus.sample", ["run", "--temperature", "-1"], "--temperature",
          "must be 0 or more, got '-1'"),
     case("sample_temperature_text", "theseus.sample", ["run", "--temperature", "hot"], "--temperature", "'hot'"),
@@ -61,7 +67,10 @@ CASES = [
          "saved steps are 2"),
     case("sample_negative_step", "theseus.sample", ["run", "--step", "-2"], "--step", "at least 0"),
     case("sample_empty_prompt", "theseus.sample", ["run", "--prompt", ""], "--prompt must hold at least one token"),
-    case("sample_misspelt_flag", "theseus.sample", ["run", "--temprature", "1"], "unrecognized arguments: --temprature 1"),
+    case("sample_misspelt_flag", "theseus.sample", ["run", "--temprature", "1"],
+         "unrecognized arguments: --temprature 1; did you mean --temperature?"),
+    case("sample_underscored_flag", "theseus.sample", ["run", "--max_new_tokens", "24"],
+         "unrecognized arguments: --max_new_tokens 24; did you mean --max-new-tokens?"),
     case("sample_run_without_checkpoints", "theseus.sample", ["untrained"], "untrained holds no checkpoint",
          "train it first"),
     case("sample_corrupt_config", "theseus.sample", ["corrupt"], "corrupt/.hydra/config.yaml is not valid YAML",
@@ -109,6 +118,11 @@ CASES = [
          "trainer.eval_batches=N"),
     case("evaluate_misspelt_key", "theseus.evaluate", ["run", "evaluation.multiple_chioce.x=a.jsonl"],
          "evaluation.multiple_chioce", "did you mean evaluation.multiple_choice"),
+    case("evaluate_unknown_task", "theseus.evaluate", ["run", "task=dpx"], "unknown task 'dpx'", "available: "),
+    case("evaluate_run_other_tokenizer", "theseus.evaluate", ["run", "data.path=corpus.txt", "data.tokenizer=char"],
+         "run reads its data with its own tokenizer", "drop data.tokenizer"),
+    case("evaluate_fitted_run_other_data", "theseus.evaluate", ["char_run", "data.path=corpus.txt"],
+         "'data.path=corpus.txt'", "(data.tokenizer=char) was fitted to its own data", "no data.* keys"),
     # theseus.runs.load (a Python API: its error, one line)
     case("runs_load_missing", "theseus.runs", ["nowhere"], "nowhere is neither a run directory"),
     case("runs_load_corrupt_config", "theseus.runs", ["corrupt"], "corrupt/.hydra/config.yaml is not valid YAML"),
@@ -140,7 +154,8 @@ CASES = [
     case("moe_key_on_a_dense_model", "theseus.run", [*RUN, "architecture.moe.every=2"],
          "architecture.moe is a key of model=moe", "choose model=moe or drop the key"),
     case("expert_axis_beyond_the_devices", "theseus.run", [*RUN, "model=moe", "mesh.expert=4"], "expert=4",
-         "does not divide the 2 devices", "fix mesh.*"),
+         "does not divide the 2 devices", "fix mesh.*", "or set mesh.cpu_devices=4: on a CPU, it sets how many "
+         "devices there are"),
     case("lm_eval_include_missing", "theseus.run", [*RUN, "evaluation.lm_eval=[mytask]",
                                                     "evaluation.lm_eval_include=tasks_nowhere"], "tasks_nowhere"),
     case("lm_eval_fewshot_negative", "theseus.run", [*RUN, "evaluation.lm_eval=[mytask]",
@@ -184,10 +199,12 @@ CASES = [
          "architecture.moe.d_ff must be positive (or null: architecture.d_ff), got -1"),
     case("expert_axis_not_dividing_the_experts", "theseus.run", [*RUN, "model=moe", "mesh.expert=2",
                                                                  "architecture.moe.n_experts=3"],
-         "has 3 along its 'expert' axis, which mesh.expert=2 does not split evenly", "mesh.rules.expert=null"),
+         "has 3 along its 'expert' axis (architecture.moe.n_experts=3), which mesh.expert=2 does not split evenly",
+         "set architecture.moe.n_experts to a multiple of 2", "mesh.rules.expert=null"),
     case("tensor_axis_not_dividing_the_heads", "theseus.run", [*RUN, "mesh.data=1", "mesh.tensor=2",
                                                                "architecture.n_kv_heads=1"],
-         "'kv_heads' axis, which mesh.tensor=2 does not split evenly", "mesh.rules.kv_heads=null"),
+         "'kv_heads' axis (architecture.n_kv_heads=1), which mesh.tensor=2 does not split evenly",
+         "mesh.rules.kv_heads=null"),
     case("template_adding_a_number_to_a_string", "theseus.run", [*SFT, "data.chat_template=adds_a_number.jinja"],
          "row 1 of data.path=chats.jsonl: the chat template (data.chat_template=adds_a_number.jinja) fails on a "
          "conversation: TypeError: can only concatenate str"),
@@ -229,11 +246,11 @@ CASES = [
     # misleading before
     case("save_to_disk_folder_as_parquet", "theseus.run", [*RUN, "data.source=parquet", "data.path=corpus_hf"],
          "data.path=corpus_hf is a folder written by datasets' save_to_disk", "use data.source=arrow"),
-    case("save_to_disk_folder_as_text", "theseus.data.prepare", ["data.source=text", "data.path=corpus_hf"],
+    case("save_to_disk_folder_as_text", "theseus.cli.prepare", ["data.source=text", "data.path=corpus_hf"],
          "use data.source=arrow"),
-    case("parquet_file_as_jsonl", "theseus.data.prepare", ["data.source=jsonl", "data.path=corpus.parquet"],
+    case("parquet_file_as_jsonl", "theseus.cli.prepare", ["data.source=jsonl", "data.path=corpus.parquet"],
          "data.path=corpus.parquet is a parquet file", "use data.source=parquet"),
-    case("parquet_column_missing", "theseus.data.prepare", ["data.source=parquet", "data.path=corpus.parquet",
+    case("parquet_column_missing", "theseus.cli.prepare", ["data.source=parquet", "data.path=corpus.parquet",
                                                             "data.cache_dir=fresh-cache"],
          "has no column 'text' (its columns: id, content)"),  # said before anything is prepared
     case("chat_template_without_sft", "theseus.run", [*RUN, "data.source=jsonl", "data.path=chats.jsonl",
@@ -242,7 +259,7 @@ CASES = [
     case("conversations_as_documents", "theseus.run", [*RUN, "data.source=jsonl", "data.path=chats.jsonl",
                                                        "data.cache_dir=fresh-cache"],
          "has no field 'text' (its fields: messages)", "add task=sft"),
-    case("chat_template_to_prepare", "theseus.data.prepare", ["data.source=jsonl", "data.path=chats.jsonl",
+    case("chat_template_to_prepare", "theseus.cli.prepare", ["data.source=jsonl", "data.path=chats.jsonl",
                                                               "data.chat_template=chat.jinja"],
          "drop data.chat_template"),
     case("template_syntax_error", "theseus.run", [*SFT, "data.chat_template=unclosed.jinja"],
@@ -266,8 +283,70 @@ CASES = [
          "starts after the run's last step (trainer.max_steps=60)"),
     case("lora_rank_past_the_weights", "theseus.run", [*RUN, "architecture.lora.rank=100"],
          "architecture.lora.rank=100 is more than the rank of the", "at most 64"),
+    case("evaluate_dashed_flag", "theseus.evaluate", ["run", "--num-fewshot", "0"],
+         "unrecognized arguments: --num-fewshot 0; did you mean --num_fewshot?"),
+    case("export_misspelt_flag", "theseus.export", ["run", "out", "--stepp", "2"], "did you mean --step?"),
     case("evaluate_output_path_a_file", "theseus.evaluate", ["run", "--output_path", "corpus.txt"],
          "--output_path corpus.txt is a file"),
+    # still mishandled before (issue 68): tracebacks, misleading lines, accepted silently
+    case("tokenizer_word_level_without_its_unknown_token", "theseus.run", [*RUN, "data.tokenizer=wordlevel.json",
+                                                                           "data.cache_dir=fresh-cache"],
+         "wordlevel.json: its WordLevel model's unk_token '<unk>' is not in its vocabulary", "add '<unk>'"),
+    case("shards_bytes_per_token_a_string", "theseus.run", [*RUN, "data.source=shards", "data.path=rate_shards"],
+         "rate_shards/meta.json: bytes_per_token must be a positive number", "got '1.5'"),
+    case("tokenizer_config_without_a_template_as_the_template", "theseus.run",
+         [*SFT, "data.chat_template=plain/tokenizer_config.json"],
+         "data.chat_template=plain/tokenizer_config.json is a JSON file without a chat_template", "give a Jinja file"),
+    case("init_data_of_other_data", "theseus.run", [*RUN, "trainer.init_from=run", "trainer.init_data=true",
+                                                    "data.path=corpus2.txt"],
+         "trainer.init_data=true reads on where trainer.init_from=run stopped in its data",
+         "data.path: 'corpus.txt' -> 'corpus2.txt'", "drop trainer.init_data"),
+    case("lm_eval_task_yaml_not_parsing", "theseus.run", [*RUN, "evaluation.lm_eval=[my_bad]",
+                                                          "evaluation.lm_eval_include=bad_tasks"],
+         "bad_tasks/my_bad.yaml does not parse as YAML (line", "lm-eval skips it, so task 'my_bad' is unknown"),
+    case("sample_corrupt_config_without_checkpoints", "theseus.sample", ["corrupt_untrained"],
+         "corrupt_untrained/.hydra/config.yaml is not valid YAML"),
+    # the post-training corpus: DPO
+    case("dpo_key_of_another_task", "theseus.run", [*SFT, "dpo.beta=0.5"],
+         "dpo.beta applies to task=dpo only (task=sft here): drop it or set task=dpo"),
+    case("grpo_key_of_another_task", "theseus.run", [*DPO, "grpo.beta=0.1"],
+         "grpo.beta applies to task=grpo only (task=dpo here)"),
+    case("dpo_beta_zero", "theseus.run", [*DPO, "dpo.beta=0"], "dpo.beta must be positive, got 0.0"),
+    case("dpo_reference_of_another_architecture", "theseus.run", [*DPO, "dpo.reference=one_layer"],
+         "dpo.reference=one_layer: its architecture differs from the policy's (architecture.n_layers: 1 there, 2 here)",
+         "give a reference of the policy's architecture"),  # before: a traceback after compiling
+    case("dpo_reference_a_plain_file", "theseus.run", [*DPO, "dpo.reference=corpus.txt"],
+         "dpo.reference=corpus.txt is a file, not a model"),
+    case("dpo_pair_of_mixed_formats", "theseus.run", [*DPO, "data.path=mixed_pairs.jsonl"],
+         "mixed_pairs.jsonl line 2: chosen must be a string, as its prompt is"),
+    case("dpo_pairs_empty", "theseus.run", [*DPO, "data.path=empty.jsonl"], "data.path=empty.jsonl is empty"),
+    case("evaluate_dpo_on_prompts", "theseus.evaluate", ["exported", "task=dpo", "data.source=jsonl",
+                                                         "data.path=prompts.jsonl"],
+         "prompts.jsonl line 1 has no field 'chosen' (it has 'prompt', 'answer')"),
+    # GRPO
+    case("grpo_reward_without_kwargs", "theseus.run", [*GRPO, "grpo.reward=rewards:strict"],
+         "grpo.reward=rewards:strict cannot take the arguments it is called with: it takes no 'answer'",
+         "add **kwargs"),  # before: a TypeError at its first call
+    case("grpo_reward_of_a_column_the_rows_lack", "theseus.run", [*GRPO, "grpo.reward=rewards:graded"],
+         "its parameter 'solution' is given nothing", "give the rows a 'solution' field"),
+    case("grpo_reward_not_callable", "theseus.run", [*GRPO, "grpo.reward=rewards:THRESHOLD"],
+         "grpo.reward=rewards:THRESHOLD is not a function (a int)"),
+    case("grpo_top_k_beyond_the_vocabulary", "theseus.run", [*GRPO, "grpo.top_k=1000"],
+         "grpo.top_k=1000 is more than the 257 tokens of the vocabulary"),
+    case("grpo_epsilon_one", "theseus.run", [*GRPO, "grpo.epsilon=1"], "grpo.epsilon must be in (0, 1), got 1.0"),
+    case("grpo_every_prompt_too_long", "theseus.run", [*GRPO, "data.path=long_prompts.jsonl"],
+         "no train prompt fits architecture.seq_len + 1 = 65 tokens"),
+    # model files
+    case("sample_gguf_not_gguf", "theseus.sample", ["not.gguf"], "not.gguf does not read as a GGUF file"),
+    case("sample_hf_unknown_model_type", "theseus.sample", ["hf_unknown"],
+         "hf_unknown/config.json: model_type 'mamba' is not supported"),
+    case("sample_hf_heads_not_dividing", "theseus.sample", ["hf_heads"],
+         "hf_heads/config.json: n_head=5 does not divide n_embd=64: fix config.json"),  # before: theseus's names
+    case("sample_chat_without_a_template", "theseus.sample", ["run", "--chat", "hi"],
+         "run has no chat template (a run of task=lm; its tokenizer byte holds none)",
+         "give one with --chat-template FILE"),  # before: noise by theseus's default template, exit 0
+    case("sample_chat_template_without_chat", "theseus.sample", ["run", "--chat-template", "chat.jinja"],
+         "--chat-template needs --chat"),
 ]
 
 @pytest.fixture(scope="module")
@@ -281,8 +360,11 @@ def results(tmp_path_factory) -> dict:
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_python("-m", "theseus.export", "run", "exported", cwd=ws)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("untrained", "corrupt", "listed", "bad_overrides"):
+    for name in ("untrained", "corrupt", "listed", "bad_overrides", "char_run"):
         shutil.copytree(ws / "run" / ".hydra", ws / name / ".hydra")
+    (ws / "char_run" / "checkpoints").symlink_to(ws / "run" / "checkpoints")  # as if its tokenizer were fitted
+    saved = ws / "char_run" / ".hydra" / "config.yaml"
+    saved.write_text(saved.read_text().replace("  tokenizer: byte\n", "  tokenizer: char\n"))
     (ws / "corrupt" / "checkpoints").symlink_to(ws / "run" / "checkpoints")
     (ws / "corrupt" / ".hydra" / "config.yaml").write_text("architecture: {n_layers: 2\ntrainer: [\n")
     (ws / "listed" / "checkpoints").symlink_to(ws / "run" / "checkpoints")
@@ -312,12 +394,59 @@ def results(tmp_path_factory) -> dict:
     (ws / "my_tasks" / "my_task.yaml").write_text(
         "task: my_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: gone.jsonl\ntest_split: test\n"
         "output_type: multiple_choice\ndoc_to_text: '{{context}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: label\n")
+    post_training(ws)
+    issue_68(ws)
     cases = {param.id: param.values[:2] for param in CASES}
     (ws.parent / f"{ws.name}-cases.json").write_text(json.dumps(cases))
     proc = run_python("-c", DRIVER, str(ws.parent / f"{ws.name}-cases.json"), devices=2, cwd=ws, timeout=900,
                       env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})  # the hub unreachable, at once
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.split("RESULTS", 1)[1])
+
+
+def issue_68(ws: Path) -> None:
+    """The files of the cases mishandled until issue 68: a WordLevel tokenizer without its unknown
+    token, shards whose meta.json gives bytes_per_token as a string, a tokenizer_config.json without
+    a template, a second corpus, a task YAML that does not parse, a broken run without checkpoints."""
+    import tokenizers
+
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({"the": 0, "of": 1}))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    words.save(str(ws / "wordlevel.json"))
+    prepared = next(folder for folder in sorted((ws / "cache").iterdir()) if (folder / "meta.json").is_file())
+    shutil.copytree(prepared, ws / "rate_shards")
+    meta = json.loads((ws / "rate_shards" / "meta.json").read_text())
+    (ws / "rate_shards" / "meta.json").write_text(json.dumps({**meta, "bytes_per_token": "1.5"}))
+    (ws / "plain").mkdir()
+    (ws / "plain" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    (ws / "corpus2.txt").write_text(Path(shutil.__file__).read_text())
+    (ws / "bad_tasks").mkdir()
+    (ws / "bad_tasks" / "my_bad.yaml").write_text("task: my_bad\ndataset_path: [\n")
+    shutil.copytree(ws / "corrupt" / ".hydra", ws / "corrupt_untrained" / ".hydra")
+
+
+def post_training(ws: Path) -> None:
+    """Preference pairs, prompts and reward functions, and model files that are not what they seem."""
+    pairs = [{"prompt": f"What is {a} plus 2?", "chosen": f" {a + 2}.", "rejected": f" {a + 3}."} for a in range(20)]
+    (ws / "pairs.jsonl").write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+    mixed = [pairs[0], {**pairs[1], "chosen": [{"role": "assistant", "content": "3."}]}]
+    (ws / "mixed_pairs.jsonl").write_text("".join(json.dumps(pair) + "\n" for pair in mixed))
+    (ws / "empty.jsonl").touch()
+    (ws / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"{a} + 1 =", "answer": str(a + 1)}) + "\n"
+                                              for a in range(40)))
+    (ws / "long_prompts.jsonl").write_text("".join(json.dumps({"prompt": "x" * 100 + str(a)}) + "\n" for a in range(8)))
+    (ws / "rewards.py").write_text(
+        "def correct(prompts, completions, completion_ids, answer, **kwargs):\n"
+        "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n"
+        "def strict(prompts, completions, completion_ids):\n    return [0.0] * len(prompts)\n"
+        "def graded(prompts, completions, completion_ids, solution, **kwargs):\n    return [0.0] * len(prompts)\n"
+        "THRESHOLD = 3\n")
+    (ws / "not.gguf").write_text("a text file named .gguf\n")
+    for name, changes in (("one_layer", {"n_layer": 1}), ("hf_unknown", {"model_type": "mamba"}),
+                          ("hf_heads", {"n_head": 5})):
+        shutil.copytree(ws / "exported", ws / name)
+        config = json.loads((ws / name / "config.json").read_text())
+        (ws / name / "config.json").write_text(json.dumps({**config, **changes}))
 
 
 @pytest.mark.parametrize("module, argv, expect", CASES)

@@ -17,8 +17,8 @@ from support import run_python
 
 from theseus.base.distributed import DistributedConfig, join_arguments
 from theseus.base.processor import processor
+from theseus.cli.launch import free_port, pin_output_dirs
 from theseus.config import ConfigError
-from theseus.launch import free_port, pin_output_dirs
 
 pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
@@ -132,7 +132,7 @@ from theseus.base.distributed import initialize
 run, coordinator, index, *args = sys.argv[1:]
 if coordinator:
     initialize({"distributed": {"coordinator": coordinator, "num_processes": 2, "process_id": int(index)}})
-from theseus.evaluate import run_evaluations  # the trainer's evaluations of a checkpoint
+from theseus.cli.evaluate import run_evaluations  # the trainer's evaluations of a checkpoint
 from theseus.model.source import parse_source
 print("RESULT", json.dumps(run_evaluations(parse_source(run, key=None), None, args)))
 """
@@ -143,7 +143,7 @@ def test_lm_eval_tasks_in_two_processes_give_every_process_one_processs_numbers(
     same checkpoint: two processes of 2 devices each, each process with its share of every batch,
     get the same records as each other and as one process of 4 devices."""
     pytest.importorskip("lm_eval")
-    from tasks.harness_fixtures import write_tasks
+    from evaluation.harness_fixtures import write_tasks
 
     tasks = write_tasks(tmp_path / "tasks")
     evaluation = ["evaluation.lm_eval=[theseus_mc,theseus_ppl,theseus_gen]", f"evaluation.lm_eval_include={tasks}",

@@ -13,10 +13,13 @@ from omegaconf import OmegaConf, open_dict
 
 from support import ROOT, run_python
 
+from theseus.base.processor import processor, running
+
 pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
 METRICS = ("loss", "lr", "grad_norm", "step_time", "tokens_per_s", "flops_per_s", "mfu", "data_wait")
+HOST = processor()
 
 
 @pytest.fixture(scope="module")
@@ -130,9 +133,12 @@ def test_sweep_runs_each_point_and_summarises(sweep):
 
 def test_a_sweep_off_a_terminal_shows_a_line_per_job_and_its_summary(swept):
     """Piped, each job's banner, progress, tables and next commands go to its run.log alone; the
-    console has Hydra's launch line, one line per job (its overrides and how it ended), the summary."""
+    console has the sweep's first line (where its jobs go; not Hydra's launch lines), one line per
+    job (its overrides and how it ended), the summary."""
     sweep, proc = swept
     shown = (proc.stdout + proc.stderr).splitlines()
+    assert f"sweep into {sweep}: a line per job as it ends, each job's whole console in its run.log" in shown
+    assert not any("Launching" in line for line in shown), shown
     jobs = [line for line in shown if line.startswith("#")]
     assert len(jobs) == 2 and "theseus run" not in proc.stderr and "next:" not in proc.stderr, shown
     for job, (lr, row) in enumerate(zip(("0.001", "0.003"), csv.DictReader((sweep / "summary.csv").open()))):
@@ -141,8 +147,10 @@ def test_a_sweep_off_a_terminal_shows_a_line_per_job_and_its_summary(swept):
         assert f": step 20/20, val_loss {float(row['val_loss']):.4f}, " in jobs[job]
         log = (sweep / str(job) / "run.log").read_text()
         assert "theseus: compiling" in log and "step 15/20 " in log and "next:" in log
+        if HOST is not None and HOST.peak("float32"):  # the start table says which clock the CPU's peak takes
+            assert f" GHz ({running(HOST).clock}) x " in log, log
     assert any(line.startswith("sweep: 2 jobs, 0 failed") for line in shown)
-    assert len(shown) < 20, shown  # Hydra's line, the jobs', the summary table and its files
+    assert len(shown) < 20, shown  # the sweep's line, the jobs', the summary table and its files
 
 
 def test_each_run_logs_every_metric_and_an_offline_wandb_run(sweep):
@@ -210,7 +218,7 @@ COUNT_COMPOSITIONS = """
 import atexit, sys
 from hydra._internal.hydra import Hydra
 from hydra.experimental.callback import Callback
-from theseus.run import main
+from theseus.cli.run import main
 
 class Probe(Callback):  # a callback of the user's: each hook it sees, in order
     def __getattribute__(self, name):

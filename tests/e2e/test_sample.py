@@ -3,6 +3,7 @@ context too), errors in one line."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import jax
@@ -28,12 +29,16 @@ def run_dir(tmp_path_factory) -> Path:
 
 
 def test_sampling_at_temperature_one_after_five_steps(run_dir):
-    """An untrained model spreads its probability over the padded ids too: none may come out."""
+    """An untrained model spreads its probability over the padded ids too: none may come out. Nor
+    may the bytes it draws reach the terminal as they are: NUL, escapes, bytes that are no UTF-8
+    character's come out as a visible ``\\xNN``."""
     for seed in ("0", "1"):
         proc = run_python("-m", "theseus.sample", str(run_dir), "--temperature", "1", "--max-new-tokens", "60",
                           "--seed", seed)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert len(proc.stdout) > 1
+        assert re.search(r"\\x[0-9a-f]{2}", proc.stdout), proc.stdout  # drawn among the 257 ids, some are
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffd]", proc.stdout), proc.stdout
 
 
 def test_a_bad_sampling_argument_is_one_line(run_dir):
@@ -47,7 +52,7 @@ def test_a_bad_sampling_argument_is_one_line(run_dir):
 def test_the_readme_s_200_tokens_past_a_64_token_context(run_dir):
     """The README's command (greedy): 200 tokens from gpt_tiny (seq_len 64), each the argmax of
     a full forward pass over the last 64 tokens, as nanoGPT samples."""
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     proc = run_python("-m", "theseus.sample", str(run_dir), "--prompt", "def ", "--max-new-tokens", "200",
                       "--temperature", "0")
@@ -62,4 +67,4 @@ def test_the_readme_s_200_tokens_past_a_64_token_context(run_dir):
         window = tokens[-64:]  # padded to 64 at its end: causality keeps the padding from its last position
         scores = np.asarray(logits(np.asarray([window + [0] * (64 - len(window))], np.int32)))
         tokens.append(int(scores[0, len(window) - 1, :tokenizer.vocab_size].argmax()))
-    assert proc.stdout == "def " + tokenizer.decode(tokens[-200:]) + "\n"
+    assert proc.stdout == "def " + tokenizer.printable(tokens[-200:]) + "\n"

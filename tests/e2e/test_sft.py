@@ -73,6 +73,21 @@ def test_fine_tune_evaluate_and_chat(project):
     reference = transformers_val_loss(project / "qwen", project / "qwen", [chats()[i]["messages"] for i in held])
     assert val_loss == pytest.approx(reference, abs=1e-4)
 
+    # the SFT run scored on preference pairs, the baseline of a DPO run from it: task=dpo, every pair of the file
+    pairs = [{"prompt": [{"role": "user", "content": f"What is {a} plus {b}?"}],
+              "chosen": [{"role": "assistant", "content": f"{a} plus {b} is {a + b}."}],
+              "rejected": [{"role": "assistant", "content": f"{a} plus {b} is {a + b + 1}."}]} for a in range(4)
+             for b in range(5)]
+    (project / "pairs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in pairs))
+    proc = run_python("-m", "theseus.evaluate", str(run), "task=dpo", "data.source=jsonl", "data.path=pairs.jsonl",
+                      "dpo.reference=none", f"data.cache_dir={project}/cache", "--out", "pairs.json", cwd=project)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((project / "pairs.json").read_text())
+    assert record["split"] == "all" and record["scored"] == "every example of data.path=pairs.jsonl"
+    metrics = record["metrics"]  # reference-free: a reward is beta (0.1) x the policy's log-prob
+    assert metrics["val_rewards/chosen"] == pytest.approx(0.1 * metrics["val_logps/chosen"], rel=1e-5)
+    assert metrics["val_logps/chosen"] < 0 and metrics["val_loss"] > 0
+
 
 def sums(n: int = 120) -> list[dict]:
     """Questions whose answers are short (``"7."``): a few steps teach a reply and its end of turn."""
@@ -94,7 +109,7 @@ def test_lora_fine_tune_of_a_llama_folder_evaluates_samples_and_exports_both_way
     from interop.hf_models import hf_logits, llama_config, save_hf, torch, transformers
 
     peft = pytest.importorskip("peft")
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     config = llama_config()
     config.vocab_size, config.max_position_embeddings = 400, 128

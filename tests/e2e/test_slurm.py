@@ -23,8 +23,8 @@ import pytest
 from omegaconf import OmegaConf
 from support import ROOT
 
+from theseus.cli.slurm import check_time_limit
 from theseus.config import ConfigError
-from theseus.slurm import check_time_limit
 
 
 def cluster_problem() -> str | None:

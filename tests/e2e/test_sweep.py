@@ -11,8 +11,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from support import ROOT, run_python, wandb_records
 
+from theseus.cli.sweep import RESULT, Job, SweepSummary, error_line, swept
 from theseus.config.compose import compose
-from theseus.sweep import RESULT, Job, SweepSummary, error_line, swept
 
 pytestmark = pytest.mark.slow  # end to end: real runs in subprocesses
 
@@ -54,6 +54,11 @@ def test_lr_grid_runs_every_point(tmp_path):
 def test_optuna_minimises_the_returned_val_loss(tmp_path):
     result, rows, summary = sweep(tmp_path, "+sweep=lr_optuna")
     assert result.returncode == 0, result.stderr
+    shown = result.stdout + result.stderr  # off a terminal: no colour codes, no launch line per trial
+    assert "\x1b[" not in shown and "Launching" not in shown, shown
+    announced = f"sweep into {tmp_path}: a line per job as it ends, each job's whole console in its run.log\n"
+    assert shown.count(announced) == 1
+    assert "] A new study created in memory with name: lr\n" in shown
     assert len(rows) == 8 and {row["status"] for row in rows} == {"ok"}
     assert all(1e-4 <= job["params"]["optimizer.lr"] <= 1e-2 for job in summary["jobs"])
     best = OmegaConf.load(tmp_path / "optimization_results.yaml")
@@ -70,6 +75,8 @@ def test_seed_groups_give_mean_interval_and_welch_p(tmp_path):
     result, rows, summary = sweep(tmp_path, "optimizer.lr=0.001,0.003", "+trainer.seed=0,1,2", "+logger.mode=offline")
     assert result.returncode == 0, result.stderr
     assert len(rows) == 6
+    header = next(line for line in result.stdout.splitlines() if "┃ job" in line)  # wider than 80 columns: whole
+    assert [name.strip() for name in header.strip("┃ ").split("┃")] == list(rows[0])[:-1], header  # less error
     finals = {lr: [val_loss(lr, seed) for seed in (0, 1, 2)] for lr in (0.001, 0.003)}
     best, other = summary["seed_groups"]
     assert best["params"] == {"optimizer.lr": 0.003} and other["params"] == {"optimizer.lr": 0.001}

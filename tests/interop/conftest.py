@@ -3,6 +3,7 @@ hf_models.FAMILIES: Llama 3.x, Qwen3, Mistral, Phi-3, Gemma 2 and 3), saved once
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,14 @@ from interop.hf_models import (
     save_hf,
     transformers,
 )
+
+
+@pytest.fixture
+def umask_022():
+    """The common umask 022 while a test runs (its subprocesses inherit it): files ``-rw-r--r--``."""
+    saved = os.umask(0o022)
+    yield
+    os.umask(saved)
 
 
 @pytest.fixture(scope="session")

@@ -192,7 +192,7 @@ def hf_val_loss(folder: Path, overrides: list[str], seq_len: int, batch_size: in
     from theseus.data.config import DataConfig
     from theseus.data.dataset import open_dataset
     from theseus.interop.init_from import init_from_values, init_source
-    from theseus.trained import source_config
+    from theseus.cli.trained import source_config
 
     cfg = source_config(parse_source(folder, key=None), overrides)
     cfg = with_values(cfg, init_from_values(cfg, init_source(cfg)))

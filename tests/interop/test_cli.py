@@ -74,7 +74,7 @@ def test_a_run_from_weights_evaluates_them_at_step_0(llama_folder, tmp_path):
     assert evaluations[1][1] != pytest.approx(evaluations[0][1], rel=1e-4)  # trained: another model
 
 
-def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
+def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path, umask_022):
     """A user's whole path: fine-tune a Llama checkpoint on their text for 2 steps (dropout set,
     context lowered), with scanned layers (loaded stacked, exported unstacked; the unrolled load
     is test_parity's), export it, load it in transformers, and sample it with its tokenizer."""
@@ -91,6 +91,8 @@ def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
                                                          "tokenizer_config.json"]
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == dict.fromkeys(
+        ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"], "0o644")  # a team reads them
     assert (out / "tokenizer.json").read_text() == (llama_folder / "tokenizer.json").read_text()
     config = json.loads((out / "config.json").read_text())
     assert (config["model_type"], config["vocab_size"], config["num_key_value_heads"]) == ("llama", 333, 2)
@@ -99,7 +101,7 @@ def test_fine_tune_export_reload_and_sample(llama_folder, tmp_path):
     base = json.loads((llama_folder / "config.json").read_text())
     assert {key: config[key] for key in base} == base  # every field of the base's config.json kept
 
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     restored = load_trained(run)
     model, params, tokenizer = restored.model, restored.params, restored.tokenizer
@@ -140,7 +142,7 @@ def test_a_native_run_exports_as_gpt2_without_its_vocabulary_padding(tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert (config["model_type"], config["vocab_size"], config["n_positions"]) == ("gpt2", 300, 64)
 
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     restored = load_trained(run)
     model, params, tokenizer = restored.model, restored.params, restored.tokenizer

@@ -147,7 +147,7 @@ LOGITS = textwrap.dedent("""
     import sys
     import numpy as np
     from pathlib import Path
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     run = load_trained(Path(sys.argv[1]))
     tokens = np.load(sys.argv[2])

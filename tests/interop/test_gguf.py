@@ -21,15 +21,15 @@ from interop.gguf_files import (CHATML, EVERY_KIND, FAMILIES, ORIGINALS, byte_le
                                 transformers_tokenizer, write_gguf)
 from interop.hf_models import CORPUS, hf_logits, hf_model, target_of, theseus_model, torch, transformers
 
+from theseus.cli.conversation import Conversation
+from theseus.cli.export import export
 from theseus.config import ConfigError
-from theseus.conversation import Conversation
 from theseus.data.chat import ChatTemplate
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.data.gguf_file import open_gguf
 from theseus.data.gguf_tokenizer import SPLITS, _implied_merges
 from theseus.data.tokenizer import HFTokenizer, export_tokenizer
-from theseus.export import export
 from theseus.interop.gguf import Tensors, config
 from theseus.interop.hf_config import FULL, SLIDING, arch_of, architecture, read_config
 from theseus.interop.loading import load_params

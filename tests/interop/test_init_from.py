@@ -73,6 +73,12 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_one_line(gpt2_folder, tmp_pat
     ({"model_type": "qwen2", "use_sliding_window": True},
      "use_sliding_window=True is not supported for model_type qwen2"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}}, "RoPE scaling 'yarn' is not supported"),
+    # heads that do not divide, in config.json's names (before: theseus's, or numpy's reshape error)
+    ({"num_attention_heads": 5, "num_key_value_heads": 5, "head_dim": None},
+     "num_attention_heads=5 does not divide hidden_size=64: fix config.json (or give the heads' width, head_dim)"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads=3 does not divide num_attention_heads=4 (each key/value head "
+                                 "serves a whole group of query heads): fix config.json"),
+    ({"num_attention_heads": 0}, "num_attention_heads=0 must be a positive integer"),
 ])
 def test_what_theseus_does_not_compute_is_refused(llama_folder, tmp_path, changes, message):
     with pytest.raises(ConfigError, match=f"config.json: {message}".replace("(", r"\(").replace(")", r"\)")):
@@ -91,12 +97,20 @@ def test_pickle_checkpoints_are_refused_with_the_conversion(gpt2_folder, tmp_pat
         load_params(folder, arch_of(model), target_of(model))
 
 
-def test_weights_the_config_does_not_describe_are_refused(gpt2_folder, tmp_path):
+def test_weights_the_config_does_not_describe_are_refused(gpt2_folder, llama_folder, tmp_path):
     folder = edited(gpt2_folder, tmp_path, n_layer=1)
     model = theseus_model(folder)
     with pytest.raises(ConfigError, match=r"tensor transformer.h.1.attn.c_attn.bias \(and 11 more\) of the "
                                           r"checkpoint has no place in the model"):
         load_params(folder, arch_of(model), target_of(model))
+    shutil.rmtree(folder)
+    folder = edited(llama_folder, tmp_path, num_attention_heads=8, num_key_value_heads=4, head_dim=16)  # wider q, k, v
+    model = theseus_model(folder)
+    with pytest.raises(ConfigError) as err:
+        load_params(folder, arch_of(model), target_of(model))
+    assert str(err.value) == (f"{folder}: the checkpoint's tensors of parameter h_0/attn/wk do not have the shapes its "
+                              f"config gives (cannot reshape array of size 2048 into shape (64,4,16)): fix "
+                              f"{folder}/config.json, or give the weights it describes")
 
 
 def test_a_missing_folder_is_one_line(tmp_path):
@@ -141,3 +155,27 @@ def test_a_run_from_a_folder_passes_the_folders_architecture_and_tokenizer_on(ll
     ours, folders = resolved(run), resolved(llama_folder, "architecture.seq_len=16")
     assert OmegaConf.to_container(ours.architecture) == OmegaConf.to_container(folders.architecture)
     assert ours.data.tokenizer == str(llama_folder / "tokenizer.json")
+
+
+def test_a_data_position_is_taken_from_a_run_of_the_same_data_only(tmp_path):
+    """trainer.init_data reads on where the run stopped in its data: with other data.* (those a
+    resume may not change) the position means nothing there (accepted silently before)."""
+    from theseus.training import init_from
+    from theseus.training.settings import configure_settings
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    OmegaConf.save(compose(["+experiment=gpt_tiny", "data.source=text", "data.path=a.txt"]),
+                   run / ".hydra" / "config.yaml")
+    (run / "checkpoints" / "5").mkdir(parents=True)
+
+    def check(*overrides: str) -> None:
+        cfg = resolved(run, "+experiment=gpt_tiny", "data.source=text", "trainer.init_data=true", *overrides)
+        init_from.check_asked(configure_settings(cfg).trainer, init_source(cfg), cfg)
+
+    check("data.path=a.txt", "data.cache_dir=elsewhere", "optimizer.lr=1e-4")  # the same data, cached elsewhere
+    with pytest.raises(ConfigError) as err:
+        check("data.path=b.txt", "data.seed=3")
+    assert str(err.value) == (f"trainer.init_data=true reads on where trainer.init_from={run} stopped in its data, but "
+                              f"this run's data differs (data.path: 'a.txt' -> 'b.txt', data.seed: 0 -> 3): a position "
+                              f"in other data means nothing; give the run's data.* or drop trainer.init_data")

@@ -17,15 +17,15 @@ from interop.test_cli import train_args
 from safetensors.numpy import load_file
 from support import run_python
 
+from theseus.cli.export import export_adapter
 from theseus.config import ConfigError, configuration, configure
-from theseus.export import export_adapter
-from theseus.model.source import parse_source
 from theseus.interop.expressible import check_expressible
 from theseus.interop.hf_config import arch_of, read_config
 from theseus.interop.hf_weights import save, to_hf
 from theseus.interop.loading import load_params
 from theseus.interop.peft_adapter import adapter_config, adapter_tensors, save_adapter
 from theseus.model.lora import LoRA, merged, settings_of, without_adapters
+from theseus.model.source import parse_source
 
 peft = pytest.importorskip("peft")
 
@@ -149,7 +149,7 @@ def test_adapter_export_refuses_a_run_without_adapters_or_base(llama_folder, tmp
 
 
 @pytest.mark.slow
-def test_a_lora_fine_tune_exports_merged_and_as_a_peft_adapter(llama_folder, tmp_path):
+def test_a_lora_fine_tune_exports_merged_and_as_a_peft_adapter(llama_folder, tmp_path, umask_022):
     """A user's path: LoRA on a Llama folder (2 steps, weight decay on, scanned layers, FSDP over
     4 devices), then
     ``theseus.export RUN OUT`` and ``--adapter``: peft on the base gives the merged export's
@@ -164,7 +164,8 @@ def test_a_lora_fine_tune_exports_merged_and_as_a_peft_adapter(llama_folder, tmp
     for out, extra in ((merged_out, ()), (adapter_out, ("--adapter",))):
         proc = run_python("-m", "theseus.export", str(run), str(out), *extra, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(p.name for p in adapter_out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in adapter_out.iterdir()} == \
+        {"adapter_config.json": "0o644", "adapter_model.safetensors": "0o644"}  # readable as the umask lets files be
     config = json.loads((adapter_out / "adapter_config.json").read_text())
     assert (config["target_modules"], config["base_model_name_or_path"]) == \
         (["mlp.down_proj", "self_attn.q_proj", "self_attn.v_proj"], str(llama_folder))

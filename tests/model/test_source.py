@@ -63,6 +63,9 @@ def test_a_relative_path_is_resolved_and_named_as_given(tmp_path, monkeypatch, r
     (lambda tmp: _folder(tmp / "fresh" / ".hydra").parent,
      "trainer.init_from={} holds no checkpoint (checkpoints/ is empty or absent): train it first, or give a run "
      "directory that trainer.checkpoint_every or the end of its run saved"),
+    (lambda tmp: _text(tmp / "broken" / ".hydra" / "config.yaml", "trainer: {max_steps: 2\n").parents[1],
+     "{}/.hydra/config.yaml is not valid YAML (line 2): expected ',' or '}}', but got '<stream end>'; it is the run's "
+     "saved config: repair it, or remove the run"),  # said first (before: that it holds no checkpoint)
 ])
 def test_what_names_no_model_is_one_line(tmp_path, make, message):
     path = make(tmp_path)
@@ -113,9 +116,44 @@ def test_a_missing_folder_under_an_existing_one_is_no_model_id(tmp_path, monkeyp
         parse_source("outputs/run")
 
 
+TAKES = ("give a Hugging Face folder, a theseus run or checkpoint, a .gguf file or a model id in the local Hugging "
+         "Face cache")
+
+
+@pytest.mark.parametrize(("given", "where"), [
+    ("outputs/tiny", "no folder {cwd}/outputs/tiny, and no model outputs/tiny in the Hugging Face cache at {hub}"),
+    ("multirun/3", "no folder {cwd}/multirun/3, and no model multirun/3 in the Hugging Face cache at {hub}"),
+    ("tiny/checkpoints", "no folder {cwd}/tiny/checkpoints, and no model tiny/checkpoints in the Hugging Face cache "
+                         "at {hub}"),
+    ("model.safetensors", "no file {cwd}/model.safetensors"),
+    ("org/model.gguf", "no file {cwd}/org/model.gguf"),
+    ("./tiny", "no folder {cwd}/tiny"),
+    ("runs/tiny/checkpoints/100", "no folder {cwd}/runs/tiny/checkpoints/100"),
+])
+def test_a_missing_path_is_a_missing_path_not_a_model_to_download(tmp_path, monkeypatch, given, where):
+    """A run's path given from another folder is said to be missing there, not sent to ``hf download``."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ConfigError) as error:
+        parse_source(given, key=None)
+    assert str(error.value) == f"{given} does not exist ({where.format(cwd=tmp_path, hub=tmp_path / 'hub')}): {TAKES}"
+
+
+def test_a_cached_model_of_a_paths_form_is_the_model(tmp_path, monkeypatch):
+    """Nothing local of that name, the hub cache holding it: the model is meant."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    _file(tmp_path / "hub" / "models--outputs--tiny" / "snapshots" / "0123abc" / "config.json")
+    assert parse_source("outputs/tiny").path == tmp_path / "hub" / "models--outputs--tiny" / "snapshots" / "0123abc"
+
+
 def _file(path):
+    return _text(path, "{}")
+
+
+def _text(path, text: str):
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("{}")
+    path.write_text(text)
     return path
 
 

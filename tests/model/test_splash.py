@@ -18,7 +18,7 @@ from theseus.base.axis import BATCH_MESH_AXES
 from theseus.config import configuration, configure
 from theseus.model.layers import Attention
 from theseus.model.models.gpt import GPT
-from theseus.model.splash import _kernel, block_size, computed_pairs
+from theseus.model.splash import _kernel, block_size, computed_pairs, splash_attention
 
 SEQ = 384  # three blocks of 128: the causal diagonal's partial blocks, and blocks skipped above it
 # no biases: a key bias's gradient is zero in exact arithmetic (softmax is blind to a shift), float32
@@ -88,6 +88,18 @@ def test_the_pairs_counted_are_the_blocks_the_kernels_own_map_computes(seq, wind
         assert computed_pairs(seq, window) == 3 * 512 * 512
 
 
+def test_no_trace_takes_another_traces_kernel():
+    """The state's layout is traced (eval_shape) before its init compiles: a kernel kept from the
+    first trace carried its tracers into the second (on a TPU: an init compiled for 5 inputs and
+    called with none). JAX's leak checker finds any tracer that outlives its trace."""
+    q = jnp.ones((1, 256, 2, 64))
+    attend = lambda q: splash_attention(q, q, q, None, scale=0.125, interpret=True)  # noqa: E731
+    with jax.checking_leaks():
+        jax.eval_shape(attend, q)
+        out = jax.jit(attend).lower(q).compile()(q)
+    np.testing.assert_allclose(out, attend(q), rtol=1e-6)
+
+
 def test_block_sizes_divide_the_sequence_or_there_is_none():
     assert [block_size(n) for n in (1024, 2048, 768, 384, 128, 100, 1000)] == [512, 512, 256, 128, 128, None, None]
 
@@ -127,6 +139,10 @@ def test_a_gpt_step_compiles_for_a_tpu_slice_with_splash_per_device_over_batch_a
     assert all("bf16[2,2,256,16]" in result for name, result in kernels.items() if "dkv" not in name), kernels
     assert all("bf16[2,1,256,16]" in result for name, result in kernels.items() if "dkv" in name), kernels
     assert "all-gather" not in text and "256,256]" not in text  # nothing gathered, no scores
+    entry = text[text.index("\nENTRY"):]
+    entry = entry[:entry.index("\n}")]
+    # its inputs are the params and the tokens alone: no tracer of the layout's trace above taken in
+    assert entry.count(" parameter(") == len(jax.tree.leaves(params)) + 1
 
 
 @pytest.mark.slow
@@ -145,4 +161,3 @@ def test_remat_dots_keeps_the_kernels_output_where_full_runs_it_again(remat, for
         grad = jax.jit(jax.grad(lambda p, t: model.apply({"params": p}, t).astype(jnp.float32).mean()))
         text = grad.lower(params, tokens).compile().as_text()
     assert len(re.findall(r"%splash_mha_fwd\S* = ", text)) == forwards
-

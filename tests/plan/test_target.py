@@ -10,7 +10,7 @@ import re
 import pytest
 
 from support import run_python
-from theseus.plan.target import parse, torus
+from theseus.plan.target import host_bounds, parse, target_named, torus
 from theseus.config import ConfigError
 from theseus.training.config import TrainerConfig
 
@@ -64,6 +64,27 @@ def test_target_names_parse_as_the_clouds_sell_them():
         parse("tpu:v9-8")
 
 
+@pytest.mark.parametrize(("name", "devices"), [("tpu:v5e-1", 1), ("tpu:v5e-4", 4), ("tpu:v5e-8", 8), ("tpu:v6e-1", 1),
+                                              ("tpu:v6e-4", 4), ("tpu:v6e-8", 8), ("tpu:v4-8", 8), ("tpu:v5p-8", 4)])
+def test_every_one_host_slice_is_planned_on_one_host(name, devices):
+    """The slices sold as one host (v5litepod-1 among them, what many rent) lay out on one process."""
+    target = target_named(name)
+    assert len(target.devices) == devices and target.process_count == 1
+
+
+def test_a_layout_libtpu_cannot_make_is_one_line_naming_ones_it_can(monkeypatch):
+    from jax.experimental import topologies
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError('INVALID_ARGUMENT: Topology layout "v5e:1x1" is not divisible by the given chips_per_host_bounds')
+
+    monkeypatch.setattr(topologies, "get_topology_desc", refuse)
+    with pytest.raises(ConfigError, match=r"^mesh.target=tpu:v5e-1: libtpu cannot lay out 1x1 chips \(INVALID_ARGUMENT: "
+                                          r".*\): give one it makes, e.g. tpu:v5e-1, tpu:v5e-4, tpu:v5e-8, tpu:v5e-16$"):
+        target_named("tpu:v5e-1")
+    assert host_bounds("v5e", "2x4") == {"chips_per_host_bounds": [2, 4, 1]} and host_bounds("v4", "2x2x4") == {}
+
+
 def test_a_plan_file_is_written_only_by_a_dry_run():
     assert TrainerConfig(dry_run=True, plan_file="plan.jsonl").plan_file == "plan.jsonl"
     with pytest.raises(ConfigError, match=r"^trainer.plan_file=plan.jsonl is written by a dry run: add trainer.dry_run=true$"):
@@ -85,6 +106,13 @@ def test_a_bad_target_is_one_line_and_a_target_needs_a_dry_run(tmp_path):
     assert proc.returncode == 2 and proc.stderr == (
         "theseus: error: trainer.plan_file=missing/plan.jsonl: its folder does not exist\n")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_one_chip_v5e_is_planned_as_a_user_rents_it(tmp_path):
+    (table,) = dry_run(tmp_path, "mesh.target=tpu:v5e-1")
+    assert row(table, "mesh").endswith("= 1 x TPU v5 lite") and row(table, "fits").startswith("yes")
+    assert 0 < float(row(table, "predicted: MFU").rstrip("%")) <= 100
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from synthetic_runs import LRS, SEEDS, age, final_val_loss, write_run, write_swe
 
 from theseus.report.data import document
 from theseus.report.page import ReportError, render
-from theseus.training.records import load
+from theseus.report.records import load
 
 DATA = re.compile(r"window\.THESEUS = \{data: (.*), live: (true|false)\};</script>")
 
@@ -115,16 +115,29 @@ def test_the_page_is_self_contained(tmp_path):
     assert DATA.search(text).group(2) == "false"  # a file does not poll
 
 
+def test_outputs_holds_named_runs_and_hydras_dated_ones(tmp_path):
+    """``outputs/``: the runs named by ``hydra.run.dir`` beside those in Hydra's default DATE/TIME folders."""
+    write_run(tmp_path / "outputs" / "tiny", lr=2e-3)
+    write_run(tmp_path / "outputs" / "2026-12-02" / "10-00-00", lr=5e-4)
+    write_run(tmp_path / "outputs" / "2026-12-03" / "09-00-00", lr=1e-2)
+    assert [run.path.relative_to(tmp_path / "outputs").as_posix() for run in load(tmp_path / "outputs")] == \
+        ["tiny", "2026-12-02/10-00-00", "2026-12-03/09-00-00"]
+    assert [run["differs"]["optimizer.lr"] for run in document([tmp_path / "outputs"])["runs"]] == \
+        ["0.002", "0.0005", "0.01"]
+
+
 @pytest.mark.slow
 def test_cli_overlays_several_paths(tmp_path):
     write_sweep(tmp_path / "sweep")
+    write_run(tmp_path / "outputs" / "tiny", lr=2e-3)
     write_run(tmp_path / "outputs" / "2026-12-02" / "10-00-00", lr=5e-4)
     result = run_python("-m", "theseus.report", "sweep", "outputs", "-o", "both.html", cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "both.html"
     data = page_data(tmp_path / "both.html")
-    assert data["title"] == "7 runs" and len(data["runs"]) == 7
-    assert data["runs"][-1]["label"] == "optimizer.lr=0.0005, trainer.seed=0"
+    assert data["title"] == "8 runs" and len(data["runs"]) == 8
+    assert [run["label"] for run in data["runs"][-2:]] == \
+        ["optimizer.lr=0.002, trainer.seed=0", "optimizer.lr=0.0005, trainer.seed=0"]
 
 
 @pytest.mark.slow

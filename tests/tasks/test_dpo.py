@@ -81,7 +81,7 @@ def trl_numbers(project: Path, kind: str, loss_type: str, beta: float, smoothing
 
 def theseus_numbers(project: Path, kind: str, *overrides: str) -> dict[str, float]:
     """What ``python -m theseus.evaluate policy task=dpo ...`` records, run in this process."""
-    from theseus.evaluate import run_evaluations
+    from theseus.cli.evaluate import run_evaluations
     from theseus.model.source import parse_source
 
     record = run_evaluations(parse_source(project / "policy", key=None), None, ["task=dpo", "data.source=jsonl",
@@ -152,7 +152,12 @@ def test_parquet_rows_are_jsonl_rows_and_pairs_too_long_are_dropped_or_refused(p
     needs = sorted(len(prompt) + max(len(chosen), len(rejected)) - 1 for prompt, chosen, rejected in pairs)
     kept = read["jsonl"].fitting("train", needs[len(needs) // 2])
     assert 0 < len(kept) < read["jsonl"].n_pairs("train")
-    assert f"dropped {read['jsonl'].n_pairs('train') - len(kept)} of" in capfd.readouterr().err
+    assert capfd.readouterr().err == ""  # checked: counted where the split is read, once
+    for _ in range(2):
+        assert read["jsonl"].fitting("train", needs[len(needs) // 2], say=True) == kept
+    said = capfd.readouterr().err
+    assert said.startswith(f"theseus: train: dropped {read['jsonl'].n_pairs('train') - len(kept)} of ")
+    assert said.count("\n") == 1
     with pytest.raises(ConfigError, match=rf"raise architecture.seq_len to {needs[0]} for the shortest, {needs[-1]}"):
         read["jsonl"].fitting("all", needs[0] - 1)
 
@@ -169,6 +174,54 @@ def test_losses_at_the_reference_and_their_settings(tmp_path):
         DirectPreference(loss_type="robust", label_smoothing=0.5)
     with pytest.raises(ConfigError, match="dpo.reference=.*nowhere does not exist: give a Hugging Face folder"):
         DirectPreference(reference_given=str(tmp_path / "nowhere"))
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("dpo.beta", 0.0, r"dpo.beta must be positive, got 0.0: e.g. dpo.beta=0.1"),
+    ("dpo.beta", -1.0, r"dpo.beta must be positive, got -1.0"),
+    ("dpo.label_smoothing", 0.5, r"dpo.label_smoothing must be in \[0, 0.5\), got 0.5"),
+    ("dpo.label_smoothing", -0.1, r"dpo.label_smoothing must be in \[0, 0.5\), got -0.1"),
+    ("dpo.loss_type", "kto", r"dpo.loss_type must be one of sigmoid, ipo, hinge, robust, sigmoid_norm, exo_pair, got "
+                             r"'kto'"),
+])
+def test_every_key_at_its_bounds_is_one_line(key, value, message):
+    from theseus.config import configuration, configure
+
+    with configuration({key: value}), pytest.raises(ConfigError, match=f"^{message}"):
+        configure(DirectPreference)
+    configure(DirectPreference, beta=1e-9, label_smoothing=0.4999, loss_type="robust")  # just inside
+
+
+def test_a_reference_of_another_architecture_is_refused_before_the_pairs_are_read(project, tmp_path):
+    """Its config against the policy's (before: its weights, after compiling: a traceback for a
+    theseus run's); another's weights of the same architecture pass; a checkpoint's shapes are
+    checked before its weights are read (its vocabulary: the one key its config may not settle)."""
+    from omegaconf import OmegaConf
+
+    from theseus.config.compose import compose, with_values
+    from theseus.interop.init_from import check_same_architecture, init_from_values, init_source
+    from theseus.model.source import parse_source
+    from theseus.training.init_from import differing_param
+
+    cfg = compose(["task=dpo", f"trainer.init_from={project / 'policy'}"])
+    cfg = with_values(cfg, init_from_values(cfg, init_source(cfg)))
+    check_same_architecture(cfg, parse_source(project / "reference", "dpo.reference"))
+    run = tmp_path / "run"  # a theseus run of gpt_tiny: its saved config says what it computes
+    (run / ".hydra").mkdir(parents=True)
+    OmegaConf.save(compose(["+experiment=gpt_tiny"]), run / ".hydra" / "config.yaml")
+    (run / "checkpoints" / "1").mkdir(parents=True)
+    with pytest.raises(ConfigError) as err:
+        check_same_architecture(cfg, parse_source(run, "dpo.reference"))
+    assert str(err.value) == (f"dpo.reference={run}: its architecture differs from the policy's "
+                              f"(architecture.activation: gelu there, swiglu here; architecture.bias: True there, "
+                              f"False here; architecture.d_ff: 256 there, 96 here; 5 more): give a reference of the "
+                              f"policy's architecture and vocabulary (the model it starts from, or a checkpoint of its "
+                              f"run), or dpo.reference=none")
+    policy = {"wte/embedding": (400, 64), "h_0/attn/wq": (64, 4, 16)}
+    assert differing_param({**policy, "extra": (1,)}, policy) is None
+    assert differing_param({**policy, "wte/embedding": (257, 64)}, policy) == \
+        ("wte/embedding", (400, 64), "is (257, 64) there")
+    assert differing_param({"wte/embedding": (400, 64)}, policy) == ("h_0/attn/wq", (64, 4, 16), "does not exist there")
 
 
 @pytest.mark.parametrize("rows, message", [

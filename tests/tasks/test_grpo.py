@@ -261,3 +261,35 @@ def test_the_task_loss_on_a_llama_is_trls_on_transformers(tmp_path, loss_type):
     np.testing.assert_allclose(float(loss), expected.item(), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(float(metrics["kl"]), stub._metrics["train"]["kl"][-1], rtol=1e-4)
     np.testing.assert_allclose(float(metrics["clip_ratio"]), stub._metrics["train"]["clip_ratio/region_mean"][-1])
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("grpo.num_generations", 1, r"grpo.num_generations must be 2 or more, got 1"),
+    ("grpo.max_completion_length", 0, r"grpo.max_completion_length must be positive, got 0"),
+    ("grpo.temperature", 0.0, r"grpo.temperature must be positive, got 0.0"),
+    ("grpo.top_p", 0.0, r"grpo.top_p must be in \(0, 1\], got 0.0"),
+    ("grpo.top_p", 1.5, r"grpo.top_p must be in \(0, 1\], got 1.5"),
+    ("grpo.top_k", -1, r"grpo.top_k must be 0 or more, got -1"),
+    ("grpo.beta", -0.1, r"grpo.beta must be 0 or more, got -0.1"),
+    ("grpo.epsilon", 0.0, r"grpo.epsilon must be in \(0, 1\), got 0.0"),
+    ("grpo.epsilon", 1.0, r"grpo.epsilon must be in \(0, 1\), got 1.0"),
+    ("grpo.epsilon_high", 0.0, r"grpo.epsilon_high must be positive, got 0.0"),
+    ("grpo.num_iterations", 0, r"grpo.num_iterations must be 1 or more, got 0"),
+    ("grpo.loss_type", "ppo", r"grpo.loss_type must be one of dapo, grpo, bnpo, dr_grpo, got 'ppo'"),
+    ("grpo.scale_rewards", "std", r"grpo.scale_rewards must be one of group, batch, none, got 'std'"),
+    ("grpo.reward_weights", [1.0, 2.0], r"grpo.reward_weights has 2 weight\(s\) for 1 reward function\(s\) "
+                                        r"\(rewards:correct\)"),
+    ("grpo.reward", None, r"task=grpo needs grpo.reward: a reward function, e.g. grpo.reward=rewards:correct"),
+])
+def test_every_key_at_its_bounds_is_one_line(key, value, message):
+    """Each refused as its task is configured, before anything is imported or read."""
+    from theseus.config import ConfigError, configuration, configure
+    from theseus.tasks.grpo import GroupRelativePolicyOptimization
+
+    with configuration({"grpo.reward": "rewards:correct", key: value}), pytest.raises(ConfigError, match=f"^{message}"):
+        configure(GroupRelativePolicyOptimization)
+    task = configure(GroupRelativePolicyOptimization, reward="rewards:correct", num_generations=2, top_p=1.0,
+                     epsilon=0.999, num_iterations=1)  # the edges inside
+    with pytest.raises(ConfigError, match=r"trainer.batch_size=6 counts completions: it must divide by "
+                                          r"grpo.num_generations=2 x the 2 processes, e.g. trainer.batch_size=4"):
+        task.check_batch(6, 1, 2)

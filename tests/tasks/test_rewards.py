@@ -70,9 +70,12 @@ def test_functions_in_the_project_folder_are_found_from_below_it(tmp_path, monke
     ("rewards:", "is not module:function"),
     ("no_such_module_here:f", "cannot import 'no_such_module_here', asked for by grpo.reward=no_such_module_here:f "
                               r"\(looked for in .*\): ModuleNotFoundError"),
+    ("broken_rewards_here:f", r"cannot import 'broken_rewards_here', .*: SyntaxError: .*\(broken_rewards_here.py, "
+                              r"line 1\)"),
 ])
 def test_a_function_that_is_not_there_is_one_line(tmp_path, monkeypatch, spec, says):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken_rewards_here.py").write_text("def f(:\n    return []\n")  # does not parse
     with pytest.raises(ConfigError, match=says) as error:
         Rewards.load(spec)
     assert "grpo.reward=" in str(error.value) and "\n" not in str(error.value)
@@ -98,6 +101,18 @@ BROKEN = """
 
     def words(prompts, completions, completion_ids, **kwargs):
         return ["good" for c in completions]
+
+    def nothing(prompts, completions, completion_ids, **kwargs):
+        pass
+
+    def no_kwargs(prompts, completions, completion_ids):
+        return [1.0] * len(prompts)
+
+    def solution(prompts, completions, completion_ids, solution, **kwargs):
+        return [1.0] * len(prompts)
+
+    def positional(prompts, completions, /, completion_ids, **kwargs):
+        return [1.0] * len(prompts)
 """
 
 
@@ -114,3 +129,29 @@ def test_a_function_that_fails_names_itself_and_the_prompt(tmp_path, monkeypatch
         Rewards.load(f"{name}:short").score(*args)
     with pytest.raises(RewardError, match=f"{name}:words returned 'good' for a completion of the prompt 'What is 1"):
         Rewards.load(f"{name}:words").score(*args)
+    with pytest.raises(RewardError, match=f"{name}:nothing returned a value that is not a list for 3 completions "
+                                          r"\(the first of the prompt 'What is 1\?'\)"):
+        Rewards.load(f"{name}:nothing").score(*args)
+
+
+def test_a_function_that_cannot_take_its_arguments_is_refused_before_the_run(tmp_path, monkeypatch):
+    """Checked against the prompt rows' columns before anything is sampled (before: a TypeError at
+    the first call, after compiling); TRL's signature, and one taking every column by name, pass."""
+    monkeypatch.chdir(tmp_path)
+    name = module(tmp_path, SCORES + BROKEN)
+    Rewards.load([f"{name}:exact", f"{name}:length"]).check_arguments(["answer", "id"])
+    Rewards.load(f"{name}:no_kwargs").check_arguments([])
+    with pytest.raises(ConfigError) as error:
+        Rewards.load([f"{name}:exact", f"{name}:no_kwargs"]).check_arguments(["answer"])
+    assert str(error.value) == (f"grpo.reward={name}:no_kwargs cannot take the arguments it is called with: it takes "
+                                f"no 'answer' (a column of the prompt rows, passed by name as TRL passes it): add "
+                                f"**kwargs to its parameters")
+    with pytest.raises(ConfigError) as error:
+        Rewards.load(f"{name}:solution").check_arguments(["answer"])
+    assert str(error.value) == (f"grpo.reward={name}:solution cannot take the arguments it is called with: its "
+                                f"parameter 'solution' is given nothing (it gets prompts, completions, completion_ids "
+                                f"and the prompt rows' columns by name: answer): give the rows a 'solution' field, or "
+                                f"the parameter a default")
+    with pytest.raises(ConfigError, match="its parameter 'prompts' is positional-only, and every argument is passed "
+                                          "by name: drop the /$"):
+        Rewards.load(f"{name}:positional").check_arguments([])

@@ -158,7 +158,7 @@ def test_val_loss_is_the_masked_mean_over_the_validation_conversations():
     mean over all their masked targets, each conversation scored alone."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from theseus.tasks.evaluation import EvaluationConfig, evaluate, load_evaluations
+    from theseus.evaluation.evaluations import EvaluationConfig, evaluate, load_evaluations
 
     data = Conversations.encode(rows(30), ChatTemplate.find("byte"), ByteTokenizer(), val_fraction=0.4, seed=3)
     model = tiny_gpt("rope")

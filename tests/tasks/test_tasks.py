@@ -55,6 +55,25 @@ def test_the_composed_config_names_its_task():
     assert issubclass(task_class(compose(["+experiment=pmm_regression"])), JobTask)
 
 
+def test_a_key_of_another_task_names_the_task_it_applies_to(tmp_path, monkeypatch):
+    """On the command line, from an experiment file, with the options imported or not (before:
+    ``unknown config key 'dpo'``)."""
+    with pytest.raises(ConfigError) as err:
+        compose(["+experiment=gpt_tiny", "task=sft", "dpo.loss_type=ipo"])
+    assert str(err.value) == "dpo.loss_type applies to task=dpo only (task=sft here): drop it or set task=dpo"
+    with pytest.raises(ConfigError, match=r"^grpo.beta applies to task=grpo only \(task=dpo here\): drop it or "
+                                          r"set task=grpo$"):
+        compose(["+experiment=dpo_tiny", "grpo.beta=0.1"])  # dpo_tiny chooses task=dpo
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "mine.yaml").write_text("# @package _global_\ndpo:\n  beta: 0.5\n")
+    with pytest.raises(ConfigError) as err:
+        compose(["+experiment=mine"])
+    assert str(err.value) == (f"in {tmp_path}/experiments/mine.yaml: dpo.* applies to task=dpo only (task=lm here): "
+                              f"drop it or set task=dpo")
+    assert compose(["+experiment=mine", "task=dpo"]).dpo.beta == 0.5
+
+
 def test_the_trainer_refuses_a_task_that_runs_itself():
     with pytest.raises(ConfigError, match="task=regression runs its job itself"):
         assemble(compose(["+experiment=pmm_regression"]), steps=None)

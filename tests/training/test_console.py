@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import io
+import re
 
+import pytest
 from rich.console import Console
+from rich.table import Table
 
-from theseus.training.console import Progress, status
+from theseus.training.console import Progress, console_for, status
 
 
 class Clock:
@@ -128,3 +131,20 @@ def test_with_the_console_off_the_transcript_alone_gets_everything(tmp_path, cap
     assert text.endswith("step 2/4 loss 2.5\neval step 2: val_loss 2.25\n")
     console.show("after")
     assert "after" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("force_color", [None, "1"])
+def test_off_a_terminal_a_wide_table_is_printed_whole(force_color, capsys, monkeypatch):
+    """A log or a pipe (FORCE_COLOR set or not, as in CI): no column name cut at rich's 80 columns."""
+    if force_color:
+        monkeypatch.setenv("FORCE_COLOR", force_color)
+    else:
+        monkeypatch.delenv("FORCE_COLOR", raising=False)
+    names = ["job", "optimizer.lr", "architecture.n_layers", "trainer.seed", "val_loss", "tokens_per_s", "mfu"]
+    table = Table()
+    for name in names:
+        table.add_column(name)
+    table.add_row(*["0.0001"] * len(names))
+    console_for(table).print(table)
+    header = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out.splitlines()[1])
+    assert len(header) > 80 and [name.strip() for name in header.strip("┃ ").split("┃")] == names, header

@@ -41,9 +41,16 @@ def test_a_parameter_the_mesh_does_not_split_evenly_is_named_with_the_fix():
                                                      names=("expert", "embed"))}}}
     plan = ShardingPlan(expert="expert", embed="fsdp")
     mesh = AbstractMesh((1, 1, 2, 1), MESH_AXES)
-    with pytest.raises(ConfigError, match=r"^parameter h_0/moe/w_up \[3, 8\] has 3 along its 'expert' axis, which "
-                                          r"mesh.expert=2 does not split evenly: .*\(mesh.rules.expert=null\)$"):
+    with pytest.raises(ConfigError) as err:
         check_divisible(params, plan, mesh)
+    assert str(err.value) == ("parameter h_0/moe/w_up [3, 8] has 3 along its 'expert' axis "
+                              "(architecture.moe.n_experts=3), which mesh.expert=2 does not split evenly: set "
+                              "architecture.moe.n_experts to a multiple of 2, give mesh sizes that divide 3, or keep "
+                              "that axis whole on every device (mesh.rules.expert=null)")
+    with pytest.raises(ConfigError, match=r"^parameter h_0/moe/w_up \[3, 8\] has 8 along its 'embed' axis, which "
+                                          r"mesh.fsdp=3 does not split evenly: give mesh sizes that divide 8, or keep "
+                                          r"that axis whole on every device \(mesh.rules.embed=null\)$"):
+        check_divisible(params, plan, AbstractMesh((1, 3, 1, 1), MESH_AXES))  # no one key sizes embed: none named
     check_divisible(params, MeshConfig(rules={"expert": None}).apply(plan), mesh)
     check_divisible(params, plan, AbstractMesh((1, 1, 3, 1), MESH_AXES))
 

@@ -26,6 +26,7 @@ from theseus.config import ConfigError, Configurable, configuration, configure, 
 
 # The environments whose jobs join without settings, in the order JAX tries them.
 CLUSTERS = (clusters.OmpiCluster, clusters.SlurmCluster, clusters.GkeTpuCluster, clusters.GceTpuCluster)
+TPU_CLUSTERS = (clusters.GkeTpuCluster, clusters.GceTpuCluster)
 GRACE = 30  # seconds JAX's own deadline trails ours, so that ours reports first
 KEYS = {"coordinator_address": "coordinator", "num_processes": "num_processes", "process_id": "process_id"}
 
@@ -43,9 +44,33 @@ class DistributedConfig(Configurable):
 
 
 def detected_processes() -> int | None:
-    """The process count of the SLURM, Open MPI or TPU-pod job this process belongs to, else None."""
-    env = next((env for env in CLUSTERS if env.is_env_present()), None)
-    return env.get_process_count() if env else None
+    """The process count of the SLURM, Open MPI or TPU-pod job this process belongs to, else None.
+
+    A TPU slice's hosts are listed in its own variables (``TPU_WORKER_HOSTNAMES``): a one-slice job
+    is counted from them, so a one-host run never asks the cloud's metadata server, which JAX's
+    TPU detection does for the slice count (and a host outside Google's network cannot reach).
+    Where JAX must ask and cannot, ConfigError names the ``distributed.*`` keys that say it instead.
+    """
+    env = None
+    try:
+        env = next((env for env in CLUSTERS if env.is_env_present()), None)
+        return None if env is None else tpu_slice_processes(env) or env.get_process_count()
+    except Exception as exc:  # a metadata request that fails, a variable that does not parse
+        name = "JAX's cluster detection" if env is None else env.__name__
+        reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)[:200]
+        raise ConfigError(f"this host looks like part of a cluster job ({name}) but its size could not be read "
+                          f"({type(exc).__name__}: {reason}): for a one-host run set distributed.num_processes=1; "
+                          f"for several hosts set distributed.coordinator, num_processes and process_id") from None
+
+
+def tpu_slice_processes(env: type, environ: Mapping[str, str] = os.environ) -> int | None:
+    """The hosts of a single TPU slice, from its variables alone; None where they do not say
+    (not a TPU job, or a multislice job whose slice count only the metadata holds)."""
+    hosts = environ.get("TPU_PROCESS_ADDRESSES") or environ.get("TPU_WORKER_HOSTNAMES")
+    multislice = any(key in environ for key in ("MEGASCALE_NUM_SLICES", "MEGASCALE_COORDINATOR_ADDRESS"))
+    if not issubclass(env, TPU_CLUSTERS) or not hosts or multislice:
+        return None
+    return len(hosts.split(","))
 
 
 def join_arguments(config: DistributedConfig, detected: int | None) -> dict[str, Any] | None:
@@ -99,7 +124,9 @@ def initialize(cfg: DictConfig | Mapping) -> None:
         return
     with configuration(cfg):
         config = configure(DistributedConfig)
-    arguments = join_arguments(config, detected_processes())
+    check_distributed(config)
+    alone = config.num_processes == 1 and config.coordinator is None  # said to be one process: nothing to detect
+    arguments = None if alone else join_arguments(config, detected_processes())
     if arguments is None:
         return
     if arguments.get("process_id") == 0:

@@ -11,7 +11,6 @@ cores on NVIDIA Ampere and later, one bfloat16 pass on TPU.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import time
@@ -22,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from theseus.base.processor import processor
+from theseus.base.clock import CACHE_DIR, keep_best
+from theseus.base.processor import processor, running
 from theseus.config import ConfigError
 
 
@@ -81,7 +81,7 @@ CHIPS: tuple[Chip, ...] = (
 NODE_NETWORK = {"NVIDIA A100": 200 / 8 * GB, "NVIDIA H100 SXM": 400 / 8 * GB, "NVIDIA H200 SXM": 400 / 8 * GB,
                 "NVIDIA B200": 400 / 8 * GB}
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "theseus" / "peak_flops.json"
+CACHE = CACHE_DIR / "peak_flops.json"
 
 
 def lookup(device_kind: str) -> Chip | None:
@@ -102,15 +102,7 @@ def measure_peak(dtype: Any, *, device: jax.Device | None = None, cache_path: Pa
     device = device or jax.local_devices()[0]
     path = Path(cache_path) if cache_path is not None else CACHE
     key = f"{device.device_kind}|{jnp.dtype(dtype).name}|{_cpu_count()}"
-    cache = json.loads(path.read_text()) if path.exists() else {}
-    best = max(cache.get(key, 0.0), _measure(jnp.dtype(dtype), device))
-    if best != cache.get(key):
-        cache[key] = best
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        tmp.replace(path)
-    return float(best)
+    return keep_best(path, key, _measure(jnp.dtype(dtype), device))
 
 
 def peak_flops(device: jax.Device, dtype: Any, override: float | None = None) -> tuple[float, str]:
@@ -130,7 +122,7 @@ def peak_flops(device: jax.Device, dtype: Any, override: float | None = None) ->
     if peak is not None:
         return peak, f"table: {chip.name}"
     shared = len(jax.local_devices(backend="cpu")) if device.platform == "cpu" else 1
-    host = processor() if device.platform == "cpu" else None
+    host = running(processor()) if device.platform == "cpu" and processor() else None
     if host is not None and host.peak(dtype):
         devices = f", shared by {shared} devices" if shared > 1 else ""
         return host.peak(dtype) / shared, f"vector peak: {host.describe(dtype)}{devices}"

@@ -89,20 +89,26 @@ class MeshConfig(Configurable):
                                   f"{logical!r}; {hint}")
         return plan.override(self.rules)
 
-    def shape(self, n_devices: int) -> dict[str, int]:
-        """``{"data": d, "fsdp": f, "expert": e, "tensor": t}`` with -1 resolved; ConfigError when impossible."""
+    def shape(self, n_devices: int, sizable: bool = False) -> dict[str, int]:
+        """``{"data": d, "fsdp": f, "expert": e, "tensor": t}`` with -1 resolved; ConfigError when
+        impossible (``sizable``: the devices are one process's CPU devices, which ``mesh.cpu_devices``
+        makes as many as the mesh needs: the error says so)."""
         sizes = {axis: getattr(self, axis) for axis in MESH_AXES}
         given = " x ".join(f"{axis}={size}" for axis, size in sizes.items())
         free = [axis for axis, size in sizes.items() if size == -1]
         fixed = math.prod(size for size in sizes.values() if size != -1)
+        resize = (lambda n: f", or set mesh.cpu_devices={n}: on a CPU, it sets how many devices there are "
+                            f"(the host's cores split among them)") if sizable else (lambda n: "")
         if free:
             if n_devices % fixed:
-                raise ConfigError(f"mesh {given} does not divide the {n_devices} devices: fix mesh.* so the product is {n_devices}")
+                raise ConfigError(f"mesh {given} does not divide the {n_devices} device{'s' * (n_devices != 1)}: "
+                                  f"fix mesh.* so the product is {n_devices}{resize(fixed)}")
             sizes[free[0]] = n_devices // fixed
         if math.prod(sizes.values()) != n_devices:
             raise ConfigError(
                 f"mesh {given} needs {math.prod(sizes.values())} devices but {n_devices} are present: "
                 f"set mesh.data/fsdp/tensor so their product is {n_devices} (-1 takes the rest)"
+                f"{resize(math.prod(sizes.values()))}"
             )
         return sizes
 
@@ -154,10 +160,15 @@ def compiler_options(devices: list) -> dict[str, bool]:
     return {"xla_cpu_multi_thread_eigen": False} if on_cpu else {}
 
 
+def sizable(devices: list) -> bool:
+    """Whether ``mesh.cpu_devices`` sets how many ``devices`` there are: one process's CPU devices."""
+    return devices[0].platform == "cpu" and jax.process_count() == 1
+
+
 def make_mesh(config: MeshConfig, devices: list | None = None) -> Mesh:
     """A Mesh over ``devices`` (default: all) with axes (data, fsdp, expert, tensor)."""
     devices = jax.devices() if devices is None else devices
-    sizes = config.shape(len(devices))
+    sizes = config.shape(len(devices), sizable(devices))
     shape = tuple(sizes[axis] for axis in MESH_AXES)
     try:
         grid = mesh_utils.create_device_mesh(shape, devices)

@@ -27,14 +27,21 @@ def visible_gpus(environ: Mapping[str, str] = os.environ, driver: Path = NVIDIA)
     return [str(i) for i in range(len(list(driver.iterdir())))] if driver.is_dir() else []
 
 
+def attached_accelerator(environ: Mapping[str, str] = os.environ, driver: Path = NVIDIA,
+                         dev: Path = Path("/dev")) -> str | None:
+    """``"tpu"`` or ``"gpu"`` where this host has one (its device files: nothing is opened), else None."""
+    if any(dev.glob("accel[0-9]*")) or any((dev / "vfio").glob("[0-9]*")):
+        return "tpu"
+    return "gpu" if visible_gpus(environ, driver) else None
+
+
 def cpu_only_platforms(environ: MutableMapping[str, str] = os.environ, driver: Path = NVIDIA,
                        dev: Path = Path("/dev")) -> None:
     """On a host with neither an NVIDIA GPU nor a TPU, ``JAX_PLATFORMS=cpu`` (unless set): JAX
     then starts no TPU or CUDA backend that an installed libtpu or CUDA plugin would try, and
     warn about, on every run. ``mesh.target`` still compiles for them (their topologies need
     no backend)."""
-    tpu = any(dev.glob("accel[0-9]*")) or any((dev / "vfio").glob("[0-9]*"))
-    if "JAX_PLATFORMS" in environ or visible_gpus(environ, driver) or tpu:
+    if "JAX_PLATFORMS" in environ or attached_accelerator(environ, driver, dev):
         return
     environ["JAX_PLATFORMS"] = "cpu"
     if "jax" in sys.modules:  # imported already: its config read the environment then

@@ -12,9 +12,10 @@ float32 lanes wide and counting two FLOPs (a multiply and an add) per lane:
 
 bfloat16 products run at twice the float32 rate with AVX512_BF16 (``VDPBF16PS``: two products a
 lane) and at 1024 FLOPs a cycle on Intel's AMX tiles (``amx_bf16``); without either they are
-float32 products. The clock is the highest the system reports (cpufreq's maximum, else the
-model name's ``@ x.xxGHz``, else ``cpu MHz``); a core may run faster for a while (turbo), so an
-MFU above the clock's peak is possible.
+float32 products. ``parse`` takes the clock the system reports (cpufreq's maximum, else the
+model name's ``@ x.xxGHz``, else ``cpu MHz``); ``running`` the one the cores run at with their
+FMA units busy, measured (``theseus.base.clock``), where it can be: a reported clock is often
+the base clock (a virtual machine's ``cpu MHz``), and a peak of it would put MFU too high.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
+
+from theseus.base.clock import CACHE, keep_best, measure_ghz, vector_width
 
 CPUINFO = Path("/proc/cpuinfo")
 CPUFREQ = Path("/sys/devices/system/cpu")
@@ -51,6 +54,7 @@ class Processor:
     cores: int  # physical cores this process may run on (SMT siblings share their FMA units)
     ghz: float | None
     clock: str  # where ``ghz`` comes from
+    core_cpus: tuple[int, ...] = ()  # one logical CPU of each of those cores
 
     @property
     def extensions(self) -> list[str]:
@@ -104,7 +108,9 @@ def parse(cpuinfo: str, cpus: Collection[int] | None = None, max_khz: float | No
     cpu_blocks = [b for b in blocks if "processor" in b and b["processor"].isdigit()]
     first = cpu_blocks[0] if cpu_blocks else (blocks[0] if blocks else {})
     mine = [b for b in cpu_blocks if cpus is None or int(b["processor"]) in cpus] or cpu_blocks
-    cores = {(b.get("physical id"), b.get("core id")) for b in mine} if all("core id" in b for b in mine) else mine
+    cores: dict = {}  # each physical core's first logical CPU (SMT siblings share their core's FMA units)
+    for i, b in enumerate(mine):
+        cores.setdefault((b.get("physical id"), b["core id"]) if "core id" in b else i, int(b["processor"]))
     flags = frozenset((first.get("flags") or first.get("Features") or "").split())
     model = first.get("model name") or _arm_model(first) or platform.processor() or platform.machine()
     ghz, clock = None, ""
@@ -116,7 +122,7 @@ def parse(cpuinfo: str, cpus: Collection[int] | None = None, max_khz: float | No
         ghz, clock = float(first["cpu MHz"]) / 1e3, "cpu MHz"
     return Processor(model=model, vendor=first.get("vendor_id", ""), family=_int(first.get("cpu family")),
                      model_number=_int(first.get("model")), flags=flags, cores=max(len(cores), 1), ghz=ghz,
-                     clock=clock)
+                     clock=clock, core_cpus=tuple(sorted(cores.values())))
 
 
 @functools.cache
@@ -129,6 +135,19 @@ def processor() -> Processor | None:
     khz = [float(path.read_text()) for cpu in (cpus or [0])
            if (path := CPUFREQ / f"cpu{cpu}" / "cpufreq" / "cpuinfo_max_freq").is_file()]
     return parse(CPUINFO.read_text(), cpus, max(khz) if khz else None)
+
+
+@functools.cache
+def running(cpu: Processor) -> Processor:
+    """``cpu`` at the clock its cores run at with their FMA units busy: the best measured on this
+    machine (``theseus.base.clock``, a tenth of a second, once a process); ``cpu`` as reported
+    where nothing can be measured (no x86 with AVX2 or AVX-512, no executable page)."""
+    width = vector_width(cpu.flags)
+    ghz = measure_ghz(width, list(cpu.core_cpus), cpu.flops_per_cycle(jnp.float32)) if width and cpu.core_cpus else None
+    if ghz is None:
+        return cpu
+    key = f"{cpu.model}|{cpu.vendor} {cpu.family} {cpu.model_number}|{cpu.cores} cores|{width}"
+    return dataclasses.replace(cpu, ghz=keep_best(CACHE, key, ghz), clock="measured, FMA units busy")
 
 
 def _fields(block: str):

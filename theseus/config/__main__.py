@@ -1,31 +1,9 @@
-"""``python -m theseus.config [OVERRIDES]``: every derived key with type, default and help.
+"""``python -m theseus.config [OVERRIDES]``: the command is ``theseus.cli.config``."""
 
-With overrides, prints the composed config instead (or the one-line error it gives).
-"""
+from theseus.cli.command_exit import exit_after
+from theseus.cli.config import main
 
-from __future__ import annotations
-
-import sys
-
-from omegaconf import OmegaConf
-
-from theseus.base.command_exit import exit_after
-from theseus.config.compose import compose
-from theseus.config.errors import ConfigError
-from theseus.config.listing import choices, listing
-
-
-def main(argv: list[str]) -> int:
-    if {"-h", "--help"} & set(argv):
-        print(__doc__.strip())
-        return 0
-    try:
-        print(OmegaConf.to_yaml(compose(argv)) if argv else f"{listing()}\n\nchoices:\n{choices()}", end="")
-    except ConfigError as exc:  # a user module that does not import, too
-        print(f"theseus: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
-    exit_after(lambda: main(sys.argv[1:]))
+    exit_after(main)

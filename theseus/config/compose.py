@@ -44,7 +44,7 @@ def compose(overrides: Sequence[str] = (), *, hydra: bool = False) -> DictConfig
     chosen = None if registry.all_loaded() else choices(overrides)
     registry.publish(chosen or {})  # the chosen options imported, the nodes of those imported published
     for key, where in undeclared(overrides, None if chosen is None else registry.schema(chosen)):
-        raise unknown_key(key, where)
+        raise unknown_key(key, where, overrides)
     cfg = _hydra(overrides)
     try:
         validate(cfg, overrides)
@@ -102,7 +102,7 @@ def choices(overrides: Sequence[str]) -> dict[str, str]:
     return registry.choices_of(_hydra(picks))
 
 
-JOB_NAME = "run"  # hydra.job.name, as Hydra names a job of theseus/run.py (its log: run.log)
+JOB_NAME = "run"  # hydra.job.name, as Hydra names a job of theseus/cli/run.py (its log: run.log)
 
 
 def conf_dir() -> Path:
@@ -122,7 +122,7 @@ def validate(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
     """
     schema = registry.chosen_schema(cfg)
     for key in _leaves(cfg, schema):
-        raise unknown_key(key, origin(key, overrides))
+        raise unknown_key(key, origin(key, overrides), overrides, registry.choices_of(cfg))
     for key, spec in schema.items():
         value = OmegaConf.select(cfg, key, default=MISSING, throw_on_missing=False)
         if value is not MISSING and value != "???" and not OmegaConf.is_missing(cfg, key):
@@ -191,24 +191,37 @@ def _undeclared(overrides: Sequence[str], known: Mapping) -> Iterator[tuple[str,
 
 def chosen_files(overrides: Sequence[str]) -> list[Path]:
     """The experiment and sweep files that ``+experiment=A,B`` / ``+sweep=NAME`` choose."""
+    return [path for _, path in _chosen(overrides)]
+
+
+def _chosen(overrides: Sequence[str]) -> list[tuple[str, Path]]:
+    """``[("+experiment=gpt_small", PATH), ...]``: each file chosen, as the command line chose it."""
     files = []
     for override in overrides:
         group, _, names = override.lstrip("+~").partition("=")
         if group in registry.FOLDERS:
             available = registry.folder_options(group)
-            files += [available[name] for name in names.split(",") if name in available]
+            files += [(f"+{group}={name}", available[name]) for name in names.split(",") if name in available]
     return files
 
 
 def origin(key: str, overrides: Sequence[str]) -> str:
     """``in PATH: `` when a chosen experiment or sweep file sets ``key`` and the command line
     does not, else empty."""
+    setting = _file_setting(key, overrides)
+    return f"in {setting[1]}: " if setting else ""
+
+
+def _file_setting(key: str, overrides: Sequence[str]) -> tuple[str, Path, Any] | None:
+    """``("+experiment=gpt_small", PATH, 6)``: the chosen file that sets ``key`` (the command line
+    not setting it) and its value; None where none does."""
     if any(override.lstrip("+~").partition("=")[0] == key for override in overrides):
-        return ""
-    for path in chosen_files(overrides):
-        if OmegaConf.select(OmegaConf.load(path), key, default=None) is not None:
-            return f"in {path}: "
-    return ""
+        return None
+    for chosen, path in _chosen(overrides):
+        value = OmegaConf.select(OmegaConf.load(path), key, default=None)
+        if value is not None:
+            return chosen, path, OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+    return None
 
 
 def _declared(key: str, schema: Mapping) -> bool:
@@ -249,7 +262,7 @@ def explain(exc: BaseException, overrides: Sequence[str] = ()) -> ConfigError:
         return ConfigError(f"{where}{key}: {str(cause).splitlines()[0]}: an interpolation must name a declared "
                            "key, e.g. ${architecture.d_model}")
     if isinstance(cause, ConfigKeyError | AttributeError) and key:
-        return unknown_key(key, where)
+        return unknown_key(key, where, overrides)
     if isinstance(cause, ConfigTypeError) and not key:  # a value of another shape ({a: 1} for a list)
         key = next((o.lstrip("+~").partition("=")[0] for o in overrides if f"override {o}" in str(exc)), None)
     if isinstance(cause, ValidationError | ConfigTypeError) and key:
@@ -261,28 +274,57 @@ def explain(exc: BaseException, overrides: Sequence[str] = ()) -> ConfigError:
     return ConfigError(" ".join(str(exc).split()))
 
 
-def unknown_key(key: str, where: str = "") -> ConfigError:
+def unknown_key(key: str, where: str = "", overrides: Sequence[str] = (),
+                chosen: Mapping[str, str] | None = None) -> ConfigError:
     """``unknown config key 'x'; did you mean y (int, default 1: help)?`` (``where``: a prefix
-    naming the file it was found in)."""
+    naming the file it was found in; with ``overrides``, the value a file they choose gives y:
+    ``int, default 12, +experiment=gpt_small sets 6: ...``); for a key (or a node: ``dpo``) that an
+    option not chosen declares, which option it applies to (``chosen``: the options chosen, else
+    those of ``overrides``)."""
     known = registry.every_key()
     group = key.split(".")[0]
     if key in known and group in registry.groups():  # declared, by options of its group not chosen
         owners = [name for name, cls in registry.options(group).items() if key in schema_of(cls)]
         return ConfigError(f"{where}{key} does not apply to the {group} chosen; it is a key of "
                            f"{', '.join(f'{group}={name}' for name in owners)}: choose one of those or drop the key")
-    models = [name for name, cls in registry.options("model").items()
-              if any(k == key or k.startswith(f"{key}.") for k in schema_of(cls))]
+    models = _owners("model", key)
     if models:  # a key (or a node: architecture.moe) of another model than the one chosen
         return ConfigError(f"{where}{key} is a key of {', '.join(f'model={name}' for name in models)}, not of the "
                            f"model chosen: choose {'one of those' if len(models) > 1 else f'model={models[0]}'} "
                            f"or drop the key")
+    for other in registry.groups():  # a key of another group's option: dpo.beta is task=dpo's
+        owners = _owners(other, key)
+        if owners:
+            given = next((o.lstrip("+~").partition("=")[0] for o in overrides
+                          if o.lstrip("+~").partition("=")[0].startswith(f"{key}.")),
+                         key if key in known else f"{key}.*")
+            here = (chosen if chosen is not None else _chosen_by(overrides)).get(other)
+            options = " or ".join(f"{other}={name}" for name in owners)
+            return ConfigError(f"{where}{given} applies to {options} only ({other}={here} here): drop it or set "
+                               f"{options if len(owners) == 1 else f'one of {options}'}")
     close = suggest(key, known)
     if not close:
         return ConfigError(f"{where}unknown config key {key!r}; `python -m theseus.config` lists every key (a key "
                            f"of your own module appears once you {HOW_TO_DECLARE})")
     best, others = close[0], close[1:]
     also = f" (also close: {', '.join(others)})" if others else ""
-    return ConfigError(f"{where}unknown config key {key!r}; did you mean {best} ({known[best].describe()})?{also}")
+    setting = _file_setting(best, overrides)
+    described = known[best].describe(f"{setting[0]} sets {_cli(setting[2])}" if setting else "")
+    return ConfigError(f"{where}unknown config key {key!r}; did you mean {best} ({described})?{also}")
+
+
+def _owners(group: str, key: str) -> list[str]:
+    """The options of ``group`` that declare ``key``, or keys under it (a node)."""
+    return [name for name, cls in registry.options(group).items()
+            if any(k == key or k.startswith(f"{key}.") for k in schema_of(cls))]
+
+
+def _chosen_by(overrides: Sequence[str]) -> dict[str, str]:
+    """``choices(overrides)``, Hydra's store published again as it was (every imported option's node)."""
+    try:
+        return choices(overrides)
+    finally:
+        registry.publish({})
 
 
 def _cli(value) -> str:

@@ -42,11 +42,12 @@ class FieldSpec:
     def required(self) -> bool:
         return self.default is MISSING
 
-    def describe(self) -> str:
-        """``int, default 12: number of blocks`` (for errors and listings)."""
+    def describe(self, setting: str = "") -> str:
+        """``int, default 12: number of blocks`` (for errors and listings); ``setting``, what else
+        sets it, after the default: ``int, default 12, +experiment=gpt_small sets 6: ...``."""
         default = "required" if self.required else f"default {self.default!r}"
         choices = f", one of {', '.join(map(str, self.choices))}" if self.choices else ""
-        text = f"{type_name(self.type)}, {default}{choices}"
+        text = f"{type_name(self.type)}, {default}{choices}" + (f", {setting}" if setting else "")
         return f"{text}: {self.help}" if self.help else text
 
 

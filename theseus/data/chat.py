@@ -82,15 +82,13 @@ class ChatTemplate:
                               f"{exc.message}): fix the template") from None
 
     @classmethod
-    def find(cls, tokenizer: str, given: str | None = None) -> ChatTemplate:
-        """The template a run uses: ``given`` (``data.chat_template``, a Jinja file) if set, else
-        the tokenizer's (``own``), else, for theseus's byte, char and bpe tokenizers,
-        ``DEFAULT_TEMPLATE``. ConfigError when there is none or a file does not read."""
+    def find(cls, tokenizer: str, given: str | None = None, key: str = "data.chat_template") -> ChatTemplate:
+        """The template a run uses: ``given`` (``data.chat_template``, or the option ``key``: a
+        Jinja file, or a tokenizer_config.json holding one) if set, else the tokenizer's (``own``),
+        else, for theseus's byte, char and bpe tokenizers, ``DEFAULT_TEMPLATE``. ConfigError when
+        there is none or a file does not read."""
         if given is not None:
-            path = Path(given).expanduser()
-            if not path.is_file():
-                raise ConfigError(f"data.chat_template={given} does not exist: give the path of a Jinja chat template")
-            return cls(path.read_text(encoding="utf-8"), _special_tokens(tokenizer), f"data.chat_template={given}")
+            return cls(_given_source(given, key), _special_tokens(tokenizer), f"{key}={given}")
         own = cls.own(tokenizer)
         if own is not None:
             return own
@@ -129,8 +127,7 @@ class ChatTemplate:
             if (folder / TEMPLATE_FILE).is_file():
                 return cls((folder / TEMPLATE_FILE).read_text(encoding="utf-8"), special, str(folder / TEMPLATE_FILE))
             source, origin = _tokenizer_config(folder).get("chat_template"), str(folder / TRANSFORMERS_CONFIG)
-        if isinstance(source, list):  # transformers' named templates: [{"name": ..., "template": ...}]
-            source = {entry.get("name"): entry.get("template") for entry in source}.get("default")
+        source = _default_template(source)
         return cls(source, special, origin) if isinstance(source, str) else None
 
     def settings(self) -> dict[str, str]:
@@ -187,6 +184,35 @@ class ChatTemplate:
         if not inside:
             raise ConfigError(f"the chat template ({self.origin}) renders no end-of-turn token")
         return int(ids[inside[-1]])
+
+
+def _given_source(given: str, key: str) -> str:
+    """The Jinja source ``key=given`` (``data.chat_template=FILE``) names: the file's text, or,
+    for a tokenizer_config.json (a JSON object), its ``chat_template``; ConfigError naming the file
+    when it is missing or such a JSON file holds no template."""
+    path = Path(given).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{key}={given} does not exist: give the path of a Jinja chat template")
+    text = path.read_text(encoding="utf-8")
+    try:
+        settings = json.loads(text)
+    except ValueError:
+        return text  # Jinja
+    source = _default_template(settings.get("chat_template")) if isinstance(settings, dict) else None
+    if not isinstance(source, str):
+        raise ConfigError(f"{key}={given} is a JSON file without a chat_template (a "
+                          f"{TRANSFORMERS_CONFIG} of a model that is not a chat model?): give a Jinja file, or the "
+                          f"{TRANSFORMERS_CONFIG} of a chat model")
+    return source
+
+
+def _default_template(source: object) -> object:
+    """A ``chat_template`` setting as one template: transformers' named templates (``[{"name": ...,
+    "template": ...}]``) give their ``default``; a string stays."""
+    if isinstance(source, list):
+        named = {entry.get("name"): entry.get("template") for entry in source if isinstance(entry, Mapping)}
+        return named.get("default")
+    return source
 
 
 def _special_tokens(tokenizer: str) -> dict[str, str]:

@@ -52,7 +52,8 @@ class DataConfig(Configurable):
     packing: bool = field("data.packing", default=True,
                           help="task=sft: several conversations per window, attention confined to each; false: one, padded")
     chat_template: str | None = field("data.chat_template", default=None,
-                                      help="task=sft: a Jinja chat template file; None: the tokenizer's, theseus's for byte")
+                                      help="task=sft: a Jinja chat template file (or a tokenizer_config.json holding "
+                                           "one); None: the tokenizer's, theseus's for byte")
 
     def __post_init__(self):
         super().__post_init__()  # each field within its declared range

@@ -245,7 +245,8 @@ class Preferences:
     seed: int = 0  # of the split
     reference_free: bool = False  # no reference: its log-probs are 0
     bytes_per_token = None  # no bits per byte: the loss is not a text's
-    _state: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # "logps", (split, seq_len)
+    # "logps"; (split, seq_len): (the pairs that fit, the line counting the others until it is said)
+    _state: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def vocab_size(self) -> int:
@@ -263,23 +264,26 @@ class Preferences:
         prompt, chosen, rejected = self.pairs[index]
         return len(prompt) + max(len(chosen), len(rejected))
 
-    def fitting(self, split: str, seq_len: int) -> list[int]:
-        """The pairs of ``split`` whose longer sequence fits ``seq_len + 1`` tokens; the others are
-        counted on stderr (once); ConfigError when none fits."""
-        if (split, seq_len) in self._state:
-            return self._state[split, seq_len]
-        rows = self._rows(split)
-        needs = {i: self.tokens(i) for i in rows}
-        fits = [i for i in rows if needs[i] <= seq_len + 1]
-        if not fits:
-            raise ConfigError(f"none of the {len(rows)} {split} pairs fits in architecture.seq_len + 1 = {seq_len + 1} "
-                              f"tokens: raise architecture.seq_len to {min(needs.values()) - 1} for the shortest, "
-                              f"{max(needs.values()) - 1} for every one")
-        if len(fits) < len(rows):
-            print(f"theseus: {split}: dropped {len(rows) - len(fits)} of {len(rows)} preference pairs longer than "
-                  f"seq_len + 1 = {seq_len + 1} tokens (the longest needs architecture.seq_len="
-                  f"{max(needs.values()) - 1})", file=sys.stderr)
-        self._state[split, seq_len] = fits
+    def fitting(self, split: str, seq_len: int, say: bool = False) -> list[int]:
+        """The pairs of ``split`` whose longer sequence fits ``seq_len + 1`` tokens; ConfigError when none
+        fits. ``say``: the others are counted on stderr, once a split (where its pairs are read)."""
+        if (split, seq_len) not in self._state:
+            rows = self._rows(split)
+            needs = {i: self.tokens(i) for i in rows}
+            fits = [i for i in rows if needs[i] <= seq_len + 1]
+            if not fits:
+                raise ConfigError(f"none of the {len(rows)} {split} pairs fits in architecture.seq_len + 1 = "
+                                  f"{seq_len + 1} tokens: raise architecture.seq_len to {min(needs.values()) - 1} for "
+                                  f"the shortest, {max(needs.values()) - 1} for every one")
+            which = "" if split == "all" else f"{split}: "
+            dropped = (f"theseus: {which}dropped {len(rows) - len(fits)} of {len(rows)} preference pairs longer than "
+                       f"seq_len + 1 = {seq_len + 1} tokens (the longest needs architecture.seq_len="
+                       f"{max(needs.values()) - 1})") if len(fits) < len(rows) else None
+            self._state[split, seq_len] = fits, dropped
+        fits, dropped = self._state[split, seq_len]
+        if say and dropped:
+            print(dropped, file=sys.stderr)
+            self._state[split, seq_len] = fits, None
         return fits
 
     def example(self, index: int, seq_len: int) -> dict[str, np.ndarray]:
@@ -299,7 +303,7 @@ class Preferences:
         """Batches of ``split``'s pairs (dicts of ``[batch_size, ...]``), this process's share of each
         global batch, reshuffled each epoch, as ``Dataset.loader`` gives (the same state and resume)."""
         self._require_reference()
-        windows = PairWindows(self, seq_len, self.fitting(split, seq_len), batch_size, seed, process_index,
+        windows = PairWindows(self, seq_len, self.fitting(split, seq_len, say=True), batch_size, seed, process_index,
                               process_count)
         return Loader.over(windows, split=split, prefetch=prefetch)
 
@@ -310,7 +314,7 @@ class Preferences:
         pairs), ``n`` the pairs of the whole global batch: the mean of the batches' means weighted
         by ``n`` is the mean over the pairs."""
         self._require_reference()
-        for batch, rows in in_batches(self.fitting(split, seq_len), lambda i: self.example(i, seq_len),
+        for batch, rows in in_batches(self.fitting(split, seq_len, say=True), lambda i: self.example(i, seq_len),
                                       self._empty(seq_len), batch_size, process_index, process_count):
             yield batch, len(rows)
 

@@ -1,6 +1,6 @@
 """Preparation: tokenize a corpus once into train/val shards in the cache, streaming.
 
-    python -m theseus.data.prepare [data.* overrides, or any run's overrides]
+    python -m theseus.data.prepare [data.* overrides, or any run's overrides]   # theseus.cli.prepare
 
 The token stream (each document followed by the tokenizer's end-of-document token, if it has
 one) is cut into blocks; a seeded ``data.val_fraction`` of them form ``val.bin``, the rest
@@ -17,23 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 import queue
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from theseus.base.command_exit import exit_after
-from theseus.config import ConfigError, configuration, configure
-from theseus.config.compose import compose
+from theseus.config import ConfigError
 from theseus.data.cache import building, cache_folder, settings
-from theseus.data.config import DataConfig, check_documents
+from theseus.data.config import DataConfig
 from theseus.data.documents import Documents, documents
 from theseus.data.progress import progress
 from theseus.data.records import SOURCES as RECORDS
 from theseus.data.records import check_text_field
-from theseus.data.shards import META_FILE, ShardMeta, on_disk, read_meta, shard_file, token_dtype, write_meta
+from theseus.data.shards import META_FILE, ShardMeta, on_disk, shard_file, token_dtype, write_meta
 from theseus.data.sources import corpus_files
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer, fit_tokenizer
 
@@ -183,20 +180,9 @@ def _split(stream: Path, folder: Path, dtype: str, val_fraction: float, seed: in
     return counts
 
 
-def main(argv: list[str]) -> int:
-    try:
-        with configuration(compose(argv)):
-            cfg = configure(DataConfig)
-        check_documents(cfg, fix="a run with task=sft prepares its conversations itself: drop data.chat_template")
-        folder = prepare(cfg)
-        meta = read_meta(folder)
-    except ConfigError as exc:
-        print(f"theseus: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"{folder}: {meta.counts['train']:,} train + {meta.counts['val']:,} val tokens, "
-          f"{meta.tokenizer} vocabulary of {meta.vocab_size:,}")
-    return 0
 
+if __name__ == "__main__":  # python -m theseus.data.prepare: the command, theseus.cli.prepare's
+    from theseus.cli.command_exit import exit_after
+    from theseus.cli.prepare import main
 
-if __name__ == "__main__":
-    exit_after(lambda: main(sys.argv[1:]))
+    exit_after(main)

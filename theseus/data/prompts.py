@@ -88,6 +88,11 @@ class Prompts:
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
+    @property
+    def conversational(self) -> bool:
+        """Whether the prompts are messages (every row's kind is the same), not strings."""
+        return not isinstance(self.rows[0][PROMPT], str)
+
     def n_tokens(self, split: str) -> int:
         """The prompts' tokens in ``split``."""
         return sum(len(self.ids[i]) for i in self.split[split])
@@ -118,6 +123,11 @@ class Prompts:
         order = PromptOrder(self.fitting(split, seq_len), batch_size // self.num_generations, seed, process_index,
                             process_count)
         return Loader.over(order, split=split, prefetch=0)  # microseconds a batch: no thread
+
+    @property
+    def column_names(self) -> list[str]:
+        """The rows' columns but the prompt (every row's, in order): what reward functions are given by name."""
+        return list(dict.fromkeys(name for row in self.rows for name in row if name != PROMPT))
 
     def columns(self, rows: np.ndarray) -> dict[str, list]:
         """Every column but the prompt, for ``rows``, by name: what reward functions are given."""

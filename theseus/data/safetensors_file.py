@@ -4,6 +4,7 @@ views of a memory map.
     f = SafetensorsFile("model.safetensors")
     f.tensors["lm_head.weight"]    # Entry: dtype, shape, place in the file
     f.read("lm_head.weight")       # np.ndarray, the stored dtype and shape, a view of the file mapped
+    write_safetensors(tensors, "model.safetensors")   # as transformers writes it, readable as the umask lets files be
 
 The format: the header's size (8 bytes, little-endian), the JSON header (``name: {dtype, shape,
 data_offsets}``, and ``__metadata__``), then the data, C-ordered and little-endian. It is read
@@ -17,11 +18,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 import ml_dtypes
 import numpy as np
+from safetensors.numpy import save_file
 
 from theseus.config import ConfigError
 
@@ -92,3 +96,19 @@ class SafetensorsFile:
         if entry.begin == entry.end:  # nothing to map
             return np.empty(entry.shape, entry.dtype)
         return np.asarray(np.memmap(self.path, entry.dtype, "r", entry.begin, entry.shape))
+
+
+def write_safetensors(tensors: Mapping[str, np.ndarray], path: Path) -> None:
+    """Write ``tensors`` to ``path`` with transformers' metadata (PyTorch layout), its mode that of any
+    file the user makes (``-rw-r--r--`` under umask 022): safetensors itself leaves it ``-rw-------``,
+    which a team sharing the folder, or a server serving it, cannot read."""
+    save_file(dict(tensors), str(path), metadata={"format": "pt"})
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """The process's umask (set to 077 for the instant of reading it: a file another thread makes then is
+    only the more private)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask

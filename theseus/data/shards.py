@@ -81,6 +81,10 @@ def read_meta(folder: Path) -> ShardMeta:
     counts = meta.counts if isinstance(meta.counts, dict) else {}
     if any(not isinstance(counts.get(split), int) or counts[split] < 0 for split in SPLITS):
         raise ConfigError(f"{path}: counts must give the tokens of train and val, got {meta.counts!r}: fix meta.json")
+    rate = meta.bytes_per_token
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0):
+        raise ConfigError(f"{path}: bytes_per_token must be a positive number (UTF-8 bytes of text per token) or "
+                          f"null, got {rate!r}: fix meta.json")
     return meta
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import functools
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -28,6 +29,7 @@ EOT = "<|endoftext|>"  # the end-of-document token of byte and bpe
 NAMES = ("byte", "char", "bpe")  # data.tokenizer values that are not a tokenizer.json path
 CHARS_FILE, JSON_FILE = "chars.json", "tokenizer.json"
 TRANSFORMERS_CONFIG = "tokenizer_config.json"  # what transformers reads beside tokenizer.json
+CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but tab and newline, DEL, C1: a terminal acts on them
 
 
 class Tokenizer(abc.ABC):
@@ -57,6 +59,11 @@ class Tokenizer(abc.ABC):
     def encode(self, text: str, special: bool = False) -> list[int]:
         return self.encode_batch([text], special)[0].tolist()
 
+    def printable(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` as a terminal may show it: each control character but tab and newline
+        (NUL, ESC, ...) as a visible ``\\xNN``, so that none acts on the terminal."""
+        return escape_controls(self.decode(ids))
+
     def encode_documents(self, texts: Sequence[str], dtype: np.dtype) -> np.ndarray:
         """The ids of ``texts`` back to back, each text followed by ``eot`` (if any): 1-D ``dtype``."""
         return _joined(self.encode_batch(texts), self.eot, dtype)
@@ -80,9 +87,17 @@ class ByteTokenizer(Tokenizer):
         return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
+        return self._text(ids, "replace")
+
+    def printable(self, ids: Sequence[int]) -> str:
+        """As every tokenizer's, and each byte that is no UTF-8 character's (U+FFFD in ``decode``) as ``\\xNN`` too."""
+        return escape_controls(self._text(ids, "backslashreplace"))
+
+    def _text(self, ids: Sequence[int], errors: str) -> str:
+        """The text of ``ids``, the bytes that are no character's handled as ``errors`` (``bytes.decode``'s)."""
         ids = _checked(ids, self.vocab_size)
         pieces = np.split(ids, np.flatnonzero(ids == self.eot))  # every piece but the first opens with eot
-        return EOT.join(bytes(piece[piece != self.eot].astype(np.uint8)).decode("utf-8", "replace") for piece in pieces)
+        return EOT.join(bytes(piece[piece != self.eot].astype(np.uint8)).decode("utf-8", errors) for piece in pieces)
 
     def save(self, folder: Path) -> None:
         """Nothing to save: the byte vocabulary is fixed."""
@@ -202,11 +217,13 @@ class HFTokenizer(Tokenizer):
             file = open_gguf(path)
             return cls(gguf_tokenizer.build(file), kind, gguf_tokenizer.special_tokens(file).get("eos_token", EOT))
         try:
-            return cls(tokenizers.Tokenizer.from_file(str(path)), kind, _eos_token(path.parent / TRANSFORMERS_CONFIG))
+            tokenizer = tokenizers.Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ConfigError(f"{path} does not parse as a Hugging Face tokenizer.json ({reason}): "
                               "point data.tokenizer at a file saved by tokenizers.Tokenizer.save") from exc
+        _check_unknown_token(tokenizer, path)
+        return cls(tokenizer, kind, _eos_token(path.parent / TRANSFORMERS_CONFIG))
 
     def encode_batch(self, texts: Sequence[str], special: bool = False) -> list[np.ndarray]:
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=special)
@@ -259,6 +276,11 @@ def load_tokenizer(folder: Path, kind: str) -> Tokenizer:
     return CharTokenizer.load(path) if kind == "char" else HFTokenizer.from_file(path, kind)
 
 
+def escape_controls(text: str) -> str:
+    """``text`` with each control character but tab and newline as ``\\xNN``."""
+    return CONTROLS.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
 def _joined(ids: list[np.ndarray], eot: int | None, dtype: np.dtype) -> np.ndarray:
     """``ids`` concatenated, each followed by ``eot`` (when not None), as ``dtype``."""
     if eot is not None:
@@ -285,6 +307,18 @@ def _eos_token(config: Path) -> str:
     if isinstance(eos, dict):
         eos = eos.get("content")
     return eos if isinstance(eos, str) else EOT
+
+
+def _check_unknown_token(tokenizer: tokenizers.Tokenizer, path: Path) -> None:
+    """ConfigError when ``tokenizer`` (read from ``path``) is a WordLevel or WordPiece model whose
+    ``unk_token`` its vocabulary lacks: a word outside the vocabulary could not be encoded (tokenizers
+    raises "Missing [UNK] token from the vocabulary" then, in the middle of preparing a corpus)."""
+    model = tokenizer.model
+    if isinstance(model, models.WordLevel | models.WordPiece) and tokenizer.token_to_id(model.unk_token) is None:
+        kind = type(model).__name__
+        raise ConfigError(f"{path}: its {kind} model's unk_token {model.unk_token!r} is not in its vocabulary, so a "
+                          f"word outside the vocabulary cannot be encoded: add {model.unk_token!r} to model.vocab (or "
+                          f"set model.unk_token to a token of it), or give another tokenizer")
 
 
 def _checked(ids: Sequence[int], vocab_size: int) -> np.ndarray:

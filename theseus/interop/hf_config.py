@@ -221,12 +221,30 @@ def architecture(hf: Mapping[str, Any], where: str = CONFIG_FILE) -> dict[str, A
     arch = {**fmt.implied, **fmt.settings}
     for key, (name, default) in fmt.keys.items():
         arch[key] = hf.get(name, default)
+    _check_heads(arch, fmt, where)
     arch = _resolved(arch, fmt)
     arch["norm_eps"] = float(arch["norm_eps"])
     for key in ("attn_softcap", "logit_softcap"):
         if arch.get(key) is not None:
             arch[key] = float(arch[key])
     return {**arch, **_rope(hf, fmt, where), **_layers(hf, fmt, arch, where)}
+
+
+def _check_heads(arch: Mapping[str, Any], fmt: Format, where: str) -> None:
+    """ConfigError, in config.json's names, for attention heads that do not divide: the query
+    heads the hidden size (unless a head_dim gives their width), the key/value heads the query heads."""
+    name = {key: config_key for key, (config_key, _) in fmt.keys.items()}
+    d, heads, kv = arch["d_model"], arch["n_heads"], arch.get("n_kv_heads")
+    for key, value in (("n_heads", heads), ("n_kv_heads", kv)):
+        if key in name and value is not None and (not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{where}: {name[key]}={value!r} must be a positive integer")
+    if arch.get("head_dim") is None and d % heads:
+        width = " (or give the heads' width, head_dim)" if "head_dim" in name else ""
+        raise ConfigError(f"{where}: {name['n_heads']}={heads} does not divide {name['d_model']}={d}: fix "
+                          f"config.json{width}")
+    if kv and heads % kv:
+        raise ConfigError(f"{where}: {name['n_kv_heads']}={kv} does not divide {name['n_heads']}={heads} (each "
+                          f"key/value head serves a whole group of query heads): fix config.json")
 
 
 def _rope(hf: Mapping[str, Any], fmt: Format, where: str) -> dict[str, Any]:

@@ -23,10 +23,9 @@ from typing import Any
 
 import numpy as np
 from flax import traverse_util
-from safetensors.numpy import save_file
 
 from theseus.config import ConfigError
-from theseus.data.safetensors_file import SafetensorsFile
+from theseus.data.safetensors_file import SafetensorsFile, write_safetensors
 from theseus.interop.hf_config import architecture
 from theseus.model.models.gpt import stack_layers
 
@@ -286,7 +285,7 @@ class _Reads:
 
 def save(tensors: Mapping[str, np.ndarray], folder: Path) -> None:
     """Write ``folder/model.safetensors`` (transformers' metadata: PyTorch layout)."""
-    save_file(dict(tensors), str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_safetensors(tensors, folder / WEIGHTS_FILE)
 
 
 def load_hf_gpt2(state_dict: Mapping[str, Any], n_heads: int | None = None,

@@ -148,15 +148,10 @@ def _from_run(cfg: DictConfig, flat: dict[str, Any], source: ModelSource) -> dic
     """The architecture and tokenizer of the theseus run ``source`` names, wherever ``cfg``
     leaves them at their defaults: its saved config's, with what its own ``trainer.init_from``
     determined (a run from a Hugging Face folder has the folder's)."""
-    run = source.run_dir
-    if run is None:
-        raise ConfigError(f"{source} has no .hydra/config.yaml beside its checkpoints: give the run "
-                          f"directory a theseus run wrote")
     if saved_base(source.path) is not None:
         raise ConfigError(f"{source} holds LoRA adapters without their base: export it merged "
                           f"(python -m theseus.export {source.given} OUT) and start from OUT")
-    record = read_saved(run / ".hydra" / "config.yaml")
-    record = with_values(record, init_from_values(record, init_source(record)))
+    record = _run_record(source)
     saved = flatten(OmegaConf.to_container(record, resolve=True))
     defaults = chosen_schema(cfg)
     model = chosen(record, "model")
@@ -167,6 +162,70 @@ def _from_run(cfg: DictConfig, flat: dict[str, Any], source: ModelSource) -> dic
     return {key: saved[key] for key in defaults
             if (key.startswith("architecture.") or key == "data.tokenizer")
             and saved.get(key) is not None and flat.get(key) == defaults[key].default}
+
+
+# architecture keys a model that computes what another does may set otherwise: its context, its
+# vocabulary (the weights' shapes say), how it was initialised, trained, adapted and run
+FREE = tuple(f"architecture.{key}" for key in ("seq_len", "vocab_size", "dropout", "init_std", "remat", "scan_layers",
+                                               "attention_impl", "dtype.", "lora.", "moe.aux_loss", "moe.z_loss",
+                                               "moe.bias_update_rate"))
+
+
+def source_architecture(source: ModelSource) -> tuple[str, dict[str, Any]]:
+    """``(model, values)``: the model (``model=NAME``) ``source`` loads into and the
+    ``architecture.*`` values it computes with, the widths a GPT derives written out: a Hugging
+    Face folder's or GGUF file's config, a theseus run's saved config (with what its own
+    ``trainer.init_from`` determined)."""
+    if source.kind != "run":
+        hf = hf_config_of(source)
+        return format_of(hf, where(source)).model, _widths({f"architecture.{key}": value for key, value in
+                                                           architecture(hf, where(source)).items()})
+    record = _run_record(source)
+    saved = flatten(OmegaConf.to_container(record, resolve=True))
+    return chosen(record, "model"), _widths({key: value for key, value in saved.items()
+                                             if key.startswith("architecture.")})
+
+
+def _run_record(source: ModelSource) -> DictConfig:
+    """The saved config of the theseus run ``source`` names, with what its own ``trainer.init_from``
+    determined laid over it (a run from a Hugging Face folder: the folder's architecture)."""
+    run = source.run_dir
+    if run is None:
+        raise ConfigError(f"{source} has no .hydra/config.yaml beside its checkpoints: give the run "
+                          f"directory a theseus run wrote")
+    record = read_saved(run / ".hydra" / "config.yaml")
+    return with_values(record, init_from_values(record, init_source(record)))
+
+
+def check_same_architecture(cfg: DictConfig, source: ModelSource) -> None:
+    """ConfigError unless the model ``source`` names (a task's reference: ``dpo.reference``)
+    computes what the run's model (``cfg``'s, ``trainer.init_from``'s values laid over it) does,
+    its weights aside: the same model and every architecture key they both set alike (``FREE``
+    apart). Its weights are read onto the run's model: another architecture's would not fit, or
+    would be computed as the run's."""
+    model, theirs = source_architecture(source)
+    ours = _widths({key: value for key, value in flatten(OmegaConf.to_container(cfg, resolve=True)).items()
+                    if key.startswith("architecture.")})
+    differs = [] if model == chosen(cfg, "model") else [("model", model, chosen(cfg, "model"))]
+    differs += [(key, value, ours[key]) for key, value in sorted(theirs.items())
+                if key in ours and not key.startswith(FREE) and value != ours[key]]
+    if differs:
+        shown = "; ".join(f"{key}: {there} there, {here} here" for key, there, here in differs[:3])
+        more = f"; {len(differs) - 3} more" if len(differs) > 3 else ""
+        raise ConfigError(f"{source}: its architecture differs from the policy's ({shown}{more}): give a reference "
+                          f"of the policy's architecture and vocabulary (the model it starts from, or a checkpoint of "
+                          f"its run), or {source.key}=none")
+
+
+def _widths(values: dict[str, Any]) -> dict[str, Any]:
+    """``architecture.*`` ``values`` with the widths a GPT derives where unset written out: d_ff
+    (4 x d_model), n_kv_heads (n_heads), head_dim (d_model / n_heads)."""
+    out, key = dict(values), "architecture.{}".format
+    d, heads = out.get(key("d_model")), out.get(key("n_heads"))
+    if isinstance(d, int) and isinstance(heads, int) and heads:
+        for name, derived in (("d_ff", 4 * d), ("n_kv_heads", heads), ("head_dim", d // heads)):
+            out[key(name)] = out.get(key(name)) or derived
+    return out
 
 
 def _tokenizer_size(tokenizer: str) -> int | None:

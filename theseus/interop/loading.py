@@ -74,11 +74,15 @@ def _run_params(source: ModelSource, target: Mapping, seed: int) -> dict:
 def _read(thunks: Mapping[str, Any], path: str, n_layers: int, source: ModelSource) -> np.ndarray:
     """The checkpoint's tensor of parameter ``path`` in theseus's layout; for a scanned block's
     ``h/REST``, layer i's ``h_i/REST`` stacked on a leading axis."""
-    if path in thunks:
-        return thunks[path]()
     block, _, rest = path.partition("/")
-    if block == "h" and f"h_0/{rest}" in thunks:
-        return np.stack([thunks[f"h_{i}/{rest}"]() for i in range(n_layers)])
+    try:
+        if path in thunks:
+            return thunks[path]()
+        if block == "h" and f"h_0/{rest}" in thunks:
+            return np.stack([thunks[f"h_{i}/{rest}"]() for i in range(n_layers)])
+    except ValueError as exc:  # a tensor that its config's shapes do not fit (numpy cannot reshape it)
+        raise ConfigError(f"{source.given}: the checkpoint's tensors of parameter {path} do not have the shapes its "
+                          f"config gives ({exc}): fix {where(source)}, or give the weights it describes") from exc
     raise ConfigError(f"{source.given}: no tensor of the checkpoint maps to parameter {path}")
 
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 from flax import traverse_util
-from safetensors.numpy import save_file
 
 from theseus.config import ConfigError
+from theseus.data.safetensors_file import write_safetensors
 from theseus.interop.hf_weights import GPT2_PREFIX
 from theseus.model.lora import EXPERT, GROUPS, PREFIX, LoRA, is_adapter
 
@@ -87,4 +87,4 @@ def save_adapter(out_dir: Path, tensors: Mapping[str, np.ndarray], config: Mappi
     """Write ``out_dir/adapter_config.json`` and ``adapter_model.safetensors``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    save_file(dict(tensors), str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_safetensors(tensors, out_dir / WEIGHTS_FILE)

@@ -14,7 +14,9 @@
   local Hugging Face cache, resolved offline as transformers does with ``HF_HUB_OFFLINE=1`` (the
   revision ``refs/main`` names); an id not there is one line saying how to download it.
 
-Anything else is a ConfigError naming ``key`` and what it takes.
+A missing path shaped as one (``outputs/tiny``: a folder here by its first part, Hydra's or theseus's
+own folders, a step, a file's suffix) is a missing path, not an id to download: its line says where
+it was looked for. Anything else is a ConfigError naming ``key`` and what it takes.
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from pathlib import Path
 from typing import Literal
 
 from theseus.config import ConfigError
+from theseus.config.yaml_file import load_yaml
 
 Kind = Literal["hf", "run", "gguf"]
 CONFIG_FILE = "config.json"
 SAVED_CONFIG = Path(".hydra") / "config.yaml"
 TAKES = "a Hugging Face folder, a theseus run or checkpoint, a .gguf file or a model id in the local Hugging Face cache"
 MODEL_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+FILE_SUFFIXES = {".gguf", ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".npz", ".json", ".yaml"}
+RUN_FOLDERS = {"outputs", "multirun", "checkpoints"}  # where Hydra and theseus put runs and their steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +86,27 @@ def parse_source(given: str | os.PathLike, key: str | None = "trainer.init_from"
     if path.name.isdigit() and path.parent.is_dir() and _steps(path.parent):
         steps = ", ".join(map(str, sorted(_steps(path.parent))))
         raise ConfigError(f"{named}: {path.parent} holds no step {path.name}; its saved steps are {steps}")
-    if MODEL_ID.fullmatch(given) and not given.endswith(".gguf") and not ("/" in given and path.parent.is_dir()):
+    model_id = bool(MODEL_ID.fullmatch(given)) and path.suffix not in FILE_SUFFIXES
+    if model_id and (not _path_shaped(given, path) or hub_repo(given).is_dir()):
         return ModelSource("hf", hub_snapshot(given, named), given, key)
-    raise ConfigError(f"{named} does not exist: give {TAKES}")
+    raise ConfigError(_missing(given, path, named, model_id))
+
+
+def _path_shaped(given: str, path: Path) -> bool:
+    """Whether ``given``, of a model id's form, was meant as a path: its first part a folder here, or a part
+    Hydra's or theseus's folder of runs or steps (``outputs/tiny``, ``multirun/3``, ``run/checkpoints``)."""
+    parts = Path(given).parts
+    return "/" in given and path.parent.is_dir() or bool(RUN_FOLDERS & set(parts)) or parts[-1].isdigit()
+
+
+def _missing(given: str, path: Path, named: str, model_id: bool) -> str:
+    """The line for a ``path`` that does not exist: where a relative one was looked for, and, when
+    ``given`` has a model id's form, that the Hugging Face cache has no such model either."""
+    what = "file" if path.suffix in FILE_SUFFIXES else "folder"
+    notes = [] if path.is_absolute() else [f"no {what} {path.absolute()}"]
+    notes += [f"no model {given} in the Hugging Face cache at {hub_cache()}"] if model_id else []
+    where = f" ({', and '.join(notes)})" if notes else ""
+    return f"{named} does not exist{where}: give {TAKES}"
 
 
 def _named(given: str, key: str | None) -> str:
@@ -100,6 +123,8 @@ def _kind(path: Path, named: str) -> Kind:
     if theseus_checkpoint(path) is not None:
         return "run"
     if (path / ".hydra").is_dir():
+        if (path / SAVED_CONFIG).is_file():
+            load_yaml(path / SAVED_CONFIG)  # a config that does not parse: that first (ConfigError naming the file)
         raise ConfigError(f"{named} holds no checkpoint (checkpoints/ is empty or absent): train it first, or give a "
                           f"run directory that trainer.checkpoint_every or the end of its run saved")
     if (path / CONFIG_FILE).is_file():
@@ -118,10 +143,15 @@ def hub_cache() -> Path:
     return Path(home).expanduser() / "hub"
 
 
+def hub_repo(model_id: str) -> Path:
+    """Where the hub cache keeps ``model_id`` (``models--ORG--NAME``), whether or not it is there."""
+    return hub_cache() / f"models--{model_id.replace('/', '--')}"
+
+
 def hub_snapshot(model_id: str, named: str) -> Path:
     """The folder of ``model_id``'s snapshot in the hub cache (its ``refs/main``, else its only
     snapshot); ConfigError, saying how to download it, when it is not there."""
-    repo = hub_cache() / f"models--{model_id.replace('/', '--')}"
+    repo = hub_repo(model_id)
     ref = repo / "refs" / "main"
     snapshots = sorted((repo / "snapshots").iterdir()) if (repo / "snapshots").is_dir() else []
     if ref.is_file():

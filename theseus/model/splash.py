@@ -17,7 +17,6 @@ Shapes: ``q: [batch, seq, heads, head_dim]``, ``k, v: [batch, seq, kv_heads, hea
 
 from __future__ import annotations
 
-import functools
 import math
 
 import flax.linen as nn
@@ -57,10 +56,11 @@ def computed_pairs(seq: int, window: int | None) -> int:
     return int(reached.sum()) * block * block
 
 
-@functools.cache
 def _kernel(seq: int, heads: int, window: int | None, softcap: float | None, interpret: bool):
-    """The splash kernel of one sequence of ``seq`` positions and ``heads`` query heads (made once:
-    its mask's block maps are computed on the host)."""
+    """The splash kernel of one sequence of ``seq`` positions and ``heads`` query heads, made in the
+    trace that calls it: it turns its mask's block maps (computed on the host, and cached there by
+    Pallas) into arrays of that trace. A kernel kept across traces held the first one's tracers,
+    which the next took as inputs (on a TPU: an init compiled for 5 inputs and called with none)."""
     block = block_size(seq)
     mask = (splash.CausalMask((seq, seq)) if window is None
             else splash.LocalMask((seq, seq), window_size=(window - 1, 0), offset=0))

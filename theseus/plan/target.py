@@ -21,7 +21,7 @@ from theseus.config import ConfigError
 
 SPECS = Path(__file__).parent / "gpu_specs"
 TPU_VERSIONS = {"v4": (3, 2), "v5e": (2, 1), "v5p": (3, 2), "v6e": (2, 1)}  # version -> (torus dims, cores per chip)
-SINGLE_HOST_8 = ("v5e", "v6e")  # versions sold as one host of 8 chips (v5litepod-8, v6e-8)
+SINGLE_HOST_8 = ("v5e", "v6e")  # versions sold as one host of up to 8 chips (v5litepod-1, -4, -8; v6e-1, -4, -8)
 GPU_MODELS = ("a100", "b200", "h100", "h200")
 EXAMPLES = "tpu:v4-32, tpu:v5e-8, tpu:v5p-128, tpu:v6e-16, gpu:a100x8, gpu:h100x8, gpu:h200x8, gpu:b200x8, gpu:h100x8x4"
 INSTALL = "pip install 'theseus[plan]'"
@@ -93,6 +93,16 @@ def torus(chips: int, dims: int) -> str:
     return "x".join(map(str, sorted(sides)))
 
 
+def host_bounds(version: str, shape: str) -> dict[str, list[int]]:
+    """libtpu's ``chips_per_host_bounds`` for a slice of ``shape`` (``"2x4"``): a slice of at most one
+    host (4 chips; 8 for v5e and v6e, sold as one host of 8) is that host, of the slice's own shape;
+    a larger one takes libtpu's default hosts of 4 chips (2x2x1)."""
+    sides = [int(side) for side in shape.split("x")]
+    if math.prod(sides) <= (8 if version in SINGLE_HOST_8 else 4):
+        return {"chips_per_host_bounds": (sides + [1, 1])[:3]}
+    return {}
+
+
 def target_named(name: str) -> Target:
     """The compile-only devices of target ``name`` (ConfigError for an unknown name or a missing extra)."""
     kind, model, n, nodes = parse(name)
@@ -124,10 +134,12 @@ def _devices(kind: str, model: str, n: int, nodes: int) -> tuple[list, int]:
         shape = torus(n // cores, dims)
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no chip to lock: concurrent plans may run
         os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # not on a TPU VM: no metadata server to ask
-        # v5e and v6e slices of 8 chips are one host (hosts of 4 chips beyond), libtpu's default is 4 a host
-        hosts = {"chips_per_host_bounds": [2, 4, 1]} if model in SINGLE_HOST_8 and n == 8 else {}
-        # libtpu shows v4's two TensorCores a chip as two devices; v5p's as one (megacore)
-        devices = topologies.get_topology_desc(f"{model}:{shape}", "tpu", **hosts).devices
+        try:  # libtpu shows v4's two TensorCores a chip as two devices; v5p's as one (megacore)
+            devices = topologies.get_topology_desc(f"{model}:{shape}", "tpu", **host_bounds(model, shape)).devices
+        except RuntimeError as exc:  # JaxRuntimeError: a layout libtpu does not make
+            reason = next((line for line in str(exc).splitlines() if line.strip()), "")
+            raise ConfigError(f"mesh.target=tpu:{model}-{n}: libtpu cannot lay out {shape} chips ({reason}): "
+                              f"give one it makes, e.g. {', '.join(f'tpu:{model}-{k * cores}' for k in (1, 4, 8, 16))}")
         return list(devices), len(devices) // (n // cores)
     spec = (SPECS / f"{model}.txtpb").read_text()
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # deviceless: no CUDA runtime needed

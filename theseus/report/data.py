@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from theseus.report.records import RunRecord, Runs, fmt, label, load
+from theseus.report.seeds import LEVEL, seed_groups, seed_keys
 from theseus.training.metrics import format_duration
-from theseus.training.records import Run, Runs, fmt, label, load
-from theseus.training.seeds import LEVEL, seed_groups, seed_keys
 
 # Charts in this order first, then every other logged key alphabetically; these are never charted.
 CHARTS = {"loss": "train loss", "val_loss": "val loss", "tokens_per_s": "throughput (tokens/s)",
@@ -57,7 +57,7 @@ def charts(runs: Runs) -> list[dict[str, str]]:
     return [{"key": key, "title": CHARTS.get(key, key), "format": FORMATS.get(key, ".4g")} for key in ordered]
 
 
-def run_entry(run: Run, row: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+def run_entry(run: RunRecord, row: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     """One run: label, status, step of max_steps, ETA, its values of the varied keys
     (``settings``), and its series as
     ``key -> [[step, tokens, seconds, value], ...]`` (tokens/seconds null where unknown)."""

@@ -111,7 +111,7 @@ def sequence_logps(logits: jax.Array, tokens: jax.Array, completion: jax.Array) 
 class DirectPreference(LossTask):
     """Preference optimisation on pairs of completions, against a frozen reference model."""
 
-    EVALUATE_SPLIT: ClassVar[str] = "all"  # theseus.evaluate scores every pair of the file it is given
+    EVALUATE_SPLIT: ClassVar[str] = "all"  # theseus.evaluate scores every pair of a file it is given
     SEQUENCES: ClassVar[int] = 2  # a pair: its chosen and its rejected sequence
     CHAT: ClassVar[bool] = True
 
@@ -162,7 +162,7 @@ class DirectPreference(LossTask):
 
     def check_data(self, dataset: Preferences, seq_len: int) -> None:
         """ConfigError unless some pair of each split fits a window (the others are dropped, and
-        counted on the console)."""
+        counted on the console where a split's pairs are read)."""
         for split in ("train", "val"):
             dataset.fitting(split, seq_len)
 

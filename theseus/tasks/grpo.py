@@ -242,6 +242,10 @@ class GroupRelativePolicyOptimization(LossTask):
     def tokenizer(self, data: DataConfig) -> Tokenizer:
         return prompt_tokenizer(data)
 
+    def chats(self, dataset: Prompts) -> bool:
+        """Whether the prompts are conversations (messages, rendered by the chat template), not strings."""
+        return dataset.conversational
+
     def chat_template(self, data: DataConfig) -> ChatTemplate | None:
         """The template conversational prompts are rendered with (``ChatTemplate.find``), which an
         export writes and ``theseus.sample --chat`` uses; None when there is none (string prompts
@@ -249,11 +253,15 @@ class GroupRelativePolicyOptimization(LossTask):
         return ChatTemplate.found(data.tokenizer, data.chat_template)
 
     def check_data(self, dataset: Prompts, seq_len: int) -> None:
-        """ConfigError unless some prompt of each split leaves room for a completion, and the
-        reward functions import."""
+        """ConfigError unless some prompt of each split leaves room for a completion, the reward
+        functions import and take the arguments they are given, and ``grpo.top_k`` is within the
+        vocabulary."""
         for split in ("train", "val"):
             dataset.fitting(split, seq_len)
-        self.rewards  # noqa: B018 - imported here, before anything compiles
+        self.rewards.check_arguments(dataset.column_names)  # imported here, before anything compiles
+        if self.top_k > dataset.vocab_size:
+            raise ConfigError(f"grpo.top_k={self.top_k} is more than the {dataset.vocab_size} tokens of the "
+                              f"vocabulary: give at most {dataset.vocab_size}, or 0 (every token)")
 
     def check_batch(self, batch_size: int, grad_accum: int, processes: int) -> None:
         """Each process samples whole groups: ``trainer.batch_size / processes`` completions divide

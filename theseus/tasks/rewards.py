@@ -16,6 +16,7 @@ advantage 0 and counts in no reward statistic. The weighted sum of the functions
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from numbers import Real
@@ -68,6 +69,23 @@ class Rewards:
                                   f"taking (prompts, completions, completion_ids, **columns)")
         return cls(specs, functions, np.asarray(weights if weights is not None else [1.0] * len(specs), np.float32))
 
+    def check_arguments(self, columns: Sequence[str]) -> None:
+        """ConfigError, before any completion is sampled, for a function that cannot be called as
+        ``score`` calls it: with ``prompts``, ``completions``, ``completion_ids`` and ``columns`` (the
+        prompt rows' other fields) by name (a parameter the rows do not give, or a column it takes
+        neither by name nor as ``**kwargs``)."""
+        given = dict.fromkeys(("prompts", "completions", "completion_ids", *columns))
+        for spec, function in zip(self.specs, self.functions):
+            try:
+                signature = inspect.signature(function)
+            except (TypeError, ValueError):  # a builtin's: its call says
+                continue
+            try:
+                signature.bind(**given)
+            except TypeError as exc:
+                raise ConfigError(f"grpo.reward={spec} cannot take the arguments it is called with: "
+                                  f"{_unfit(signature, given)}") from exc
+
     @property
     def names(self) -> tuple[str, ...]:
         """Each function's name, as TRL logs it (``rewards/NAME/mean``)."""
@@ -116,6 +134,25 @@ class Rewards:
                 raise RewardError(f"grpo.reward {spec} returned {value!r:.40} for a completion of the prompt "
                                   f"{shown(prompts[i])}: return one float or None per completion")
         return np.asarray([math.nan if value is None else float(value) for value in values], np.float32)
+
+
+def _unfit(signature: inspect.Signature, given: Mapping[str, object]) -> str:
+    """Why ``signature`` does not bind the keyword arguments ``given``, and the fix."""
+    params = signature.parameters.values()
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    positional = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if positional:
+        return f"its parameter {positional[0]!r} is positional-only, and every argument is passed by name: drop the /"
+    needed = [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+              and p.name not in given]
+    if needed:
+        columns = ", ".join(name for name in given if name not in ("prompts", "completions", "completion_ids"))
+        return (f"its parameter {needed[0]!r} is given nothing (it gets prompts, completions, completion_ids and "
+                f"the prompt rows' columns by name: {columns or 'none'}): give the rows a {needed[0]!r} field, or the "
+                f"parameter a default")
+    extra = [name for name in given if name not in named]
+    return (f"it takes no {extra[0]!r} (a column of the prompt rows, passed by name as TRL passes it): add **kwargs "
+            f"to its parameters")
 
 
 def _raises(call: Callable, row: int) -> bool:

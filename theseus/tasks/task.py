@@ -96,8 +96,9 @@ class Task(Configurable):
 class LossTask(Task):
     """A task the trainer optimises by gradient steps on ``loss``."""
 
-    # what ``theseus.evaluate`` scores: the validation split (``val``, what a run's evaluations
-    # score), or every example of the data (``all``: a file of pairs given to score)
+    # what ``theseus.evaluate`` scores of data its command line names (a model's, or a run's other
+    # data): the validation split (``val``), or every example (``all``: a file of pairs given to
+    # score); a run's own data, always its validation split, what the run's evaluations scored
     EVALUATE_SPLIT: ClassVar[str] = "val"
     SEQUENCES: ClassVar[int] = 1  # sequences of seq_len an example puts through the model (tokens, FLOPs per step)
     CHAT: ClassVar[bool] = False  # trains a chat model (its run's summary samples it with --chat)
@@ -108,6 +109,10 @@ class LossTask(Task):
         batch_size, seed, process_index, process_count, prefetch)``, ``n_tokens(split)``,
         ``tokenizer``, ``vocab_size`` and ``bytes_per_token``."""
         return open_dataset(data)
+
+    def chats(self, dataset: Any) -> bool:
+        """Whether the run trains a chat model on ``dataset`` (its summary samples it with --chat): ``CHAT``."""
+        return self.CHAT
 
     def check_model(self, model: nn.Module) -> None:
         """ConfigError for a model this task cannot train, before the data is prepared (a

@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
+import threading
 import time
 from collections.abc import Callable, Container, Mapping
 from pathlib import Path
@@ -52,6 +54,28 @@ def _replicas_written_whole_in_one_process() -> None:
                                                 override=True)
     finally:
         absl.setLevel(level)
+
+
+SWITCH_WHILE_SAVING = 2e-4  # seconds a thread holds the GIL before handing it over, while a save is written
+_SWITCH = sys.getswitchinterval()  # Python's own (5 ms)
+
+
+def _yielding_while_saving(manager: ocp.CheckpointManager) -> None:
+    """While ``manager`` writes in the background, threads hand the GIL over every 0.2 ms rather
+    than Python's 5 ms. Orbax's writing threads run Python (per array: paths, metadata, futures);
+    at 5 ms, each time the step loop lets the GIL go (dispatching a step, taking a batch) it
+    waits up to 5 ms to get it back: a short step slows several-fold while a save is written
+    (on a CPU, 572 ms of 3.9 ms steps took 341 ms without a save in flight; at 0.2 ms, 1.80 s
+    took 1.75). A watcher thread, polling without waiting on the save (its errors stay the
+    loop's to see), puts Python's interval back once nothing is in flight."""
+    sys.setswitchinterval(SWITCH_WHILE_SAVING)
+
+    def restore() -> None:
+        while manager.is_saving_in_progress():
+            time.sleep(0.01)
+        sys.setswitchinterval(_SWITCH)
+
+    threading.Thread(target=restore, daemon=True, name="theseus-checkpoint-switch").start()
 
 
 class Checkpointer:
@@ -93,15 +117,25 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, loader_state: dict, config: dict, val_loss: float | None = None) -> None:
         """Start writing checkpoint ``step`` in the background (training goes on); with a frozen
-        base, its trainable params alone and the base's record."""
+        base, its trainable params alone and the base's record.
+
+        In one process the state is first copied to host memory, whole, before this returns: the
+        writing that follows touches no device. Left to Orbax, the copies run beside the next
+        steps, and on a TPU each of those waits on them (gpt_small on a v5e: 3.2 ms steps ran at
+        30-90 ms for ~40 steps after every save); the copy alone takes a few ms per 100 MB.
+        Several processes keep Orbax's own copies: each writes its shards of the global arrays.
+        """
         items = {"data": ocp.args.JsonSave(loader_state), "config": ocp.args.JsonSave(config)}
         if self.base is not None:
             state = state.replace(params=trainable_part(state.params))
             items["base"] = ocp.args.JsonSave(self.base.record)
+        if jax.process_count() == 1:
+            state = jax.device_get(state)
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), **items)
         metrics = {"val_loss": val_loss} if val_loss is not None else None
         self.directory.mkdir(parents=True, exist_ok=True)
         self.manager.save(step, args=args, metrics=metrics, force=True)
+        _yielding_while_saving(self.manager)
 
     def restore(self, abstract_state: Any, step: int | None = None,
                 report: Callable[[str], None] = print) -> tuple[Any, dict, dict, int] | None:

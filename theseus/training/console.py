@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
@@ -89,6 +89,17 @@ class RunConsole:
         plain = Console(file=io.StringIO(), width=120, color_system=None)
         plain.print(table)
         self.record(plain.file.getvalue())
+
+
+def console_for(*shown: RenderableType) -> Console:
+    """A console on stdout for ``shown`` (tables): the terminal's; off one (a log, a pipe, where
+    rich assumes 80 columns, FORCE_COLOR or not), as wide as the widest of them, so that no column
+    or name is cut."""
+    console = Console()
+    if console.file.isatty():
+        return console
+    unbounded = Console(file=io.StringIO(), width=100_000)
+    return Console(width=max(unbounded.measure(item).maximum for item in shown))
 
 
 def evaluation_line(step: int, metrics: Mapping[str, float]) -> str:

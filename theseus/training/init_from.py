@@ -11,15 +11,17 @@ from typing import Any
 import flax.linen as nn
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
+from omegaconf import DictConfig, OmegaConf
 from optax import ScaleByScheduleState
 
 from theseus.config import ConfigError
 from theseus.config.registry import chosen, read_saved
 from theseus.model import lora
-from theseus.model.source import ModelSource
+from theseus.model.source import SAVED_CONFIG, ModelSource
 from theseus.training.checkpoint import Checkpointer, path_shapes, read_with_fresh_adapters
 from theseus.training.compiled import Compiled
 from theseus.training.config import TrainerConfig
+from theseus.training.resume import unsafe_changes
 from theseus.training.settings import Settings
 from theseus.training.state import TrainState, param_shapes
 
@@ -34,13 +36,24 @@ def _checkpoints(source: ModelSource) -> tuple[Checkpointer, Any, str | None]:
     return checkpoints, checkpoints.saved_layout(checkpoints.requested_step), optimizer
 
 
-def check_asked(trainer: TrainerConfig, source: ModelSource | None) -> None:
+def check_asked(trainer: TrainerConfig, source: ModelSource | None, cfg: DictConfig) -> None:
     """ConfigError when ``trainer.init_optimizer`` or ``init_data`` asks ``source`` for what it
-    lacks: a Hugging Face folder or GGUF file holds weights alone."""
+    lacks: a Hugging Face folder or GGUF file holds weights alone; and a data position is one in
+    the run's own data: ``init_data`` with ``data.*`` changed (those a resume may not change) is
+    refused, ``cfg`` being this run's config."""
     for key, asked in (("init_optimizer", trainer.init_optimizer), ("init_data", trainer.init_data)):
         if asked and source is not None and source.kind != "run":
             raise ConfigError(f"trainer.{key}=true: {source} holds weights alone (optimizer state and data "
                               f"positions are a theseus checkpoint's): drop trainer.{key}")
+    if trainer.init_data and source is not None and source.run_dir is not None:
+        saved = OmegaConf.to_container(read_saved(source.run_dir / SAVED_CONFIG), resolve=True)
+        changes = [change for change in unsafe_changes(saved, OmegaConf.to_container(cfg, resolve=True))
+                   if change[0].startswith("data.")]
+        if changes:
+            diff = ", ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
+            raise ConfigError(f"trainer.init_data=true reads on where {source} stopped in its data, but this run's "
+                              f"data differs ({diff}): a position in other data means nothing; give the run's "
+                              f"data.* or drop trainer.init_data")
 
 
 def check(settings: Settings, model: nn.Module, source: ModelSource) -> None:
@@ -109,12 +122,38 @@ def init_from_problem(source: str, saved_optimizer: str | None, optimizer: str, 
     if fresh and init_optimizer:
         return (f"trainer.init_from={source} has no LoRA adapter {fresh[0]}, nor optimizer state for it: drop "
                 f"trainer.init_optimizer")
-    for name, shape in params.items():
-        if saved_params.get(name) != shape and name not in fresh:
-            held = "does not exist there" if name not in saved_params else f"is {saved_params[name]} there"
-            return (f"trainer.init_from={source}: parameter {name} is {shape} in this run but {held}: "
-                    f"start from a run of the same architecture (or drop the architecture.* overrides)")
+    differs = differing_param(saved_params, {name: shape for name, shape in params.items() if name not in fresh})
+    if differs:
+        name, shape, held = differs
+        return (f"trainer.init_from={source}: parameter {name} is {shape} in this run but {held}: "
+                f"start from a run of the same architecture (or drop the architecture.* overrides)")
     return None
+
+
+def differing_param(saved_params: Mapping[str, tuple[int, ...]],
+                    params: Mapping[str, tuple[int, ...]]) -> tuple[str, tuple[int, ...], str] | None:
+    """``(name, shape, how it is there)`` of the first of ``params`` (path -> shape) that
+    ``saved_params`` (a checkpoint's) lacks or holds in another shape; None when each fits."""
+    for name, shape in params.items():
+        if saved_params.get(name) != shape:
+            return name, shape, "does not exist there" if name not in saved_params else f"is {saved_params[name]} there"
+    return None
+
+
+def check_reference(model: nn.Module, source: ModelSource) -> None:
+    """ConfigError when the theseus checkpoint ``source`` (a task's reference: ``dpo.reference``)
+    holds a parameter of ``model`` in another shape, or not at all (LoRA's adapters aside: a
+    reference is their base), before its weights are read (orbax's own error is a traceback)."""
+    if source.kind != "run":
+        return
+    _, layout, _ = _checkpoints(source)
+    params = {name: shape for name, shape in path_shapes(param_shapes(model, model.seq_len)).items()
+              if not lora.is_adapter(name)}
+    differs = differing_param(path_shapes(layout["params"]), params)
+    if differs:
+        name, shape, held = differs
+        raise ConfigError(f"{source}: parameter {name} is {shape} in the policy but {held}: give a reference of the "
+                          f"policy's architecture and vocabulary")
 
 
 def restart_schedule(opt_state: Any) -> Any:

@@ -41,7 +41,7 @@ import numpy as np
 
 from theseus.config import ConfigError, Configurable, field
 from theseus.training.console import Progress
-from theseus.training.records import RESULT, SAMPLES, WANDB_ID, error_line, record_failure
+from theseus.training.run_files import RESULT, SAMPLES, WANDB_ID, error_line, record_failure
 from theseus.training.tensorboard import TensorBoard, job_hparams
 
 

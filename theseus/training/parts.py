@@ -18,7 +18,7 @@ from theseus.base.axis import BATCH_MESH_AXES, ShardingPlan
 from theseus.base.hardware import peak_flops
 from theseus.base.mesh import on_devices
 from theseus.data.config import DataConfig
-from theseus.tasks.evaluation import EvaluationConfig, Evaluations, evaluate
+from theseus.evaluation.evaluations import EvaluationConfig, Evaluations, evaluate
 from theseus.tasks.task import LossTask, Rollout
 from theseus.training.batches import batch_sharding
 from theseus.training.compiled import Compiled

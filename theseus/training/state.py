@@ -14,7 +14,7 @@ import optax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from theseus.base.axis import ShardingPlan
+from theseus.base.axis import EXPERT_AXIS, HEADS, KV_HEADS, LAYERS, ShardingPlan
 from theseus.config import ConfigError
 from theseus.model.module import shapes_only
 
@@ -60,6 +60,11 @@ def state_shardings(abstract: TrainState, plan: ShardingPlan, mesh: Mesh) -> Any
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
+# the key whose value a logical axis's size is, where one key sizes it (what a mesh that does not split it names)
+SIZED_BY = {EXPERT_AXIS: "architecture.moe.n_experts", HEADS: "architecture.n_heads",
+            KV_HEADS: "architecture.n_kv_heads", LAYERS: "architecture.n_layers"}
+
+
 def check_divisible(params: Any, plan: ShardingPlan, mesh: Mesh) -> None:
     """ConfigError naming the first parameter (of boxed abstract ``params``) whose size along a
     logical axis the mesh axes ``plan`` maps it to do not divide: an axis of 3 experts over
@@ -75,9 +80,11 @@ def check_divisible(params: Any, plan: ShardingPlan, mesh: Mesh) -> None:
             if size % split:
                 name = "/".join(str(getattr(key, "key", key)) for key in path)
                 over = " x ".join(f"mesh.{axis}={mesh.shape[axis]}" for axis in axes)
-                raise ConfigError(f"parameter {name} {list(leaf.value.shape)} has {size} along its {logical!r} axis, "
-                                  f"which {over} does not split evenly: give mesh sizes that divide {size}, or keep "
-                                  f"that axis whole on every device (mesh.rules.{logical}=null)")
+                key = SIZED_BY.get(logical)
+                sized, resize = (f" ({key}={size})", f"set {key} to a multiple of {split}, ") if key else ("", "")
+                raise ConfigError(f"parameter {name} {list(leaf.value.shape)} has {size} along its {logical!r} axis"
+                                  f"{sized}, which {over} does not split evenly: {resize}give mesh sizes that divide "
+                                  f"{size}, or keep that axis whole on every device (mesh.rules.{logical}=null)")
 
 
 def sharded_init(model: nn.Module, tx: optax.GradientTransformation, seq_len: int, seed: int,

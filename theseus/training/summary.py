@@ -87,7 +87,9 @@ def report_end(run: Run, loop: LoopState, console: RunConsole) -> None:
                 if extendable else
                 command_line(("trainer.max_steps=", "hydra.run.dir=", "trainer.init_from="),
                              [f"trainer.init_from={run_dir}", f"hydra.run.dir={run_dir}-more"]))
-        prompt = "--chat" if run.task.CHAT else "--prompt"  # a chat model replies
+        # a chat model replies: trained on conversations (grpo's prompts may be text) by a template (dpo's pairs may be text)
+        chats = run.task.chats(run.dataset) and run.task.chat_template(run.settings.data) is not None
+        prompt = "--chat" if chats else "--prompt"
         lines += [f"  sample:   python -m theseus.sample {run_dir} {prompt} \"...\"",
                   f"  evaluate: python -m theseus.evaluate {run_dir}"]
         if run.exports:  # a model a Hugging Face config.json expresses

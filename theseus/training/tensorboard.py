@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from theseus.training.records import parse_override
+from theseus.training.run_files import parse_override
 
 FOLDER = "tensorboard"
 METRICS = ("val/loss", "train/loss")  # the HParams dashboard's metric columns (scalar tags)

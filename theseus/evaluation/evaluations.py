@@ -20,20 +20,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from theseus.base.dispatch import fetched
 from theseus.base.mesh import on_devices
 from theseus.config import ConfigError, Configurable, field
 from theseus.data.dataset import Dataset
 from theseus.data.mixture import Mixture
 from theseus.data.tokenizer import Tokenizer
-from theseus.tasks.multiple_choice import Examples, accuracy, load_examples, log_likelihoods, per_example, score
+from theseus.evaluation.multiple_choice import Examples, accuracy, load_examples, log_likelihoods, per_example, score
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +107,7 @@ def load_evaluations(settings: EvaluationConfig, data: Dataset | Mixture, model:
     vocab_size = model.vocab_size if imported else data.tokenizer.vocab_size
     manager = None
     if settings.lm_eval:
-        from theseus.tasks import harness  # lm-eval is optional: ConfigError saying what to install
+        from theseus.evaluation import harness  # lm-eval is optional: ConfigError saying what to install
 
         include = settings.lm_eval_include and os.path.expanduser(settings.lm_eval_include)
         manager = harness.task_manager(list(settings.lm_eval), include)
@@ -134,19 +134,21 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metri
     scores every example of such a dataset instead of its validation split (``LossTask.EVALUATE_SPLIT``).
     """
     index, count = share
+
+    def scored(weighted: Iterable[tuple[Any, int]]) -> dict[str, float]:
+        """The mean loss and metrics over ``(batch, weight)`` pairs, a few batches on the devices at a time."""
+        steps = ((loss(params, _placed(batch, sharding, batch_size)), n) for batch, n in weighted)  # run when drawn
+        return _weighted_means(fetched(steps))
+
     by_source: dict[str, dict[str, float]] = {}  # NAME -> {"loss": ..., the task's metrics}
     for name, (dataset, _) in evaluations.sources.items():
         if hasattr(dataset, "validation"):  # every validation example once, batches weighted by their targets
-            by_source[name] = _weighted_means([(loss(params, _placed(batch, sharding, batch_size)), n) for batch, n
-                                               in dataset.validation(evaluations.seq_len, batch_size, index, count,
-                                                                     split=split)])
+            by_source[name] = scored(dataset.validation(evaluations.seq_len, batch_size, index, count, split=split))
             continue
         loader = dataset.loader("val", evaluations.seq_len, batch_size // count, seed=evaluations.seed,
                                 process_index=index, process_count=count, prefetch=evaluations.prefetch)
-        values = [loss(params, _placed(next(loader), sharding, batch_size)) for _ in range(batches)]
+        by_source[name] = scored((next(loader), 1) for _ in range(batches))  # the mean of the batches' means
         loader.close()
-        by_source[name] = {key: float(jnp.mean(jnp.stack([{"loss": value, **metrics}[key] for value, metrics in values])))
-                           for key in ("loss", *values[0][1])}
     mixed = {key: sum(weight * by_source[name][key] for name, (_, weight) in evaluations.sources.items())
              for key in by_source[next(iter(by_source))]}
     metrics = {**val_metrics(mixed.pop("loss"), evaluations.bytes_per_token),
@@ -164,7 +166,7 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metri
             evaluations.samples[name] = per_example(scores, examples)
             metrics.update({f"eval/{name}/{key}": value for key, value in accuracy(scores, examples).items()})
     if evaluations.harness is not None:
-        from theseus.tasks import harness
+        from theseus.evaluation import harness
 
         settings = evaluations.harness
         lm = harness.HarnessLM(evaluations.model, params, evaluations.tokenizer, sharding.mesh, rules, batch_size,
@@ -183,9 +185,9 @@ def _placed(batch: Any, sharding: NamedSharding, batch_size: int) -> Any:
     return jax.tree.map(lambda leaf: on_devices(leaf, sharding, (batch_size, *leaf.shape[1:])), batch)
 
 
-def _weighted_means(weighted: list[tuple[tuple[jax.Array, dict[str, jax.Array]], int]]) -> dict[str, float]:
-    """``{"loss": ..., METRIC: ...}``: the means of the eval steps' ``(loss, metrics)`` over batches, weighted by
-    each batch's count (its targets, or pairs), fetched from the devices at once."""
-    values = jax.device_get([({"loss": loss, **metrics}, n) for (loss, metrics), n in weighted])
+def _weighted_means(weighted: Iterable[tuple[tuple[Any, dict[str, Any]], int]]) -> dict[str, float]:
+    """``{"loss": ..., METRIC: ...}``: the means of the eval steps' ``(loss, metrics)`` (host values) over
+    batches, weighted by each batch's count (its targets, or pairs; 1: the mean of the batches' means)."""
+    values = [({"loss": loss, **metrics}, n) for (loss, metrics), n in weighted]
     total = max(sum(n for _, n in values), 1)
     return {key: sum(float(v[key]) * n for v, n in values) / total for key in values[0][0]}

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from data.chat_folders import chatml_folder
 
-from theseus.conversation import Conversation, TextStream
-from theseus.data.tokenizer import ByteTokenizer
+from theseus.cli.conversation import Conversation, TextStream
+from theseus.cli.sample import converse
+from theseus.data.tokenizer import ByteTokenizer, escape_controls
 from theseus.model.sampling import Sampling
-from theseus.sample import converse
 
 SYSTEM = "You are terse."
 # each message of a conversation, "/reset" starting over (the system message stays)
@@ -68,7 +68,7 @@ def expected(folder) -> list[tuple[list[int], list[int], str]]:
 
 @pytest.fixture(scope="module")
 def chat(folder) -> Conversation:
-    from theseus.trained import load_trained
+    from theseus.cli.trained import load_trained
 
     return Conversation.of(load_trained(folder), system=SYSTEM, sampling=Sampling(0.0), max_new_tokens=MAX_NEW)
 
@@ -87,7 +87,7 @@ def test_each_turn_renders_the_whole_history_and_replies_as_transformers(chat, e
         assert chat.prompt(message).tolist() == prompt
         pieces = []
         assert chat.say(message, on_text=pieces.append) == (text, reply)
-        assert "".join(pieces) == text
+        assert "".join(pieces) == escape_controls(text)  # a control character the random model makes: shown as \\xNN
         streamed.append(len(pieces))
     # in pieces (a reply of unfinished characters alone, U+FFFD each, comes out whole at its end)
     assert max(streamed) > 1
@@ -100,7 +100,7 @@ def test_the_command_reads_a_conversation_from_standard_input(folder, expected):
                            "--temperature", "0", "--max-new-tokens", str(MAX_NEW)], input="\n".join(SCRIPT) + "\n",
                           capture_output=True, text=True, cwd=folder.parent, env=_env(), timeout=600)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert proc.stdout == "".join(text + "\n" for _, _, text in expected)
+    assert proc.stdout == "".join(escape_controls(text) + "\n" for _, _, text in expected)
 
 
 @pytest.mark.slow
@@ -124,7 +124,7 @@ def test_on_a_terminal_replies_stream_after_a_prompt_and_ctrl_d_leaves(folder, e
         os.close(controller)
     stderr = proc.stderr.read().decode()
     assert "Traceback" not in stderr and "/reset starts over, /exit (or Ctrl-D) leaves" in stderr
-    replies = [text for _, _, text in expected]
+    replies = [escape_controls(text) for _, _, text in expected]
     transcript = screen.decode().replace("\r\n", "\n")
     for message, reply in zip([m for m in SCRIPT if m != "/reset"], replies):
         assert f"> {message}\n{reply}\n" in transcript
@@ -167,6 +167,19 @@ def test_streamed_text_is_whole_characters():
     assert "".join(pieces) + stream.close() == text
     assert all("\ufffd" not in piece for piece in pieces)
     assert pieces[-2:] == ["😀", "!"] and pieces[-3:-2] == [""]  # the emoji's 4 bytes: 3 held back
+
+
+def test_streamed_text_shows_what_a_terminal_would_act_on_or_cannot_show():
+    """A byte model's NUL, an escape sequence, a carriage return and bytes that are no character's come
+    out as visible ``\\xNN``; tab and newline as they are; a character cut off at the end as its bytes."""
+    tokenizer = ByteTokenizer()
+    stream = TextStream(tokenizer)
+    ids = [*b"a\x00\x1b[2J\r\tb\n", 0xFF, *b"c", 0xE2, 0x82, *"€".encode(), 0xC3, 256, 0xE2, 0x82]
+    pieces = [stream.add([byte]) for byte in ids]
+    shown = "".join(pieces) + stream.close()
+    assert shown == "a\\x00\\x1b[2J\\x0d\tb\n\\xffc\\xe2\\x82€\\xc3<|endoftext|>\\xe2\\x82"
+    assert tokenizer.decode(ids) == "a\x00\x1b[2J\r\tb\n\ufffdc\ufffd€\ufffd<|endoftext|>\ufffd"  # what a reply holds
+    assert pieces[-2:] == ["", ""]  # the cut-off character: held back until the end
 
 
 def _env() -> dict[str, str]:

@@ -15,12 +15,12 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from support import ROOT, read_params, run_python
+from theseus.cli.trained import load_trained
 from theseus.config import ConfigError, configuration, configure
 from theseus.config.compose import compose
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
-from theseus.trained import load_trained
-from theseus.tasks.evaluation import EvaluationConfig, evaluate, load_evaluations
+from theseus.evaluation.evaluations import EvaluationConfig, evaluate, load_evaluations
 from theseus.recipe import assemble
 
 STEPS = 12
@@ -132,6 +132,8 @@ def test_evaluate_a_checkpoint_reproduces_the_logged_evaluation(files, straight,
     proc = run_python("-m", "theseus.evaluate", str(straight), cwd=tmp_path, devices=8)
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = json.loads((straight / f"eval-{STEPS}.json").read_text())
+    assert proc.stdout.endswith(f"wrote {straight}/eval-{STEPS}.json (each example's scores: "
+                                f"{straight}/eval-{STEPS}.jsonl)\n")  # into the run: said, not silent
     logged = [r for r in rows(straight) if "val_loss" in r][-1]
     assert written["step"] == STEPS and set(written["metrics"]) == set(logged) - {"step"}
     assert written["mesh"] == {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}
@@ -148,6 +150,7 @@ def test_evaluate_a_checkpoint_reproduces_the_logged_evaluation(files, straight,
     proc = run_python("-m", "theseus.evaluate", str(straight), "--step", "6", "--out", str(out),
                       f"evaluation.multiple_choice.other={other}", "trainer.eval_batches=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"wrote {out} (each example's scores: {tmp_path / 'at6.jsonl'})" in proc.stdout
     at6 = json.loads(out.read_text())
     assert at6["step"] == 6 and {"eval/toy/acc", "eval/other/acc", "eval/other/acc_norm"} <= set(at6["metrics"])
     assert at6["metrics"]["val_loss"] != pytest.approx(written["metrics"]["val_loss"])

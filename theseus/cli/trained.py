@@ -57,15 +57,18 @@ class Trained:
 
 def source_config(source: ModelSource, overrides: Sequence[str] = ()) -> DictConfig:
     """The config of a theseus run (the one its job ran) or of a Hugging Face folder or GGUF file
-    (the default config, ``trainer.init_from`` set to it), with ``KEY=VALUE`` overrides.
-    Registers the modules the config may name."""
+    (the default config, ``trainer.init_from`` set to it), with ``KEY=VALUE`` overrides (a
+    group's choice, ``task=dpo``, is the run's ``choices`` record). Registers the modules the
+    config may name."""
     if source.kind == "run":
         run = source.run_dir
         if run is None:
             raise ConfigError(f"{source} has no {SAVED_CONFIG} beside its checkpoints: give the folder a run wrote")
         require_base(run / "checkpoints")  # a LoRA run's base folder, before its config reads it
         registry.load()
-        return OmegaConf.merge(registry.read_saved(run / SAVED_CONFIG), OmegaConf.from_dotlist(list(overrides)))
+        given = [f"{registry.RECORD}.{item}" if item.partition("=")[0] in registry.groups() else item
+                 for item in overrides]
+        return OmegaConf.merge(registry.read_saved(run / SAVED_CONFIG), OmegaConf.from_dotlist(given))
     cfg = compose([*model_choice(source, overrides), *overrides])  # checked: unknown keys, wrong types
     OmegaConf.update(cfg, INIT_FROM, str(source.path))
     return cfg

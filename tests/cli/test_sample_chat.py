@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from theseus.config import configuration, configure
-from theseus.conversation import Conversation
+from theseus.cli.conversation import Conversation
+from theseus.config import configuration, configure, registry
 from theseus.data.chat import ChatTemplate
 from theseus.data.chat_corpus import chat_tokenizer
 from theseus.data.config import DataConfig
@@ -50,7 +50,9 @@ def test_chat_reply_stops_at_the_end_of_turn_token(kind):
         head[:, following.get(token, token)] += wte[token]
     params["wte"]["embedding"] = jnp.asarray(wte)
     params["lm_head"] = jnp.asarray(head)
-    trained = types.SimpleNamespace(cfg={"data.tokenizer": kind}, tokenizer=tokenizer, model=model, params=params)
+    registry.load()  # task=sft: the template it renders with
+    trained = types.SimpleNamespace(cfg={"data.tokenizer": kind, "choices": {"task": "sft"}}, tokenizer=tokenizer,
+                                    model=model, params=params)
     chat = Conversation.of(trained, sampling=Sampling(0.0), max_new_tokens=8)
 
     prompt = chat.prompt("Say ok.")

@@ -12,7 +12,7 @@ COMMAND = """
 import atexit, sys
 import jax  # its exit handlers (pending effects, the distributed client) are registered on import
 import theseus
-from theseus.base.command_exit import exit_after
+from theseus.cli.command_exit import exit_after
 
 class Global:
     def __del__(self):

@@ -30,17 +30,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import yaml
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from theseus.base.axis import BATCH_MESH_AXES
-from theseus.base.native_output import native_lines_filtered
 from theseus.base.mesh import on_devices
+from theseus.base.native_output import native_lines_filtered
 from theseus.config import ConfigError
 from theseus.data.tokenizer import Tokenizer
+from theseus.evaluation.multiple_choice import encode_text, log_likelihoods
 from theseus.model.generate import complete
 from theseus.model.sampling import Sampling
-from theseus.tasks.multiple_choice import encode_text, log_likelihoods
 
 try:
     from lm_eval import simple_evaluate
@@ -232,6 +233,9 @@ def task_manager(tasks: list[str], include: str | None = None) -> TaskManager:
     manager = TaskManager(include_path=include)
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
+        broken = unreadable_task_file(include, unknown[0]) if include else None
+        if broken:
+            raise ConfigError(f"{broken}: lm-eval skips it, so task {unknown[0]!r} is unknown: fix the file")
         where = f" or of a task YAML under {include}" if include else " (local task YAMLs: give an include path)"
         raise ConfigError(f"unknown lm-eval task {unknown[0]!r}: give the name of one of lm-eval's tasks{where}")
     for task in tasks:
@@ -242,6 +246,28 @@ def task_manager(tasks: list[str], include: str | None = None) -> TaskManager:
                               f"run once where its dataset is reachable (cached after), or give a task YAML whose "
                               f"data files exist (evaluation.lm_eval_include)") from None
     return manager
+
+
+class _AnyTags(yaml.SafeLoader):
+    """YAML with its tags read as plain values (a task YAML's ``!function module.name``)."""
+
+
+_AnyTags.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def unreadable_task_file(include: str, task: str) -> str | None:
+    """Why a task YAML under ``include`` does not load (lm-eval's index skips such a file without a
+    word): the file named ``task`` first, else the first that does not; None when every one loads."""
+    for path in sorted(Path(include).expanduser().rglob("*.yaml"), key=lambda path: (path.stem != task, path)):
+        try:
+            node = yaml.load(path.read_text(encoding="utf-8"), Loader=_AnyTags)  # noqa: S506 - a SafeLoader
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = f"line {mark.line + 1}: " if mark is not None else ""
+            return f"{path} does not parse as YAML ({line}{getattr(exc, 'problem', None) or 'unreadable'})"
+        if not isinstance(node, dict):
+            return f"{path} holds {type(node).__name__}, not a task's mapping (task: NAME, dataset_path: ...)"
+    return None
 
 
 def run_tasks(lm: HarnessLM, tasks: list[str], manager: TaskManager, num_fewshot: int | None = None,

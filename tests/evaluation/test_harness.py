@@ -10,24 +10,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tasks.harness_fixtures import MC, write_tasks
+from evaluation.harness_fixtures import MC, write_tasks
 from jax.sharding import NamedSharding, PartitionSpec
 
 from theseus.base.mesh import MeshConfig, make_mesh
 from theseus.config import configuration, configure
 from theseus.data.tokenizer import ByteTokenizer, HFTokenizer, export_tokenizer
+from theseus.evaluation.multiple_choice import accuracy, load_examples, log_likelihoods, score
 from theseus.interop.hf_config import arch_of
 from theseus.interop.loading import load_params
 from theseus.model.generate import generate
 from theseus.model.models.gpt import GPT
-from theseus.tasks.multiple_choice import accuracy, load_examples, log_likelihoods, score
 
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate")  # lm-eval's hf model needs it
 from interop.hf_models import (CORPUS, gpt2_config, llama_config, save_hf, target_of,  # noqa: E402
                                theseus_model, transformers)
 
-from theseus.tasks.harness import HarnessLM, run_tasks, task_manager  # noqa: E402
+from theseus.evaluation.harness import HarnessLM, run_tasks, task_manager  # noqa: E402
 
 TASKS = ["theseus_mc", "theseus_ppl", "theseus_gen", "theseus_ll"]
 
@@ -156,3 +156,19 @@ def test_generate_until_stops_at_the_first_stop_sequence_and_samples_by_seed():
     [window] = lm.generate_until([Request(context, {"until": [], "max_gen_toks": model.seq_len - 1})])
     [longer] = lm.generate_until([Request(context, {"until": [], "max_gen_toks": 3 * model.seq_len})])
     assert longer.startswith(window) and len(longer) > 2 * len(window)  # 72 tokens: past the window of 24
+
+
+def test_a_task_yaml_that_does_not_load_is_named_where_its_task_is_unknown(tmp_path):
+    """lm-eval's index skips a task YAML that does not parse without a word (its task then reads as
+    unknown): the file is named, its own task's first; a ``!function`` tag loads as lm-eval's does."""
+    from theseus.evaluation.harness import unreadable_task_file
+
+    write_tasks(tmp_path)
+    (tmp_path / "uses_a_function.yaml").write_text("task: f\nprocess_docs: !function utils.process\n")
+    assert unreadable_task_file(str(tmp_path), "my_task") is None
+    (tmp_path / "a_list.yaml").write_text("- task: listed\n")
+    (tmp_path / "my_task.yaml").write_text("task: my_task\ndataset_path: [\n")
+    assert unreadable_task_file(str(tmp_path), "my_task") == (
+        f"{tmp_path}/my_task.yaml does not parse as YAML (line 3: expected the node content, but found '<stream end>')")
+    assert unreadable_task_file(str(tmp_path), "other") == (
+        f"{tmp_path}/a_list.yaml holds list, not a task's mapping (task: NAME, dataset_path: ...)")

@@ -15,8 +15,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from theseus.base.mesh import MeshConfig, make_mesh
 from theseus.config import ConfigError, configuration, configure
 from theseus.data.tokenizer import ByteTokenizer
+from theseus.evaluation.multiple_choice import accuracy, load_examples, log_likelihoods, score
 from theseus.model.models.gpt import GPT
-from theseus.tasks.multiple_choice import accuracy, load_examples, log_likelihoods, score
 
 from support import run_python
 
@@ -86,7 +86,7 @@ from theseus.base.mesh import MeshConfig, make_mesh
 from theseus.config import configuration, configure
 from theseus.data.tokenizer import ByteTokenizer
 from theseus.model.models.gpt import GPT
-from theseus.tasks.multiple_choice import load_examples, log_likelihoods, score
+from theseus.evaluation.multiple_choice import load_examples, log_likelihoods, score
 
 tiny, seq, path = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 with configuration(tiny):

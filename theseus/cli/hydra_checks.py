@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from theseus.cli.slurm import check_time_limit
 from theseus.config import ConfigError
-from theseus.slurm import check_time_limit
 
 # hydra.launcher counts of the submitit launchers (SLURM's and local processes'): the least each
 # takes, and an example

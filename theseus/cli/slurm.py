@@ -27,7 +27,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
 
 from theseus.config import ConfigError
-from theseus.training.records import RESULT, resumable
+from theseus.training.run_files import RESULT, resumable
 
 SLURM_CHECK_S = 30  # SLURM looks for jobs to warn about every 30 s, and warns early rather than late
 SEGMENT_S = 60  # what a segment needs besides training: start and compile (cached after the first), then a save

@@ -22,18 +22,21 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from theseus.config import configuration, configure
+from theseus.config import ConfigError, configuration, configure
+from theseus.config.registry import chosen
 from theseus.data.chat import ChatTemplate, tokenize
 from theseus.data.config import DataConfig
 from theseus.data.tokenizer import Tokenizer
 from theseus.model.generate import complete
 from theseus.model.sampling import Sampling
+from theseus.tasks.task import chat_template_of
 
 
 class TextStream:
     """The text of a growing list of token ids, handed out as it becomes final: the ids decoded
     whole each time, the text held back while it ends in an unfinished character (U+FFFD, a
-    multi-byte character's first bytes), so that every piece is whole characters."""
+    multi-byte character's first bytes), so that every piece is whole characters; as a terminal may
+    show it (``Tokenizer.printable``: control characters and bytes that are no character's as ``\\xNN``)."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
@@ -43,12 +46,11 @@ class TextStream:
     def add(self, ids: Sequence[int]) -> str:
         """The text that ``ids`` complete (empty while a character is unfinished)."""
         self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids)
-        return "" if text.endswith("\ufffd") else self._new(text)
+        return "" if self.tokenizer.decode(self.ids).endswith("\ufffd") else self.close()
 
     def close(self) -> str:
-        """The text not handed out yet (an unfinished character's replacement included)."""
-        return self._new(self.tokenizer.decode(self.ids))
+        """The text not handed out yet (an unfinished character's bytes included)."""
+        return self._new(self.tokenizer.printable(self.ids))
 
     def _new(self, text: str) -> str:
         new, self.shown = text[len(self.shown):], text
@@ -74,12 +76,23 @@ class Conversation:
         self.reset()
 
     @classmethod
-    def of(cls, trained: Any, **kwargs) -> Conversation:
-        """A conversation with a trained model (``theseus.trained.Trained``) by its run's chat
-        template (``data.chat_template``, the tokenizer's, or theseus's default for byte)."""
+    def of(cls, trained: Any, chat_template: str | None = None, **kwargs) -> Conversation:
+        """A conversation with a trained model (``theseus.cli.trained.Trained``) by ``chat_template``
+        (a file: ``--chat-template``) if given, else by the model's own: the one its task rendered
+        conversations with (``sft``, ``dpo``, ``grpo``: ``data.chat_template``, the tokenizer's, or
+        theseus's default for byte), else its tokenizer's. ConfigError when it has none (a model
+        trained on text by a tokenizer without one: its replies would be noise)."""
         with configuration(trained.cfg):
             data = configure(DataConfig)
-        template = ChatTemplate.find(data.tokenizer, data.chat_template)
+        if chat_template is not None:
+            template = ChatTemplate.find(data.tokenizer, chat_template, key="--chat-template")
+        else:
+            template = chat_template_of(trained.cfg)
+        if template is None:
+            run = f"a run of task={chosen(trained.cfg, 'task')}; " if trained.source.kind == "run" else ""
+            raise ConfigError(f"{trained.source} has no chat template ({run}its tokenizer {data.tokenizer} holds "
+                              f"none): give one with --chat-template FILE (a Jinja file, or a chat model's "
+                              f"tokenizer_config.json), or continue text with --prompt")
         return cls(trained.model, trained.params, trained.tokenizer, template, **kwargs)
 
     def reset(self) -> None:
@@ -97,7 +110,8 @@ class Conversation:
 
     def say(self, message: str, on_text: Callable[[str], None] | None = None) -> Reply:
         """The model's reply to a user's ``message``, which joins the history with it;
-        ``on_text`` receives the reply's text as it is made (whole characters at a time)."""
+        ``on_text`` receives the reply's text as it is made (whole characters at a time, printable:
+        ``TextStream``)."""
         prompt = self.prompt(message)
         stream = TextStream(self.tokenizer)
 

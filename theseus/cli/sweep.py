@@ -30,17 +30,16 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
-from rich.console import Console
 from rich.table import Table
 
 from theseus.config import PLANNING, ConfigError, keys_with
+from theseus.report.records import SUMMARY_METRICS, Job, RunRecord, collect, fmt, label, rows, swept
+from theseus.report.seeds import LEVEL, Group, seed_groups, seed_keys
 from theseus.training.commands import runs_elsewhere
 from theseus.training.config import TrainerConfig
-from theseus.training.console import TRANSCRIPT, console_off
+from theseus.training.console import TRANSCRIPT, console_for, console_off
 from theseus.training.metrics import format_duration
-from theseus.training.records import (RESULT, SUMMARY_METRICS, Job, Run, collect, error_line, fmt, label, rows,
-                                      swept)
-from theseus.training.seeds import LEVEL, Group, seed_groups, seed_keys
+from theseus.training.run_files import RESULT, error_line
 
 
 def write(sweep_dir: Path, jobs: Sequence[Job]) -> None:
@@ -114,11 +113,31 @@ def quiet_jobs(hydra_config: DictConfig) -> bool:
 
 
 class QuietLaunches(logging.Filter):
-    """Drops a local launcher's ``#N : OVERRIDES`` line when its jobs are quiet (stderr no
-    terminal): each job's own line (``one_line``) names them, with how the job ended."""
+    """Drops a local launcher's ``Launching N jobs locally`` and ``#N : OVERRIDES`` lines when
+    its jobs are quiet (stderr no terminal): the sweep's first line (``announce``) says where its
+    jobs go, and each job's own line (``one_line``) names it, with how it ended. (Optuna launches
+    each batch of trials apart: eight ``Launching 1 jobs`` lines, else.)"""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return sys.stderr.isatty() or not record.getMessage().lstrip().startswith("#")
+        return sys.stderr.isatty() or not record.getMessage().lstrip().startswith(("#", "Launching"))
+
+
+def announce(config: DictConfig) -> None:
+    """A quiet sweep's first line (``quiet_jobs``): where its jobs go and where each one's console is."""
+    if quiet_jobs(config.hydra):
+        print(f"sweep into {config.hydra.sweep.dir}: a line per job as it ends, each job's "
+              f"whole console in its run.log", file=sys.stderr, flush=True)
+
+
+def plain_optuna_lines(config: DictConfig) -> None:
+    """Optuna (2.x, which Hydra's sweeper pins) colours its log lines whatever its stream is: off a
+    terminal, its handler writes them without the colour codes."""
+    if "optuna" not in str(config.hydra.sweeper.get("_target_", "")).lower() or sys.stderr.isatty():
+        return
+    import optuna  # the sweeper imports it next
+
+    for handler in optuna.logging.get_logger("optuna").handlers:
+        handler.setFormatter(logging.Formatter("[%(levelname)1.1s %(asctime)s] %(message)s"))
 
 
 @contextlib.contextmanager
@@ -150,7 +169,7 @@ def finished(run_dir: Path) -> str:
     """``step 20/20, val_loss 3.6566, 20,366 tokens/s, MFU 8.12%``: a finished job's end, as its
     run directory recorded it (``done`` where it recorded none: a job of its own, a damaged record)."""
     try:
-        run = Run.load(run_dir)
+        run = RunRecord.load(run_dir)
     except (ConfigError, OSError):
         return "done"
     shown = {"val_loss": "val_loss {}", "tokens_per_s": "{} tokens/s", "mfu": "MFU {}"}
@@ -166,17 +185,16 @@ def print_summary(sweep_dir: Path | str) -> list[Job]:
     if not jobs:
         return jobs
     write(sweep_dir, jobs)
-    console, summary = Console(), table(jobs)
-    if not console.is_terminal:  # a log or a pipe: the table at its natural width, its column names whole
-        console = Console(width=console.measure(summary).maximum)
+    summary, seeds = table(jobs), group_table(jobs)
+    console = console_for(summary, *([seeds] if isinstance(seeds, Table) else []))
     console.print(summary)
-    seeds = group_table(jobs)
-    if seeds is not None:
+    if isinstance(seeds, Table):
         console.print(seeds, markup=False, highlight=False)
-    for job in jobs:
-        if job.error:
-            console.print(f"job {job.name} {job.status}: {job.error}", style="red", markup=False, highlight=False)
-    console.print(f"summary: {sweep_dir / 'summary.csv'}, {sweep_dir / 'summary.json'}", markup=False, highlight=False)
+    lines = [(seeds, None)] if isinstance(seeds, str) else []
+    lines += [(f"job {job.name} {job.status}: {job.error}", "red") for job in jobs if job.error]
+    lines += [(f"summary: {sweep_dir / 'summary.csv'}, {sweep_dir / 'summary.json'}", None)]
+    for line, style in lines:  # each whole on its line (soft_wrap: a terminal wraps it, a log keeps it)
+        console.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
     return jobs
 
 
@@ -208,9 +226,7 @@ def print_plans(jobs: Sequence[Sequence[str]], plans: Sequence[dict]) -> None:
                     f"{plan['step_s'] * 1e3:.4g} ms" if plan["step_s"] else "",
                     f"{plan['chip_hours']:.3g}" if plan["chip_hours"] is not None else "",
                     style=None if plan["fits"] is not False else "red")
-    console = Console()
-    console = console if console.is_terminal else Console(width=240)  # a log or a pipe: rows unwrapped
-    console.print(out)
+    console_for(out).print(out)
 
 
 def write_plan(path: Path | str, jobs: Sequence[Sequence[str]], plans: Sequence[dict]) -> None:
@@ -251,6 +267,8 @@ class SweepSummary(Callback):
     """Records every job of a multirun and prints the summary table at the end."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        announce(config)
+        plain_optuna_lines(config)
         # Hydra's BasicSweeper re-raises a failed job's error once the batch has run, and then
         # skips on_multirun_end: the table is printed as the process exits instead.
         atexit.register(self._finish, config)

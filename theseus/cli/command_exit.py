@@ -9,7 +9,7 @@ Nothing the teardown does is needed once the handlers (JAX's, the loggers', W&B'
 
 ``theseus/__init__.py`` imports this module before anything else, so that its handler,
 registered first, runs last: after JAX's (pending effects, the distributed client's shutdown).
-Importing theseus changes nothing else: the handler acts only in a process ``exit_after`` ends.
+Importing it changes nothing else: the handler acts only in a process ``exit_after`` ends.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from theseus.training.records import Run, parse_override
+from theseus.report.records import RunRecord
+from theseus.training.run_files import parse_override
 
 
 @pytest.mark.parametrize("override, parsed", [
@@ -31,6 +32,21 @@ def test_a_runs_params_come_from_its_recorded_overrides(tmp_path):
     OmegaConf.save(["+experiment=gpt_tiny", "trainer.dry_run=false", "optimizer.lr=3e-4", "~trainer.seed"],
                    tmp_path / ".hydra" / "overrides.yaml")
     (tmp_path / "metrics.jsonl").write_text('{"step": 6, "loss": 2.5}\n{"step": 6, "val')  # the last line cut short
-    run = Run.load(tmp_path)
+    run = RunRecord.load(tmp_path)
     assert run.params == {"experiment": "gpt_tiny", "trainer.dry_run": False, "optimizer.lr": 3e-4}
     assert run.tokens_per_step == 32 and run.series("loss") == ([6], [2.5]) and run.last("val_loss") is None
+
+
+def test_a_run_stopped_after_its_last_log_is_at_its_checkpoints_step(tmp_path):
+    """Ctrl-C at step 12 saves checkpoint 12; the last log was step 10: the run is at step 12."""
+    from theseus.report.records import load
+
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save({"trainer": {"max_steps": 20}}, tmp_path / ".hydra" / "config.yaml")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 5, "loss": 3.0}\n{"step": 10, "loss": 2.5}\n')
+    for name in ("5", "12", "14.orbax-checkpoint-tmp-1"):  # the last: a save never completed
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    (row,) = load(tmp_path).summary()
+    assert (row["step"], row["max_steps"], row["loss"]) == (12, 20, 2.5)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 15, "loss": 2.0}\n')  # logged past it: the log's step
+    assert RunRecord.load(tmp_path).step == 15

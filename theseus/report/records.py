@@ -2,9 +2,10 @@
 
 A run directory holds ``.hydra/`` (config.yaml, overrides.yaml), ``metrics.jsonl`` and, in a
 sweep, ``result.json`` (the job's status); a sweep folder holds one run directory per job
-(``0/``, ``1/``, ...). The sweep summary (``theseus.sweep``) and the report
-(``theseus.report``) both read runs through this module, and import nothing heavier: the
-summary is rewritten inside every job. ``load(PATH, ...)`` (public as ``theseus.runs.load``)
+(``0/``, ``1/``, ...); the names of the files a job writes are ``theseus.training.run_files``'.
+The sweep summary (``theseus.cli.sweep``) and the report (``theseus.report``) both read runs
+through this module, and import nothing heavier: the summary is rewritten inside every job. A
+run directory read is a ``RunRecord``; ``load(PATH, ...)`` (public as ``theseus.runs.load``)
 reads any mix of runs and sweeps as ``Runs``: labels, differing keys, status (running,
 interrupted, failed, finished), ETA, and the metrics as rows for a notebook.
 """
@@ -20,27 +21,23 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import CompactHydraException, HydraException
 from omegaconf import ListConfig, OmegaConf
 
 from theseus.config.registry import RECORD
 from theseus.config.schema import flatten
 from theseus.config.yaml_file import load_yaml
+from theseus.training.run_files import RESULT, SAMPLES, WANDB_ID, checkpoint_steps, parse_override, resumable
 
 METRICS = "metrics.jsonl"
-SAMPLES = "samples.jsonl"  # an evaluation's examples, one JSON line each with its step (theseus.training.logger)
-RESULT = "result.json"
 SUMMARY_METRICS = ("val_loss", "tokens_per_s", "mfu")  # a job's final values in the sweep summary
 FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "tokens_per_s": "{:,.0f}", "mfu": "{:.2%}"}
 STATUSES = ("running", "interrupted", "failed", "finished")
 STALE_S = 120.0  # a run whose metrics.jsonl has not grown for this long (or 5 log intervals) is not running
-WANDB_ID = Path("wandb", "run_id")  # under a run directory: its W&B run id (kept so that a resume continues it)
 LABEL_CHARS = 40  # a value longer than this is cut in a label to its last characters (a path's end tells it)
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
+class RunRecord:
     """What a run directory recorded: its overrides, config and logged metrics."""
 
     path: Path
@@ -49,7 +46,7 @@ class Run:
     metrics: tuple[dict[str, Any], ...]
 
     @classmethod
-    def load(cls, path: Path) -> Run:
+    def load(cls, path: Path) -> RunRecord:
         hydra = path / ".hydra"
         overrides = load_yaml(hydra / "overrides.yaml", ListConfig) if (hydra / "overrides.yaml").is_file() else []
         config = OmegaConf.to_container(load_yaml(hydra / "config.yaml"))
@@ -79,8 +76,11 @@ class Run:
 
     @property
     def step(self) -> int:
-        """The last logged step (0 before the first log)."""
-        return max((row["step"] for row in self.metrics if "step" in row), default=0)
+        """The step it reached: the last logged one, or its last checkpoint's where that is later
+        (a run stopped by Ctrl-C saves the step it was on; its last log may be before it). 0
+        before either."""
+        logged = max((row["step"] for row in self.metrics if "step" in row), default=0)
+        return max([logged, *checkpoint_steps(self.path)])
 
     @property
     def max_steps(self) -> int | None:
@@ -190,40 +190,6 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def error_line(exc: BaseException) -> str:
-    """``ValueError: first line of the message``; a Hydra compact error's message is that line."""
-    message = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    if isinstance(exc, CompactHydraException):
-        return message
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-
-
-def parse_override(override: str) -> tuple[str, Any] | None:
-    """``+optimizer.lr=1e-3`` -> ``("optimizer.lr", 0.001)``, ``trainer.dry_run=true`` ->
-    ``("trainer.dry_run", True)``: Hydra's own override parser. None for a deletion (``~key``);
-    text Hydra cannot parse stays a string."""
-    try:
-        parsed = _PARSER.parse_override(override)
-    except HydraException:
-        key, _, text = override.lstrip("+").partition("=")
-        return key, text
-    return None if parsed.is_delete() else (parsed.key_or_group, parsed.value())
-
-
-_PARSER = OverridesParser.create()
-
-
-def record_failure(run_dir: Path, exc: BaseException) -> None:
-    """Write ``result.json`` saying the run failed with ``exc`` (a run without one has not failed)."""
-    (run_dir / RESULT).write_text(json.dumps({"status": "failed", "error": error_line(exc)}) + "\n")
-
-
-def resumable(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a checkpoint to resume from (``checkpoints/STEP``)."""
-    checkpoints = run_dir / "checkpoints"
-    return checkpoints.is_dir() and any(path.name.isdigit() for path in checkpoints.iterdir())
-
-
 def is_run(path: Path) -> bool:
     return (path / ".hydra" / "config.yaml").is_file()
 
@@ -249,7 +215,7 @@ class Job:
 
     @classmethod
     def load(cls, path: Path) -> Job:
-        run = Run.load(path)
+        run = RunRecord.load(path)
         result = json.loads((path / RESULT).read_text()) if (path / RESULT).is_file() else {}
         status = result.get("status", "unfinished")
         return cls(path.name, run.params, status, result.get("error", ""),
@@ -286,18 +252,21 @@ def fmt(column: str, value: Any) -> str:
 
 
 def run_paths(path: Path) -> list[Path]:
-    """The run directories at ``path``: itself, a sweep's jobs, or every run below it (``outputs/``)."""
+    """The run directories at ``path``: itself, or a sweep's jobs in job order then every other run
+    below it (``outputs/``: its named runs, ``outputs/tiny``, and Hydra's ``outputs/DATE/TIME``)."""
     if is_run(path):
         return [path]
-    return job_dirs(path) or sorted(config.parent.parent for config in path.rglob(".hydra/config.yaml"))
+    jobs = job_dirs(path)
+    below = sorted(config.parent.parent for config in path.rglob(".hydra/config.yaml"))
+    return jobs + [run for run in below if run not in set(jobs)]
 
 
 @dataclasses.dataclass(frozen=True)
-class Runs(Sequence[Run]):
+class Runs(Sequence[RunRecord]):
     """Several runs read together (one run, a sweep, or any mix): each one's label, the config
     keys in which they differ, and their metrics as rows."""
 
-    runs: tuple[Run, ...]
+    runs: tuple[RunRecord, ...]
 
     def __getitem__(self, index):  # noqa: ANN001 (an int or a slice, as a Sequence takes)
         return self.runs[index]
@@ -305,7 +274,7 @@ class Runs(Sequence[Run]):
     def __len__(self) -> int:
         return len(self.runs)
 
-    def __iter__(self) -> Iterator[Run]:
+    def __iter__(self) -> Iterator[RunRecord]:
         return iter(self.runs)
 
     @functools.cached_property
@@ -314,7 +283,7 @@ class Runs(Sequence[Run]):
         run logs to does not change what it trains)."""
         return [key for key in differing([run.config for run in self.runs]) if not key.startswith("logger.")]
 
-    def differences(self, run: Run) -> dict[str, Any]:
+    def differences(self, run: RunRecord) -> dict[str, Any]:
         """``run``'s values of the differing keys."""
         flat = flatten(run.config)
         return {key: flat.get(key) for key in self.differing}
@@ -337,7 +306,7 @@ class Runs(Sequence[Run]):
         a sweep's job of the same config do not differ."""
         return sorted(key for key in varying(self._given) if not key.startswith("logger."))
 
-    def settings(self, run: Run) -> dict[str, Any]:
+    def settings(self, run: RunRecord) -> dict[str, Any]:
         """``run``'s values of the varied keys (its override, else its config's; None: neither)."""
         given = self._given[self.runs.index(run)]
         return {key: given.get(key) for key in self.varied}
@@ -372,7 +341,7 @@ class Runs(Sequence[Run]):
         return pandas.DataFrame(self.metrics() if which == "metrics" else self.summary())
 
 
-def configured(run: Run, key: str) -> Any:
+def configured(run: RunRecord, key: str) -> Any:
     """What ``run``'s config holds for command-line key ``key``: a config key's value, or the
     option a group (``model``, ``optimizer``) chose, from the config's ``choices``; None: neither."""
     flat = flatten(run.config)
@@ -384,14 +353,14 @@ def load(*paths: Path | str, empty_ok: bool = False) -> Runs:
     once however often it is reached (a sweep and one of its jobs, a link, a copy: its real
     directory or W&B id seen before). ValueError when a path holds none (unless ``empty_ok``: a
     sweep whose jobs have not started, or whose folder is not made yet)."""
-    found: list[Run] = []
+    found: list[RunRecord] = []
     seen: set[Path | str] = set()
     for path in map(Path, paths):
         runs = run_paths(path) if path.is_dir() else []
         if not runs and not (empty_ok and not path.is_file()):
             raise ValueError(f"{path} is neither a run directory (with .hydra/config.yaml) nor a folder of runs "
                              "(a sweep's 0/, 1/, ... or outputs/DATE/TIME/)")
-        for run in map(Run.load, runs):
+        for run in map(RunRecord.load, runs):
             if seen.isdisjoint(key for key in run.identity if key is not None):
                 found.append(run)
                 seen.update(key for key in run.identity if key is not None)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from support import ROOT, run_python
-from tasks.harness_fixtures import write_tasks
+from evaluation.harness_fixtures import write_tasks
 
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate")
@@ -171,7 +171,7 @@ def test_an_unknown_task_or_a_missing_include_is_one_line(run):
 WITHOUT_LM_EVAL = """
 import sys
 sys.modules["lm_eval"] = None  # as if lm-eval were not installed
-from theseus.evaluate import main
+from theseus.cli.evaluate import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -1,0 +1,225 @@
+"""The attached accelerator (a TPU or GPU): training steps' MFU, generation, a checkpoint's save
+and compile times, each configuration built, measured and freed before the next (a 16 GiB chip
+holds one at a time), the planner's prediction of the same compiled step beside each.
+
+    python benchmarks/accelerator.py                               # every section
+    python benchmarks/accelerator.py --sections train --models gpt2_124m --batches 24 32
+
+Sections: ``train`` (each model's step: median of ``--rounds`` windows, tokens/s, MFU by
+theseus's count and by 6N + 12·L·d·T, XLA's bytes and temporaries, the roofline's prediction
+from XLA's counts of the same program), ``generate`` (decoding tokens/s at batch 1 and 8, and a
+GRPO-sized rollout of 64 completions), ``checkpoint`` (the seconds a save holds the loop, and
+until it is on disk), ``build`` (a train step's first compile and its compile from the
+persistent cache, each in a fresh process). Try it small on a CPU:
+``--models gpt_tiny --sections train build --rounds 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from common import child, device_batch, experiment, make_run, save, show, spread
+
+from theseus.training.metrics import format_bytes
+
+STEPS = 10  # steps per timed window
+SMOLLM2 = ["+experiment=llama_small", "architecture.n_layers=30", "architecture.d_model=576", "architecture.n_heads=9",
+           "architecture.n_kv_heads=3", "architecture.d_ff=1536", "architecture.vocab_size=49152",
+           "architecture.tie_embeddings=true", "architecture.rope_theta=100000", "architecture.seq_len=2048"]
+MODELS = {  # name -> overrides; every one on bytes as tokens (no BPE to fit: the shapes are the model's)
+    "gpt_tiny": [*experiment("gpt_tiny")],
+    "gpt_small": [*experiment("gpt_small")],  # the README's main job, at its batch
+    "gpt2_124m": [*experiment("gpt2_124m"), "data.tokenizer=byte", "trainer.batch_size=16", "trainer.grad_accum=1"],
+    "llama_small": [*experiment("llama_small")],
+    "smollm2_135m": [*SMOLLM2, "trainer.batch_size=8"],  # SmolLM2-135M's shape, a full fine-tune's step
+    "smollm2_135m_lora": [*SMOLLM2, "trainer.batch_size=8", "architecture.lora.rank=8"],  # LoRA on q, v
+}
+ACCELERATOR = ["architecture.dtype.activation=bfloat16"]  # what auto gives on a chip; said, so a CPU try matches
+
+
+def train(name: str, overrides: list[str], rounds: int) -> dict:
+    """One model's train step: built, timed over ``rounds`` windows, predicted; then freed."""
+    began = time.perf_counter()
+    run = make_run([*overrides, *ACCELERATOR])
+    built = time.perf_counter() - began
+    compiled, s = run.compiled, run.settings.trainer
+    state = compiled.init()
+    loader = run.dataset.loader("train", run.model.seq_len, s.batch_size, seed=0)
+    batch = device_batch(run, next(loader))
+    loader.close()
+    key = jax.random.key(0)
+
+    def window(steps: int = STEPS) -> float:
+        nonlocal state
+        start = time.perf_counter()
+        for _ in range(steps):
+            state, metrics = compiled.step(state, batch, key)
+        jax.block_until_ready(metrics)
+        return (time.perf_counter() - start) / steps
+
+    window(2)  # first executions: autotuning, allocation
+    samples = [window() for _ in range(rounds)]
+    step_s = spread(samples)["median"]
+    peak, source = run.peak
+    devices = jax.device_count()
+    m = run.model
+    params = sum(x.size for x in jax.tree.leaves(state.params))
+    tokens = run.tokens_per_step
+    textbook = (6 * params + 12 * m.n_layers * m.d_model * m.seq_len) * tokens  # 6N + 12·L·d·T per token
+    prediction = predicted(run)
+    result = {"overrides": overrides, "build_s": built, "compile_s": compiled.seconds, "step_s": step_s,
+              "samples": samples, "tokens_per_s": tokens / step_s, "params": params,
+              "mfu": run.flops_per_step / step_s / (peak * devices), "mfu_6n": textbook / step_s / (peak * devices),
+              "flops_per_step": run.flops_per_step, "xla_flops": compiled.xla_flops, "peak_flops": peak,
+              "peak_source": source, "xla_memory": compiled.memory, **prediction}
+    del state, batch, run, compiled
+    gc.collect()
+    return result
+
+
+def predicted(run) -> dict:
+    """The planner's roofline of the compiled step on this chip (``theseus.plan.predict``)."""
+    from theseus.base.hardware import lookup
+    from theseus.plan.predict import predict
+
+    chip = lookup(jax.devices()[0].device_kind)
+    if chip is None or chip.hbm_bandwidth is None:
+        return {}
+    compiled = run.compiled
+    flops = max(run.flops_per_step, compiled.xla_flops or 0) / jax.device_count()
+    p = predict(compiled.step, flops_per_device=flops, peak=run.peak[0], hbm_bandwidth=chip.hbm_bandwidth,
+                interconnect=chip.interconnect, memory=compiled.memory, loop_trips=run.settings.trainer.grad_accum)
+    return {"predicted_step_s": p.step_s, "predicted_bound": p.bound, "predicted_memory_s": p.memory_s,
+            "predicted_compute_s": p.compute_s, "bytes_source": p.bytes_source}
+
+
+def generate(overrides: list[str], rounds: int, new_tokens: int = 128) -> dict:
+    """Decoding tokens/s of ``theseus.model.generate.complete`` at batch 1 and 8 (greedy, a 64-token
+    prompt) and a rollout of 64 sampled completions (GRPO's 8 prompts x 8 generations)."""
+    from theseus.model.generate import complete
+    from theseus.model.sampling import Sampling
+
+    run = make_run([*overrides, *ACCELERATOR], steps=None)
+    params = run.compiled.init().params
+    results = {}
+    for name, batch, sampling in (("batch 1", 1, Sampling(0.0)), ("batch 8", 8, Sampling(0.0)),
+                                  ("rollout 64", 64, Sampling(1.0, None, 1.0))):
+        prompts = np.random.default_rng(0).integers(1, 200, (batch, 64), dtype=np.int32)
+        lengths = np.full(batch, 64, np.int32)
+
+        def once() -> float:
+            start = time.perf_counter()
+            out = complete(run.model, params, prompts, lengths, new_tokens, sampling)
+            jax.block_until_ready(out.tokens)
+            return time.perf_counter() - start
+
+        first = once()  # compiles
+        seconds = spread([once() for _ in range(rounds)])["median"]
+        results[name] = {"batch": batch, "new_tokens": new_tokens, "first_s": first, "seconds": seconds,
+                         "tokens_per_s": batch * new_tokens / seconds}
+    del params, run
+    gc.collect()
+    return results
+
+
+def checkpoint(overrides: list[str], rounds: int) -> dict:
+    """Seconds ``Checkpointer.save`` holds the loop, and until the checkpoint is on disk."""
+    from theseus.training.checkpoint import Checkpointer
+
+    run = make_run([*overrides, *ACCELERATOR], steps=None)
+    state = run.compiled.init()
+    held, total = [], []
+    with tempfile.TemporaryDirectory() as folder:
+        saver = Checkpointer(Path(folder), keep=1)
+        for step in range(1, rounds + 2):
+            start = time.perf_counter()
+            saver.save(step, state, {"position": step}, {})
+            returned = time.perf_counter()
+            saver.wait()
+            if step > 1:  # the first compiles the transfers
+                held.append(returned - start)
+                total.append(time.perf_counter() - start)
+        saver.close()
+    size = sum(x.nbytes for x in jax.tree.leaves(state))
+    del state, run
+    gc.collect()
+    return {"bytes": size, "held_s": spread(held)["median"], "written_s": spread(total)["median"]}
+
+
+def build_once(name: str) -> dict:
+    """(in a fresh process) seconds to compile ``name``'s train step, with this process's cache."""
+    run = make_run([*MODELS[name], *ACCELERATOR])
+    return {"compile_s": run.compiled.seconds}
+
+
+def builds(name: str) -> dict:
+    """A train step's first compile, and its compile from the persistent cache the first filled."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache}
+        first = child(__file__, "--build-once", name, env=env)["compile_s"]
+        cached = child(__file__, "--build-once", name, env=env)["compile_s"]
+    return {"first_s": first, "cached_s": cached}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", nargs="+", default=["train", "generate", "checkpoint", "build"],
+                        choices=["train", "generate", "checkpoint", "build"])
+    parser.add_argument("--models", nargs="+", default=["gpt_small", "gpt2_124m", "llama_small", "smollm2_135m",
+                                                        "smollm2_135m_lora"], choices=list(MODELS))
+    parser.add_argument("--batches", type=int, nargs="*", default=[], help="also the first model at these batch sizes")
+    parser.add_argument("--set", nargs="*", default=[], help="overrides added to every model (e.g. a kernel's key)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed windows (calls) per measurement")
+    parser.add_argument("--build-once", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.build_once:
+        print(__import__("json").dumps(build_once(args.build_once)))
+        return
+    device = jax.devices()[0].device_kind
+    results: dict = {"device": device, "set": args.set}
+    cases = {name: [*MODELS[name], *args.set] for name in args.models}
+    first = args.models[0]
+    cases.update({f"{first} batch {b}": [*MODELS[first], f"trainer.batch_size={b}", *args.set] for b in args.batches})
+    if "train" in args.sections:
+        results["train"] = {}
+        for name, overrides in cases.items():
+            try:
+                results["train"][name] = train(name, overrides, args.rounds)
+            except Exception as exc:  # noqa: BLE001  (recorded: a configuration that does not fit must not end the run)
+                results["train"][name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            save("accelerator", results)
+        rows = [(name, r["step_s"] * 1e3, f"{r['tokens_per_s']:,.0f}", f"{100 * r['mfu']:.1f}%",
+                 f"{100 * r['mfu_6n']:.1f}%", f"{r.get('predicted_step_s', float('nan')) * 1e3:.1f} "
+                 f"({r.get('predicted_bound', '-')})", format_bytes(r["xla_memory"].get("temp", 0)), r["build_s"])
+                if "step_s" in r else (name, "-", "-", r["error"][:60], "-", "-", "-", "-")
+                for name, r in results["train"].items()]
+        show(f"train steps on {device} (median of {args.rounds} windows of {STEPS} steps)",
+             ["model", "step ms", "tokens/s", "MFU", "MFU 6N+12LdT", "predicted ms", "XLA temp", "build s"], rows)
+    if "generate" in args.sections:
+        results["generate"] = generate([*MODELS["smollm2_135m"], *args.set], args.rounds)
+        save("accelerator", results)
+        show(f"generation on {device}: SmolLM2-135M's shape, 64-token prompts, 128 new tokens",
+             ["case", "tokens/s", "seconds", "first call s"],
+             [(n, f"{r['tokens_per_s']:,.0f}", r["seconds"], r["first_s"]) for n, r in results["generate"].items()])
+    if "checkpoint" in args.sections:
+        saved = [name for name in ("gpt2_124m", "gpt_small") if name in cases] or list(cases)[:1]
+        results["checkpoint"] = {name: checkpoint(cases[name], args.rounds) for name in saved}
+        save("accelerator", results)
+        show(f"checkpoint saves on {device}", ["model", "state", "loop held s", "on disk s"],
+             [(n, format_bytes(r["bytes"]), r["held_s"], r["written_s"]) for n, r in results["checkpoint"].items()])
+    if "build" in args.sections:
+        results["build"] = {name: builds(name) for name in args.models[:2]}
+        save("accelerator", results)
+        show(f"train step compile on {device}", ["model", "first s", "from the cache s"],
+             [(n, r["first_s"], r["cached_s"]) for n, r in results["build"].items()])
+
+
+if __name__ == "__main__":
+    main()
