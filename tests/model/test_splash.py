@@ -5,6 +5,8 @@ own block map; ``auto`` choosing it for a TPU's mesh, and compiling there sharde
 
 from __future__ import annotations
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -141,3 +143,21 @@ def test_a_gpt_step_compiles_for_a_tpu_slice_with_splash_per_device_over_batch_a
     entry = entry[:entry.index("\n}")]
     # its inputs are the params and the tokens alone: no tracer of the layout's trace above taken in
     assert entry.count(" parameter(") == len(jax.tree.leaves(params)) + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("remat, forwards", [("dots", 1), ("full", 2)])
+def test_remat_dots_keeps_the_kernels_output_where_full_runs_it_again(remat, forwards):
+    """``architecture.remat=dots`` saves splash's output and logsumexp (``ATTENTION_OUTPUT``)
+    beside the matrix products: the backward pass runs no second forward kernel; ``full`` does."""
+    mesh = tpu_mesh({"data": 1, "fsdp": 1, "expert": 1, "tensor": 1})
+    with configuration({**BASE, "architecture.vocab_size": 256, "architecture.seq_len": 256,
+                        "architecture.n_layers": 1, "architecture.remat": remat}):
+        model = configure(GPT)
+    tokens = jax.ShapeDtypeStruct((2, 256), jnp.int32)
+    key = jax.random.key(0)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(model.plan().rules()):
+        params = jax.eval_shape(model.init, key, tokens)["params"]
+        grad = jax.jit(jax.grad(lambda p, t: model.apply({"params": p}, t).astype(jnp.float32).mean()))
+        text = grad.lower(params, tokens).compile().as_text()
+    assert len(re.findall(r"%splash_mha_fwd\S* = ", text)) == forwards

@@ -193,15 +193,19 @@ def test_the_collectives_of_scanned_layers_count_once_per_layer(tmp_path):
     value, unit = sent[0].split()
     params, params_unit = row(unrolled, "params / device").split()
     units = {"B": 1, "KiB": 2**10, "MiB": 2**20}
-    assert float(value) * units[unit] >= 2 * float(params) * units[params_unit]  # all-reduce sends twice each
+    # all-reduce sends each gradient twice; the weights' products' gradients in bfloat16 (reduced
+    # before their cast to the float32 params'): at least the params' bytes, three times a scan's body once
+    assert float(value) * units[unit] >= float(params) * units[params_unit]
 
 
 @pytest.mark.slow
 def test_a_grad_accum_estimated_to_fit_is_named_only_once_compiled_for_the_target(tmp_path):
     # on a TPU, XLA's temporaries of this step stay level as grad_accum doubles: the estimate
     # (activations halved: 1.94 + 6.15 / 2 MiB, libtpu 0.0.42) would fit 5.05 MiB, the compiled step does not
+    # (float32 activations: in bfloat16 XLA keeps them all in VMEM, 0 B of temporaries)
     [table] = dry_run(tmp_path, "mesh.target=tpu:v5e-8", "mesh.data=8", "architecture.remat=full",
-                      "trainer.memory_limit=5300000", "trainer.fit_candidates=1")
+                      "architecture.dtype.activation=float32", "trainer.memory_limit=5300000",
+                      "trainer.fit_candidates=1")
     assert row(table, "fits").startswith("NO")
     warning = table.splitlines()[-1]
     over = re.search(r": compiled over the limit: trainer.grad_accum=2: (\S+) MiB; \d+ not compiled \(raise "
@@ -235,8 +239,9 @@ def test_a_point_that_does_not_compile_in_the_chips_memory_is_a_row_of_the_plan(
     planned; alone, its dry run is the one-line verdict."""
     big = ["mesh.target=tpu:v5e-8", "mesh.data=8", "architecture.seq_len=1024", "architecture.n_layers=1",
            "trainer.fit_candidates=0"]  # no change compiled (the next test's): the verdict says what is left
-    proc = run_python("-m", "theseus.run", "-m", *TINY, "trainer.dry_run=true", *big, "trainer.batch_size=8192,16",
-                      "trainer.plan_file=plan.jsonl", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+    proc = run_python("-m", "theseus.run", "-m", *TINY, "trainer.dry_run=true", *big,
+                      "trainer.batch_size=32768,16", "trainer.plan_file=plan.jsonl",
+                      f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     verdict = (r"mesh.target=tpu:v5e-8: the train step does not fit: needs (\S+) GiB of HBM per device, has 15.75 GiB: "
                r"\d+ not compiled \(raise trainer.fit_candidates to try them\): lower trainer.batch_size or "
@@ -246,7 +251,7 @@ def test_a_point_that_does_not_compile_in_the_chips_memory_is_a_row_of_the_plan(
     assert float(needed) > 16 and proc.stderr.count("theseus dry run for tpu:v5e-8") == 1  # the other point planned
     plan = {cells[1].strip(): [cell.strip() for cell in cells[3:5]] for line in proc.stdout.splitlines()
             if (cells := line.split("│"))[1:2] and cells[1].strip().startswith("trainer.batch_size=")}
-    assert plan["trainer.batch_size=8192"] == ["NO", f"{float(needed):.3g} GiB of 15.8 GiB"]
+    assert plan["trainer.batch_size=32768"] == ["NO", f"{float(needed):.3g} GiB of 15.8 GiB"]
     assert plan["trainer.batch_size=16"][0] == "yes"
     points = [json.loads(line) for line in (tmp_path / "plan.jsonl").read_text().splitlines()]
     assert [(p["fits"], p["limit"], p["step_s"] is None) for p in points] == [(False, round(15.75 * 2**30), True),
@@ -254,7 +259,8 @@ def test_a_point_that_does_not_compile_in_the_chips_memory_is_a_row_of_the_plan(
     assert [p["fits_with"] for p in points] == [None, None]
     assert points[0]["memory"] == pytest.approx(float(needed) * 2**30, rel=1e-3)
     assert proc.stdout.splitlines()[-1] == "plan: plan.jsonl (1 of 2 points fit)"
-    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", *big, "trainer.batch_size=8192", cwd=tmp_path)
+    proc = run_python("-m", "theseus.run", *TINY, "trainer.dry_run=true", *big, "trainer.batch_size=32768",
+                      cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     compiling, error = proc.stderr.splitlines()
     assert compiling.startswith("theseus: compiling") and re.fullmatch(f"theseus: error: {verdict}", error), error

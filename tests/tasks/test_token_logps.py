@@ -11,7 +11,7 @@ import pytest
 
 from support import tpu_mesh
 from theseus.model.layers import dense
-from theseus.plan.predict import INDEX
+from theseus.plan.hlo import INDEX
 from theseus.tasks.lm import cross_entropy
 from theseus.tasks.token_logps import token_logps
 
@@ -47,7 +47,8 @@ def test_the_cross_entropys_gradient_ignores_minus_one_targets():
     targets = np.array([[1, 6, -1, 0, 2], [-1, -1, 3, 4, 5]])
     grad = jax.grad(cross_entropy)(logits, jnp.asarray(targets))
     kept = targets != -1
-    _, expected = reference(np.asarray(logits, np.float64), np.where(kept, targets, 0), -kept.astype(float) / kept.sum())
+    g = -kept.astype(float) / kept.sum()  # the mean's weight of each kept position
+    _, expected = reference(np.asarray(logits, np.float64), np.where(kept, targets, 0), g)
     np.testing.assert_allclose(grad, expected, atol=1e-7)
     assert not np.any(np.asarray(grad)[~kept])
 

@@ -91,6 +91,7 @@ def operands(x: jax.Array, w: jax.Array, dtype: jnp.dtype, inputs: jnp.dtype | N
     return x.astype(inputs), w.astype(inputs), jnp.float32
 
 
+ATTENTION_SCORES = "attention_scores"  # the name scope of scores, softmax and values (dry run: traffic rows)
 WEIGHT_PRODUCT = "weight_product"  # every dense's product: what remat=dots keeps (a custom_vjp hides its dot)
 
 
@@ -543,10 +544,11 @@ class Attention(Module):
     """Causal self-attention, multi-head or grouped-query: ``x: [batch, seq, d_model] -> same``.
 
     ``n_heads`` query heads share ``n_kv_heads`` key/value heads (MHA when equal, MQA at 1), each
-    ``head_dim`` wide (d_model / n_heads unless set), through ``grouped_attention``, or
-    ``jax.nn.dot_product_attention`` where ``attention_impl`` names its implementation (``cudnn``:
-    cuDNN flash attention). Dropout applies to the output (the fused kernels have none on the
-    probabilities). With ``decode``, keys and values go through a KVCache and queries see every
+    ``head_dim`` wide (d_model / n_heads unless set), by the ``kernel`` ``attention_impl`` names:
+    on a TPU by default Pallas's splash kernel (``theseus.model.splash``), else theseus's own
+    written out (``grouped_attention``), or ``jax.nn.dot_product_attention``'s implementation
+    (``cudnn``: cuDNN flash attention). Dropout applies to the output (the fused kernels have
+    none on the probabilities). With ``decode``, keys and values go through a KVCache and queries see every
     cached position up to their own; soft-capped scores (which the fused kernels do not compute)
     are always written out. With ``segments``, a query sees only the earlier keys of its own
     segment (packed sequences stay apart).
@@ -657,25 +659,31 @@ class Attention(Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
-        same = None if segments is None else (segments[:, None, :, None] == segments[:, None, None, :])
-        kernel = self.kernel(x.shape[1])
-        if self.cache is not None:  # a masked step over the cache (the flash kernels want whole sequences)
-            out = grouped_attention(q, *self.cache(k, v, positions), self.scale, self.attn_softcap)
-        elif kernel == "splash":
-            out = splash_attention(q, k, v, segments, scale=self.scale, window=self.sliding_window,
-                                   softcap=self.attn_softcap, interpret=backend() != "tpu")
-        elif kernel is None:  # a key sees itself and those before
-            index = jnp.arange(x.shape[1])
-            mask = causal_mask(index, index, self.sliding_window)[None, None]
-            out = grouped_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-                                    mask if same is None else mask & same, self.scale, self.attn_softcap)
-        else:
-            window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
-            out = jax.nn.dot_product_attention(q, k, v, mask=same, scale=self.scale, is_causal=True,
-                                               local_window_size=window, implementation=kernel)
+        with jax.named_scope(ATTENTION_SCORES):
+            out = self._attend(q, k, v, positions, segments)
         y = dense("bshk,hkd->bsd", out, self.wo, self.bo, dtype, self._matmul_dtype)
         (y,) = adapt(self.lora, out, {"o": y}, deterministic)
         return self.drop(y, deterministic=deterministic)
+
+    def _attend(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
+                segments: jax.Array | None) -> jax.Array:
+        """Each query's softmax-weighted values: ``q: [batch, seq, heads, head_dim]``, ``k, v:
+        [batch, seq, kv_heads, head_dim] -> [batch, seq, heads, head_dim]``, by the ``kernel``."""
+        if self.cache is not None:  # a masked step over the cache (the flash kernels want whole sequences)
+            return grouped_attention(q, *self.cache(k, v, positions), self.scale, self.attn_softcap)
+        kernel = self.kernel(q.shape[1])
+        if kernel == "splash":
+            return splash_attention(q, k, v, segments, scale=self.scale, window=self.sliding_window,
+                                    softcap=self.attn_softcap, interpret=backend() != "tpu")
+        same = None if segments is None else (segments[:, None, :, None] == segments[:, None, None, :])
+        if kernel is None:  # a key sees itself and those before
+            index = jnp.arange(q.shape[1])
+            mask = causal_mask(index, index, self.sliding_window)[None, None]
+            return grouped_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                                     mask if same is None else mask & same, self.scale, self.attn_softcap)
+        window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
+        return jax.nn.dot_product_attention(q, k, v, mask=same, scale=self.scale, is_causal=True,
+                                            local_window_size=window, implementation=kernel)
 
     def kernel(self, seq: int) -> str | None:
         """What computes the attention of ``seq`` positions: ``attention_impl`` with ``auto``

@@ -90,7 +90,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Arr
         return out.swapaxes(1, 2)
 
     operands = (q, k, v) if segments is None else (q, k, v, segments)
-    specs = _specs(q.shape[2], k.shape[2])
+    specs = _specs(q.shape[0], q.shape[2], k.shape[2])
     if specs is None:
         return local(*operands)
     heads, ids = specs
@@ -98,21 +98,23 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Arr
                          check_vma=False)(*operands)
 
 
-def _specs(heads: int, kv_heads: int) -> tuple[PartitionSpec, PartitionSpec] | None:
+def _specs(batch: int, heads: int, kv_heads: int) -> tuple[PartitionSpec, PartitionSpec] | None:
     """How the step lays out q, k and v, and the segment ids, over the mesh in force (None: no
     mesh): the batch over its mesh axes, the heads over theirs (tensor) where both the query and
-    the kv heads divide evenly over them, else whole on every device."""
+    the kv heads split evenly over them; what does not split evenly, whole on every device."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return None
-    batch, tensor = nn.logical_to_mesh_axes((BATCH,))[0], nn.logical_to_mesh_axes((HEADS,))[0]
-    if nn.logical_to_mesh_axes((KV_HEADS,))[0] != tensor:
+    rows, tensor = nn.logical_to_mesh_axes((BATCH,))[0], nn.logical_to_mesh_axes((HEADS,))[0]
+    split = _size(mesh, tensor)
+    if nn.logical_to_mesh_axes((KV_HEADS,))[0] != tensor or heads % split or kv_heads % split:
         tensor = None
-    shards = math.prod(mesh.shape[axis] for axis in _names(tensor))
-    if heads % shards or kv_heads % shards:
-        tensor = None
-    return PartitionSpec(batch, None, tensor, None), PartitionSpec(batch)
+    if batch % _size(mesh, rows):
+        rows = None
+    return PartitionSpec(rows, None, tensor, None), PartitionSpec(rows)
 
 
-def _names(axes: str | tuple[str, ...] | None) -> tuple[str, ...]:
-    return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+def _size(mesh: jax.sharding.AbstractMesh, axes: str | tuple[str, ...] | None) -> int:
+    """How many shards ``axes`` of ``mesh`` split an array's dimension into."""
+    names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    return math.prod(mesh.shape[name] for name in names)

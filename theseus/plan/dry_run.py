@@ -18,6 +18,7 @@ from theseus.base.compile_oom import DoesNotFit
 from theseus.plan.fitting import Found, smallest_fit
 from theseus.plan.memory import fit_of, limit_of
 from theseus.plan.predict import Prediction, predict
+from theseus.plan.traffic import hbm_bytes_by_part
 from theseus.training.metrics import format_bytes, format_duration, format_si
 from theseus.training.parts import Run
 from theseus.training.console import RunConsole
@@ -61,6 +62,7 @@ def dry_run(cfg: DictConfig, assemble: Callable[..., Run], in_sweep: bool = Fals
     prediction = _predict(run) if target else None
     if prediction:
         rows += _prediction_rows(run, prediction)
+    rows += traffic_rows(run, prediction)
     console = RunConsole()
     if jax.process_index() == 0:
         console.show_table(f"theseus dry run for {target.name}" if target else "theseus dry run", rows)
@@ -122,6 +124,25 @@ def _prediction_rows(run: Run, p: Prediction) -> list[tuple[str, str]]:
         ("predicted: chip-hours",
          f"{_chip_hours(run, step):.3g} for trainer.max_steps={run.settings.trainer.max_steps}"),
     ]
+
+
+def traffic_rows(run: Run, prediction: Prediction | None, top: int = 5) -> list[tuple[str, str]]:
+    """The bytes the step's instructions move through device memory (``traffic``: HBM on an
+    accelerator), beside XLA's count where the prediction read it, and the ``top`` largest parts
+    with their shares; the optimizer update's says what ``mesh.fsdp`` would save, where the state
+    is whole on every device of the batch."""
+    parts = hbm_bytes_by_part(run.compiled.step.as_text())
+    total = sum(parts.values())
+    if not total:
+        return []
+    xla = f"; XLA counts {format_bytes(prediction.accessed)}" if prediction and prediction.bytes_source == "XLA" else ""
+    rows = [("memory traffic / step", f"{format_bytes(total)} read and written by its instructions{xla}")]
+    for part, moved in parts.most_common(top):
+        row = f"{format_bytes(moved)} ({moved / total:.0%})"
+        if part == "optimizer update" and run.mesh_shape["fsdp"] == 1 and run.batch_parallel > 1:
+            row += f"; mesh.fsdp={run.batch_parallel} splits it {run.batch_parallel} ways"
+        rows.append((f"traffic: {part}", row))
+    return rows
 
 
 def duration(seconds: float) -> str:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from theseus.model.module import AUXILIARY, auxiliary
 from theseus.tasks.task import LossTask
-from theseus.tasks.token_logps import token_logps
+from theseus.tasks.token_logps import CROSS_ENTROPY, token_logps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +56,7 @@ class LanguageModeling(LossTask):
         return metrics
 
 
+@jax.named_scope(CROSS_ENTROPY)
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """Mean next-token loss, float32, over positions whose target is not -1.
 

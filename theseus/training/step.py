@@ -29,6 +29,8 @@ from theseus.model.module import Rule
 from theseus.tasks.task import LossTask
 from theseus.training.state import TrainState
 
+OPTIMIZER_UPDATE = "optimizer_update"  # the name scope of the update after the gradients (dry run: traffic rows)
+
 
 def train_step(state: TrainState, batch: Any, dropout_key: jax.Array, *, model: nn.Module, task: LossTask,
                tx: optax.GradientTransformation, schedule: optax.Schedule, skip_nonfinite: bool = False,
@@ -63,20 +65,21 @@ def train_step(state: TrainState, batch: Any, dropout_key: jax.Array, *, model: 
                               jax.eval_shape(micro_loss, train, jax.tree.map(lambda x: x[0], batch), step_key)[1])
     (loss, grads, task_metrics), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros, no_metrics),
                                                   (jnp.arange(n_micro), batch))
-    rules = model.outside_optimizer()
-    grads, signals = _split(grads, rules)
-    grad_norm = optax.global_norm(grads)
-    # the optimizer sees the whole tree (its state is laid out so); a frozen leaf's zero gradient is dropped
-    updates, opt_state = tx.update(combine(grads, jax.tree.map(jnp.zeros_like, frozen)), state.opt_state,
-                                   state.params)
-    new = _apply_rules(optax.apply_updates(train, partition(updates, mask)[0]), signals, rules)
+    with jax.named_scope(OPTIMIZER_UPDATE):
+        rules = model.outside_optimizer()
+        grads, signals = _split(grads, rules)
+        grad_norm = optax.global_norm(grads)
+        # the optimizer sees the whole tree (its state is laid out so); a frozen leaf's zero gradient is dropped
+        updates, opt_state = tx.update(combine(grads, jax.tree.map(jnp.zeros_like, frozen)), state.opt_state,
+                                       state.params)
+        new = _apply_rules(optax.apply_updates(train, partition(updates, mask)[0]), signals, rules)
 
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    first = jnp.where((state.first_nonfinite == 0) & ~finite, state.step + 1, state.first_nonfinite)
-    apply = finite if skip_nonfinite else finite & (first == 0)
-    params = combine(jax.tree.map(lambda new, old: jnp.where(apply, new, old), new, train), frozen)
-    if skip_nonfinite:  # training goes on: the moments must not take the NaN in
-        opt_state = jax.tree.map(lambda new, old: jnp.where(apply, new, old), opt_state, state.opt_state)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        first = jnp.where((state.first_nonfinite == 0) & ~finite, state.step + 1, state.first_nonfinite)
+        apply = finite if skip_nonfinite else finite & (first == 0)
+        params = combine(jax.tree.map(lambda new, old: jnp.where(apply, new, old), new, train), frozen)
+        if skip_nonfinite:  # training goes on: the moments must not take the NaN in
+            opt_state = jax.tree.map(lambda new, old: jnp.where(apply, new, old), opt_state, state.opt_state)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                            nonfinite=state.nonfinite + (~finite).astype(jnp.int32), first_nonfinite=first)
     metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),

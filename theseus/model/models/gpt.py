@@ -40,12 +40,14 @@ from theseus.model.layers import (
     param,
 )
 from theseus.model.module import AUXILIARY, Module, drawing_values
+from theseus.model.splash import ATTENTION_OUTPUT
 
+OUTPUT_HEAD = "output_head"  # the name scope of the logits' product (the dry run's traffic rows)
 # What each block keeps for the backward pass (architecture.remat); "none" keeps everything.
 REMAT_POLICIES: dict[str, Callable] = {
-    "dots": jax.checkpoint_policies.save_from_both_policies(  # matmul outputs; recompute the rest
+    "dots": jax.checkpoint_policies.save_from_both_policies(  # matmul outputs, splash's; recompute the rest
         jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        jax.checkpoint_policies.save_only_these_names(WEIGHT_PRODUCT)),
+        jax.checkpoint_policies.save_only_these_names(WEIGHT_PRODUCT, ATTENTION_OUTPUT)),
     "full": jax.checkpoint_policies.nothing_saveable,  # only the block's input; recompute all
 }
 
@@ -143,7 +145,8 @@ class GPT(Module):
     )
     remat: str = field(
         "architecture.remat", default="none", choices=("none", *REMAT_POLICIES),
-        help="recompute block activations in the backward pass: none, dots (keep matmul outputs), full",
+        help="recompute block activations in the backward pass: none, dots (keep matmul and splash attention "
+             "outputs), full",
         resumable=True,  # the same numbers, another memory/compute trade (scan_layers changes the tree)
         role=RUNTIME,
     )
@@ -242,10 +245,12 @@ class GPT(Module):
             for i, block in enumerate(self.h):
                 x = block(x, positions, deterministic, **packed(self.layer_cls(i), segments))
         x = self.ln_f(x)
-        logits = (self.wte.attend(x) if self.tie_embeddings else
-                  dense("bsd,dv->bsv", x, self.lm_head, None, x.dtype, self._matmul_dtype))
-        if self.logit_softcap is not None:
-            logits = (self.logit_softcap * jnp.tanh(logits.astype(jnp.float32) / self.logit_softcap)).astype(x.dtype)
+        with jax.named_scope(OUTPUT_HEAD):
+            logits = (self.wte.attend(x) if self.tie_embeddings else
+                      dense("bsd,dv->bsv", x, self.lm_head, None, x.dtype, self._matmul_dtype))
+            if self.logit_softcap is not None:
+                capped = self.logit_softcap * jnp.tanh(logits.astype(jnp.float32) / self.logit_softcap)
+                logits = capped.astype(x.dtype)
         return nn.with_logical_constraint(logits, (BATCH, SEQ, VOCAB))
 
     def _scan_blocks(self, x: jax.Array, positions: jax.Array, deterministic: bool,

@@ -1,0 +1,115 @@
+"""Where a compiled step's HBM bytes go: each instruction of the program's own sequence (a
+fusion, a matrix product, a kernel, a copy) reads its operands and writes its result through
+HBM once each time it runs, and the parts of the model they belong to, by the name scopes
+JAX records in their metadata, are summed.
+
+An operand a fusion reads only through a slice or gather counts the elements it takes; arrays
+a TPU lays out in VMEM (memory space 1) count nothing; an asynchronous copy or slice (XLA's
+prefetches of weights and activations to and from VMEM) counts what it moves, once. XLA's own
+``bytes accessed`` counts such a copy's operand again in its result and at its ``-done``: on a
+TPU it is the larger total.
+
+Parts are named for a reader: the logits (the output head's product and the cross-entropy),
+the attention's scores and values (a kernel such as splash, or written out), its projections,
+the MLP, norms, embeddings, the optimizer update, collectives, the async copies; any other
+by the model's module path (``h/moe``), layers merged.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from theseus.model.layers import ATTENTION_SCORES
+from theseus.model.models.gpt import OUTPUT_HEAD
+from theseus.plan.hlo import Instruction, Program, shape_bytes
+from theseus.plan.predict import COLLECTIVES
+from theseus.tasks.token_logps import CROSS_ENTROPY
+from theseus.training.step import OPTIMIZER_UPDATE
+
+MOVES_NOTHING = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "call", "conditional",
+                 "after-all", "partition-id", "replica-id", "opt-barrier"}
+ASYNC_COPIES = {"copy-start", "slice-start"}  # result: (source, destination, context)
+PARTIAL = {"slice", "dynamic-slice", "gather"}  # a fusion parameter read only through these reads what they take
+# name-stack components that are no module or scope: JAX's and Flax's functions, loops, an einsum
+NOT_MODULES = re.compile(r"^(_.*|train_step|core_fn|while|body|cond|closed_call|checkpoint|remat|rematted_computation"
+                         r"|[A-Z].*|.*(->|,).*)$")  # [A-Z]: the model's class (a module's name is its attribute's)
+PARTS = (  # (the names a module path holds one of, the part's name), the first match
+    ((OUTPUT_HEAD, "wte.attend", "lm_head"), "logits: output head"), ((CROSS_ENTROPY,), "logits: cross-entropy"),
+    ((ATTENTION_SCORES,), "attention scores and values"), (("attn",), "attention projections"), (("mlp",), "MLP"),
+    ((OPTIMIZER_UPDATE,), "optimizer update"), (("wte", "wpe"), "embeddings"))
+
+
+def module_path(op_name: str) -> tuple[str, ...]:
+    """``jit(train_step)/while/body/transpose(jvp(GPT))/jit(core_fn)/h_3/mlp/ad,fd->af/dot_general``
+    -> ``("h", "mlp")``: the modules and name scopes (a scope inside a transformation, as
+    ``jvp(cross_entropy)``, unwrapped), layers' indices dropped, the primitive too."""
+    names = (re.sub(r"^(\w+\()+|\)+$", "", part) for part in op_name.split("/")[:-1])
+    return tuple(re.sub(r"_\d+$", "", name) for name in names if name and not NOT_MODULES.match(name))
+
+
+def part_of(instruction: Instruction, producers: dict[str, str]) -> str:
+    """The part of the step ``instruction`` belongs to (see the module's docstring); one without
+    metadata (a layout copy XLA adds) is its first operand's (``producers``: name -> part)."""
+    if instruction.opcode.removesuffix("-start") in COLLECTIVES:
+        return "collectives"
+    if "splash" in instruction.name:  # a Pallas kernel's custom call keeps no metadata
+        return "attention scores and values"
+    if not instruction.op_name and instruction.opcode in ASYNC_COPIES:
+        return "async copies to and from VMEM"
+    if not instruction.op_name and instruction.operands:
+        return producers.get(instruction.operands[0], "other")
+    path = module_path(instruction.op_name)
+    for names, part in PARTS:
+        if any(name in path for name in names):
+            return part
+    if any(name.startswith("ln") or name.endswith("norm") for name in path):
+        return "norms"
+    if path == ("h",):  # a block's own: its residual adds
+        return "residual stream"
+    return "/".join(path) or "other"
+
+
+def partial_reads(program: Program) -> dict[str, dict[int, int]]:
+    """Fused computation -> {parameter index: bytes read} for each parameter it reads only
+    through slices or gathers (their results' bytes)."""
+    reads = {}
+    for name, instructions in program.computations.items():
+        parameters = {i.name: int(i.arguments) for i in instructions if i.opcode == "parameter"}
+        users: dict[str, list[tuple[str, int, int]]] = {}
+        for i in instructions:
+            for position, operand in enumerate(i.operands):
+                if operand in parameters:
+                    users.setdefault(operand, []).append((i.opcode, position, shape_bytes(i.result)))
+        reads[name] = {parameters[p]: sum(size for *_, size in used) for p, used in users.items()
+                       if all(opcode in PARTIAL and position == 0 for opcode, position, _ in used)}
+    return reads
+
+
+def instruction_bytes(instruction: Instruction, types: dict[str, str], partial: dict[str, dict[int, int]]) -> int:
+    """HBM bytes one run of ``instruction`` moves: its operands read, its result written."""
+    opcode = instruction.opcode
+    if opcode in MOVES_NOTHING or opcode.endswith("-done"):
+        return 0
+    if opcode in ASYNC_COPIES:
+        moved = instruction.result_elements()[1]
+        source_in_hbm = any(shape_bytes(types.get(name, ""), hbm_only=True) for name in instruction.operands)
+        return shape_bytes(moved) * source_in_hbm + shape_bytes(moved, hbm_only=True)
+    called = re.search(r"calls=%?([\w.\-]+)", instruction.attributes)
+    sliced = partial.get(called.group(1), {}) if opcode == "fusion" and called else {}
+    reads = sum(sliced.get(i, shape_bytes(types.get(name, ""), hbm_only=True))
+                for i, name in enumerate(instruction.operands))
+    return shape_bytes(instruction.result, hbm_only=True) + reads
+
+
+def hbm_bytes_by_part(hlo: str) -> Counter:
+    """Part -> the HBM bytes its instructions move in one run of compiled HLO text ``hlo`` (one
+    device's program), each as often as it runs (loops' trips)."""
+    program = Program.parse(hlo)
+    types, partial = program.types(), partial_reads(program)
+    parts: Counter = Counter()
+    producers: dict[str, str] = {}
+    for instruction, times in program.instructions(control_only=True):
+        producers[instruction.name] = part = part_of(instruction, producers)
+        parts[part] += instruction_bytes(instruction, types, partial) * times
+    return +parts
