@@ -27,7 +27,7 @@ def run(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("harness")
     tasks = write_tasks(base / "tasks")
     corpus = base / "corpus.txt"
-    corpus.write_text((ROOT / "theseus" / "tasks" / "evaluation.py").read_text() * 8)
+    corpus.write_text((ROOT / "theseus" / "evaluation" / "evaluations.py").read_text() * 8)
     proc = run_python("-m", "theseus.run", "+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}",
                       f"data.cache_dir={base / 'cache'}", f"trainer.max_steps={STEPS}",
                       f"trainer.checkpoint_every={STEPS}", f"trainer.eval_every={STEPS}", "trainer.eval_batches=1",

@@ -11,7 +11,7 @@ import pytest
 from interop.hf_models import CORPUS, hf_val_loss, llama_config, save_hf, torch, transformers
 
 from support import run_python
-from theseus.data.tokenizer import HFTokenizer
+from theseus.data.tokenizer import HFTokenizer, escape_controls
 
 PROMPT = "def __init__"
 
@@ -27,7 +27,7 @@ def hf_greedy(folder: Path, prompt: str, n: int) -> str:
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
                           min_new_tokens=n, pad_token_id=0,
                           suppress_tokens=list(range(tokenizer.vocab_size, hf.config.vocab_size)))
-    return tokenizer.decode(out[0, ids.shape[1]:].tolist())
+    return escape_controls(tokenizer.decode(out[0, ids.shape[1]:].tolist()))  # as sample shows it: printable
 
 
 @pytest.mark.slow
