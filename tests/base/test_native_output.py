@@ -24,6 +24,8 @@ os.write(1, b"7 peer ranks. [Gloo] Rank 3 is connected to 7 peer ranks. Expected
 os.write(1, b"[Gloo] Rank 1 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7[Gloo] Rank 2 "
             b"is connected to [Gloo] Rank 3 is connected to \\n7 peer ranks. Expected number of connected peer ranks is : "
             b"77\\n peer ranks. Expected number of connected peer ranks is : 7\\n")  # three threads' pieces, as CI saw
+os.write(1, b"[Gloo] Rank 3 is connected to 7 peer ranks. Expected number of connected peer ranks is : [Gloo] Rank 1 "
+            b"is connected to 7 peer ranks. 7Expected number of connected peer ranks is : \\n7\\n")  # a number, then a word
 os.write(1, b"[Gloo] an error gloo reports\\nnative line\\n")
 print("python line")
 """

@@ -41,9 +41,14 @@ def _dotted(node: ast.AST) -> str:
 
 
 def unsafe_loads(source: str, filename: str = "<source>") -> list[str]:
-    """Every pickle-capable load in ``source``, as ``file:line: what``."""
-    found = []
-    for node in ast.walk(ast.parse(source, filename)):
+    """Every pickle-capable load in ``source``, as ``file:line: what`` (a loader class of the
+    module's own is safe when it derives from a SafeLoader)."""
+    found, tree = [], ast.parse(source, filename)
+    safe_loaders = {"SafeLoader", "CSafeLoader"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(_dotted(base).rsplit(".", 1)[-1] in safe_loaders for base in node.bases):
+            safe_loaders.add(node.name)
+    for node in ast.walk(tree):
         where = f"{filename}:{getattr(node, 'lineno', 0)}"
         if isinstance(node, ast.Import):
             found += [f"{where}: import {a.name}" for a in node.names if a.name.split(".")[0] in UNSAFE_MODULES]
@@ -62,7 +67,7 @@ def unsafe_loads(source: str, filename: str = "<source>") -> list[str]:
                 found.append(f"{where}: {name} without allow_pickle=False")
             elif name == "yaml.load":
                 loader = keywords.get("Loader") or (node.args[1] if len(node.args) > 1 else None)
-                if loader is None or "Safe" not in ast.unparse(loader):
+                if loader is None or _dotted(loader).rsplit(".", 1)[-1] not in safe_loaders:
                     found.append(f"{where}: yaml.load without a SafeLoader")
     return found
 
@@ -71,7 +76,8 @@ def unsafe_loads(source: str, filename: str = "<source>") -> list[str]:
     "import pickle", "import cloudpickle as cp", "from dill import loads", "import marshal",
     "import torch\nx = torch.load('f.pt')", "import numpy as np\nnp.load('a.npy')",
     "import numpy as np\nnp.load('a.npy', allow_pickle=True)", "np.lib.format.read_array(f)",
-    "import yaml\nyaml.load(text)", "import yaml\nyaml.unsafe_load(text)", "import joblib\njoblib.load('m')",
+    "import yaml\nyaml.load(text)", "import yaml\nyaml.load(t, Loader=yaml.Loader)",
+    "import yaml\nclass Tags(yaml.Loader): pass\nyaml.load(t, Loader=Tags)", "import yaml\nyaml.unsafe_load(text)", "import joblib\njoblib.load('m')",
     "import pandas as pd\npd.read_pickle('x')",
 ])
 def test_the_scan_finds_planted_pickle(planted):
@@ -81,6 +87,7 @@ def test_the_scan_finds_planted_pickle(planted):
 def test_the_scan_accepts_safe_loads():
     safe = ("import numpy as np, yaml, json\nnp.load('a.npy', allow_pickle=False)\n"
             "np.lib.format.read_array(f, allow_pickle=False)\nyaml.load(t, Loader=yaml.SafeLoader)\n"
+            "class Tags(yaml.SafeLoader): pass\nyaml.load(t, Loader=Tags)\n"
             "yaml.safe_load(t)\njson.loads(t)\n# import pickle in a comment\n'''import pickle in a docstring'''\n")
     assert unsafe_loads(safe) == []
 

@@ -98,15 +98,16 @@ def native_lines_filtered(noise: Callable[[bytes], bool]) -> Iterator[None]:
 
 
 GLOO_WORDS = frozenset(b"[Gloo] Rank R is connected to N peer ranks. Expected number of connected peer ranks is : N".split())
+GLOO_TOKEN = re.compile(rb"\[Gloo\]|\d+|[^\s\d\[]+|\S")  # "7Expected" is "7", "Expected"
 
 
 def is_gloo_noise(line: bytes) -> bool:
     """True for gloo's ``[Gloo] Rank R is connected to N peer ranks. Expected number of
     connected peer ranks is : N`` line, and for such lines of several threads run together
-    (each writes its line in pieces, a piece may start right after another's number): every
-    word one of theirs, ``[Gloo]`` or ``peer`` among them."""
-    words = line.replace(b"[Gloo]", b" [Gloo] ").split()
-    return (b"[Gloo]" in words or b"peer" in words) and all(word in GLOO_WORDS or word.isdigit() for word in words)
+    (each writes its line in pieces, a piece may start right after another's number, or a
+    number right after another's word, or a number left alone on a line): every word one of theirs."""
+    words = GLOO_TOKEN.findall(line)
+    return bool(words) and all(word in GLOO_WORDS or word.isdigit() for word in words)
 
 
 def is_cuda_driver_noise(line: bytes) -> bool:
