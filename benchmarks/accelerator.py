@@ -85,9 +85,12 @@ def train(name: str, overrides: list[str], rounds: int) -> dict:
 
 
 def predicted(run) -> dict:
-    """The planner's roofline of the compiled step on this chip (``theseus.plan.predict``)."""
+    """The planner's roofline of the compiled step on this chip (``theseus.plan.predict``), by XLA's
+    count of the step's bytes, and by the bytes its instructions move (``theseus.plan.traffic``),
+    which differ by up to 6x with splash attention: the chip's step says which one to trust."""
     from theseus.base.hardware import lookup
     from theseus.plan.predict import predict
+    from theseus.plan.traffic import hbm_bytes_by_part
 
     chip = lookup(jax.devices()[0].device_kind)
     if chip is None or chip.hbm_bandwidth is None:
@@ -96,8 +99,10 @@ def predicted(run) -> dict:
     flops = max(run.flops_per_step, compiled.xla_flops or 0) / jax.device_count()
     p = predict(compiled.step, flops_per_device=flops, peak=run.peak[0], hbm_bandwidth=chip.hbm_bandwidth,
                 interconnect=chip.interconnect, memory=compiled.memory, loop_trips=run.settings.trainer.grad_accum)
+    traffic = sum(hbm_bytes_by_part(compiled.step.as_text()).values())
     return {"predicted_step_s": p.step_s, "predicted_bound": p.bound, "predicted_memory_s": p.memory_s,
-            "predicted_compute_s": p.compute_s, "bytes_source": p.bytes_source}
+            "predicted_compute_s": p.compute_s, "bytes_source": p.bytes_source, "traffic_bytes": traffic,
+            "predicted_step_s_by_traffic": max(p.compute_s, traffic / chip.hbm_bandwidth) + p.collective_s}
 
 
 def generate(overrides: list[str], rounds: int, new_tokens: int = 128) -> dict:
@@ -197,11 +202,13 @@ def main() -> None:
             save("accelerator", results)
         rows = [(name, r["step_s"] * 1e3, f"{r['tokens_per_s']:,.0f}", f"{100 * r['mfu']:.1f}%",
                  f"{100 * r['mfu_6n']:.1f}%", f"{r.get('predicted_step_s', float('nan')) * 1e3:.1f} "
-                 f"({r.get('predicted_bound', '-')})", format_bytes(r["xla_memory"].get("temp", 0)), r["build_s"])
-                if "step_s" in r else (name, "-", "-", r["error"][:60], "-", "-", "-", "-")
+                 f"({r.get('predicted_bound', '-')})", f"{r.get('predicted_step_s_by_traffic', float('nan')) * 1e3:.1f}",
+                 format_bytes(r["xla_memory"].get("temp", 0)), r["build_s"])
+                if "step_s" in r else (name, "-", "-", r["error"][:60], "-", "-", "-", "-", "-")
                 for name, r in results["train"].items()]
         show(f"train steps on {device} (median of {args.rounds} windows of {STEPS} steps)",
-             ["model", "step ms", "tokens/s", "MFU", "MFU 6N+12LdT", "predicted ms", "XLA temp", "build s"], rows)
+             ["model", "step ms", "tokens/s", "MFU", "MFU 6N+12LdT", "predicted ms", "by traffic ms", "XLA temp",
+              "build s"], rows)
     if "generate" in args.sections:
         results["generate"] = generate([*MODELS["smollm2_135m"], *args.set], args.rounds)
         save("accelerator", results)
