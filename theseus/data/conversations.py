@@ -1,5 +1,5 @@
 """Conversations ready to fine-tune on: chat rows rendered by a template, split, and packed
-into windows, with the same interface as a token ``Dataset`` (loaders, n_tokens, tokenizer).
+into windows: a ``Dataset`` (``theseus.data.dataset_protocol``), as token windows are, with ``n_tokens`` too.
 
     data = Conversations.encode(rows, template, tokenizer, train_on="assistant", val_fraction=0.1, seed=0)
     loader = data.loader("train", seq_len=256, batch_size=8, seed=0)
@@ -112,7 +112,7 @@ class Conversations:
     def loader(self, split: str, seq_len: int, batch_size: int, seed: int, process_index: int = 0,
                process_count: int = 1, prefetch: int = 8) -> Loader:
         """Batches int32 ``[batch_size, 3, seq_len + 1]`` of ``split``, this process's share of each
-        global batch, as ``Dataset.loader`` gives (the same state, resume and prefetching)."""
+        global batch, as ``TokenDataset.loader`` gives (the same state, resume and prefetching)."""
         windows = self.windows(split, seq_len, batch_size, seed, process_index, process_count)
         return Loader.over(windows, split=split, prefetch=prefetch)
 

@@ -22,7 +22,7 @@ from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer,
 
 
 @dataclasses.dataclass(frozen=True)
-class Dataset:
+class TokenDataset:
     """A tokenizer and the memory-mapped train/val tokens of one shard folder."""
 
     folder: Path
@@ -65,7 +65,7 @@ class Dataset:
         return self.tokens[split]
 
 
-def open_dataset(cfg: DataConfig) -> Dataset | Mixture:
+def open_dataset(cfg: DataConfig) -> TokenDataset | Mixture:
     """The dataset ``cfg`` describes, prepared first if needed (with progress); ConfigError on bad input.
 
     ``data.source=shards`` opens the folder ``data.path`` as it is; its tokenizer is the one its
@@ -99,13 +99,13 @@ def planned_vocab_size(cfg: DataConfig, declared: int | None = None) -> int:
     return declared
 
 
-def open_source(cfg: DataConfig) -> Dataset:
+def open_source(cfg: DataConfig) -> TokenDataset:
     """One source's dataset (``data.source``, ``data.path``), prepared first if needed."""
     check_documents(cfg)
     folder = _shard_folder(cfg.path) if cfg.source == "shards" else prepare(cfg)
     meta = read_meta(folder)
     tokens = read_tokens(folder, meta)
-    return Dataset(folder, meta, _tokenizer(cfg.tokenizer, folder, meta), tokens)
+    return TokenDataset(folder, meta, _tokenizer(cfg.tokenizer, folder, meta), tokens)
 
 
 def _shard_folder(path: str | None) -> Path:

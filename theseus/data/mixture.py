@@ -92,7 +92,7 @@ class MixtureWindows:
 
 
 class Source(Protocol):
-    """What a mixture needs of each source: a ``theseus.data.dataset.Dataset``."""
+    """What a mixture needs of each source: a ``theseus.data.dataset.TokenDataset``."""
 
     meta: ShardMeta
     tokenizer: Tokenizer

@@ -301,7 +301,7 @@ class Preferences:
     def loader(self, split: str, seq_len: int, batch_size: int, seed: int, process_index: int = 0,
                process_count: int = 1, prefetch: int = 8) -> Loader:
         """Batches of ``split``'s pairs (dicts of ``[batch_size, ...]``), this process's share of each
-        global batch, reshuffled each epoch, as ``Dataset.loader`` gives (the same state and resume)."""
+        global batch, reshuffled each epoch, as ``TokenDataset.loader`` gives (the same state and resume)."""
         self._require_reference()
         windows = PairWindows(self, seq_len, self.fitting(split, seq_len, say=True), batch_size, seed, process_index,
                               process_count)

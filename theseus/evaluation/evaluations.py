@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from theseus.base.dispatch import fetched
 from theseus.base.mesh import on_devices
 from theseus.config import ConfigError, Configurable, field
-from theseus.data.dataset import Dataset
+from theseus.data.dataset_protocol import Dataset, WholeValidation
 from theseus.data.mixture import Mixture
 from theseus.data.tokenizer import Tokenizer
 from theseus.evaluation.multiple_choice import Examples, accuracy, load_examples, log_likelihoods, per_example, score
@@ -94,7 +94,7 @@ class Evaluations:
     harness_results: dict = dataclasses.field(default_factory=dict)  # lm-eval's own, of the latest (write_results)
 
 
-def load_evaluations(settings: EvaluationConfig, data: Dataset | Mixture, model: nn.Module, seed: int, prefetch: int,
+def load_evaluations(settings: EvaluationConfig, data: Dataset, model: nn.Module, seed: int, prefetch: int,
                      imported: bool = False) -> Evaluations:
     """The evaluations ``settings`` ask for on ``data``; ConfigError, naming the file and line,
     for a multiple-choice file that does not load. ``imported``: the model's weights come from
@@ -142,7 +142,7 @@ def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metri
 
     by_source: dict[str, dict[str, float]] = {}  # NAME -> {"loss": ..., the task's metrics}
     for name, (dataset, _) in evaluations.sources.items():
-        if hasattr(dataset, "validation"):  # every validation example once, batches weighted by their targets
+        if isinstance(dataset, WholeValidation):  # every validation example once, batches weighted by their targets
             by_source[name] = scored(dataset.validation(evaluations.seq_len, batch_size, index, count, split=split))
             continue
         loader = dataset.loader("val", evaluations.seq_len, batch_size // count, seed=evaluations.seed,

@@ -16,7 +16,7 @@ import functools
 import inspect
 import math
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -28,7 +28,9 @@ from jax.tree_util import DictKey
 
 from theseus.base.axis import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP_HIDDEN, SEQ, VOCAB
 from theseus.base.hardware import backend, check_attention_impl
-from theseus.config import POSITIVE, RUNTIME, ConfigError, configure, field
+from theseus.config import POSITIVE, ConfigError, configure, field
+from theseus.model import architecture
+from theseus.model.activations import activate, input_projections
 from theseus.model.lora import GATE_UP, QKV, LoRA, adapt, adapters, lora_flops
 from theseus.model.module import Module, param
 from theseus.model.splash import block_size, computed_pairs, splash_attention
@@ -168,9 +170,9 @@ class Embedding(Module):
     ``attend`` is the tied output head (unscaled); its matmul is counted by the model that uses it.
     """
 
-    vocab_size: int | None = field("architecture.vocab_size", default=None, help="vocabulary; None: the tokenizer's")
-    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
-    init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
+    vocab_size: int | None = architecture.vocab_size()
+    d_model: int = architecture.d_model()
+    init_std: float = architecture.init_std()
     scale_embeddings: bool = field("architecture.scale_embeddings", default=False,
                                    help="multiply the token embeddings by sqrt(d_model) (Gemma)")
 
@@ -191,9 +193,9 @@ class Embedding(Module):
 class PositionEmbedding(Module):
     """Learned absolute positions: ``positions: int32[seq] -> [seq, d_model]`` (or ``[batch, seq]`` -> ``[batch, seq, d_model]``)."""
 
-    seq_len: int = field("architecture.seq_len", default=1024, help="context length; data windows use it")
-    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
-    init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
+    seq_len: int = architecture.seq_len()
+    d_model: int = architecture.d_model()
+    init_std: float = architecture.init_std()
 
     def setup(self):
         init = nn.initializers.normal(self.init_std)
@@ -221,7 +223,7 @@ class RoPE(Module):
     it is rotated by NaN, ``jnp.take``'s fill).
     """
 
-    rope_theta: float = field("architecture.rope_theta", default=10000.0, help="RoPE base wavelength")
+    rope_theta: float = architecture.rope_theta()
     scaling: str = field("architecture.rope_scaling.type", default="none", choices=ROPE_SCALINGS,
                          help="RoPE frequency scaling for a context longer than pretrained: none, linear, llama3")
     factor: float = field("architecture.rope_scaling.factor", default=8.0, check=POSITIVE,
@@ -232,7 +234,7 @@ class RoPE(Module):
                                     help="llama3 RoPE scaling: wavelengths below original_seq_len / this are kept")
     original_seq_len: int = field("architecture.rope_scaling.original_seq_len", default=8192, check=POSITIVE,
                                   help="llama3 RoPE scaling: the context pretrained (original_max_position_embeddings)")
-    seq_len: int = field("architecture.seq_len", default=1024, help="context length; data windows use it")
+    seq_len: int = architecture.seq_len()
 
     def __post_init__(self):
         super().__post_init__()
@@ -308,9 +310,9 @@ normalize.defvjp(_normalize_forward, _normalize_backward)
 class LayerNorm(Module):
     """``(x - mean) / sqrt(var + eps) * scale + bias`` over the last axis (d_model), in float32 (``normalize``)."""
 
-    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
-    bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
-    norm_eps: float = field("architecture.norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
+    d_model: int = architecture.d_model()
+    bias: bool = architecture.bias()
+    norm_eps: float = architecture.norm_eps()
     axis: str = EMBED  # not a config key: the logical axis of the normalised features (HEAD_DIM: a q/k norm)
 
     def setup(self):
@@ -328,8 +330,8 @@ class RMSNorm(Module):
     """``x / sqrt(mean(x^2) + eps) * gain`` over the last axis (d_model), in float32; the gain is
     ``scale`` (``1 + scale`` in ``OffsetRMSNorm``)."""
 
-    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
-    norm_eps: float = field("architecture.norm_eps", default=1e-5, help="epsilon added to the norms' mean square")
+    d_model: int = architecture.d_model()
+    norm_eps: float = architecture.norm_eps()
     axis: str = EMBED  # not a config key: the logical axis of the normalised features (HEAD_DIM: a q/k norm)
     gain_offset: ClassVar[float] = 0.0  # the gain is gain_offset + scale
 
@@ -352,22 +354,6 @@ class OffsetRMSNorm(RMSNorm):
 
 
 NORMS: dict[str, type[Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, "rmsnorm_offset": OffsetRMSNorm}
-NORM_HELP = "normalisation layer: layernorm, rmsnorm or rmsnorm_offset (Gemma's: gain 1 + w)"
-GATES: dict[str, Callable[[jax.Array], jax.Array]] = {  # a gated MLP's activation of its gate
-    "swiglu": jax.nn.silu, "geglu": functools.partial(jax.nn.gelu, approximate=True)}
-ACTIVATIONS = ("gelu", *GATES)  # architecture.activation
-
-
-def input_projections(activation: str) -> tuple[str, ...]:
-    """An MLP's input projections, each a weight ``w_{name}``: a gated one's gate and up (its
-    value), GELU's up alone."""
-    return ("gate", "up") if activation in GATES else ("up",)
-
-
-def activate(h: list[jax.Array], activation: str) -> jax.Array:
-    """An MLP's hidden units from its ``input_projections``: ``gate(h[0]) * h[1]`` (SwiGLU:
-    silu, GeGLU: tanh-approximated gelu, as Gemma's ``gelu_pytorch_tanh``) or ``gelu(h[0])``."""
-    return GATES[activation](h[0]) * h[1] if activation in GATES else jax.nn.gelu(h[0], approximate=True)
 
 
 def takes(layer: type, argument: str) -> bool:
@@ -390,16 +376,6 @@ def packed(layer: type, segments: jax.Array | None) -> dict[str, jax.Array]:
     return {"segments": segments}
 
 
-ATTENTION_IMPLS = ("auto", None, "xla", "cudnn", "splash")
-ATTENTION_IMPL_HELP = ("auto: the platform's fused kernel where it applies (a TPU: splash), else theseus's own; None: "
-                       "theseus's own, written out (grouped_attention: the [seq, seq] scores in memory); xla, cudnn: "
-                       "jax.nn.dot_product_attention's implementation; splash: Pallas's TPU flash kernel (blocks of "
-                       "the sequence, masked ones skipped; interpreted off a TPU), where 128 divides the sequence")
-FUSED_DOC = ("fuse q, k and v into one LoRA adapter and gate and up into another, as a Hugging Face model that "
-             "stores them fused (Phi-3's qkv_proj, gate_up_proj); None: q, k and v fused with learned positions "
-             "(GPT-2's c_attn), nothing fused with rope")
-
-
 class MLP(Module):
     """Position-wise feed-forward: ``x: [batch, seq, d_model] -> [batch, seq, d_model]``.
 
@@ -409,16 +385,13 @@ class MLP(Module):
     a product each, no slice of a stacked weight to copy (XLA's CPU backend copies one).
     """
 
-    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
-    d_ff: int | None = field("architecture.d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
-    activation: str = field(
-        "architecture.activation", default="gelu", choices=ACTIVATIONS, help="MLP nonlinearity"
-    )
-    bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
-    dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
-    init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
-    fused_projections: bool | None = field("architecture.fused_projections", default=None, help=FUSED_DOC,
-                                           role=RUNTIME)
+    d_model: int = architecture.d_model()
+    d_ff: int | None = architecture.d_ff()
+    activation: str = architecture.activation()
+    bias: bool = architecture.bias()
+    dropout: float = architecture.dropout()
+    init_std: float = architecture.init_std()
+    fused_projections: bool | None = architecture.fused_projections()
 
     @classmethod
     def components(cls) -> list[type]:
@@ -562,44 +535,35 @@ class Attention(Module):
 
     norms: ClassVar[Mapping[str, type[Module]]] = NORMS
 
-    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
-    n_heads: int = field("architecture.n_heads", default=12, help="attention (query) heads")
-    n_kv_heads: int | None = field("architecture.n_kv_heads", default=None, help="key/value heads; None: n_heads")
-    d_head: int | None = field("architecture.head_dim", default=None, check=POSITIVE,
-                               help="width of each attention head; None: d_model / n_heads")
-    bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
-    qkv_bias: bool = field("architecture.qkv_bias", default=False,
-                           help="biases on the query, key and value projections even with bias=false (Qwen2)")
-    dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
-    init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
-    positions: str = field(
-        "architecture.positions", default="learned", choices=("learned", "rope"), help="position encoding"
-    )
-    norm: str = field("architecture.norm", default="layernorm", help=NORM_HELP)
+    d_model: int = architecture.d_model()
+    n_heads: int = architecture.n_heads()
+    n_kv_heads: int | None = architecture.n_kv_heads()
+    d_head: int | None = architecture.head_dim()
+    bias: bool = architecture.bias()
+    qkv_bias: bool = architecture.qkv_bias()
+    dropout: float = architecture.dropout()
+    init_std: float = architecture.init_std()
+    positions: str = architecture.positions()
+    norm: str = architecture.norm()
     qk_norm: bool = field("architecture.qk_norm", default=False,
                           help="normalise each head's queries and keys (the architecture.norm layer over head_dim) "
                                "before RoPE (Qwen3, Gemma 3)")
-    sliding_window: int | None = field("architecture.sliding_window", default=None, check=POSITIVE,
-                                       help="a query sees only itself and the W - 1 positions before it "
-                                            "(Mistral, Gemma); None: every earlier position")
+    sliding_window: int | None = architecture.sliding_window()
     attn_scale_dim: int | None = field("architecture.attn_scale_dim", default=None, check=POSITIVE,
                                        help="scores are scaled by attn_scale_dim ** -0.5 (Gemma's "
                                             "query_pre_attn_scalar); None: head_dim")
     attn_softcap: float | None = field("architecture.attn_softcap", default=None, check=POSITIVE,
                                        help="soft-cap attention scores to (-c, c) by c * tanh(score / c) (Gemma 2); "
                                             "None: no cap")
-    attention_impl: str | None = field(
-        "architecture.attention_impl", default="auto", choices=ATTENTION_IMPLS, help=ATTENTION_IMPL_HELP,
-    )
-    fused_projections: bool | None = field("architecture.fused_projections", default=None, help=FUSED_DOC,
-                                           role=RUNTIME)
+    attention_impl: str | None = architecture.attention_impl()
+    fused_projections: bool | None = architecture.fused_projections()
     decode: bool = False  # not a config key: attend through a KVCache (generation)
 
     def __post_init__(self):
+        super().__post_init__()  # each field within its declared range
         check_heads(self.d_model, self.n_heads, self.n_kv_heads, self.positions, self.d_head)
         if self.qk_norm:
             check_norm(self.norm, type(self))
-        super().__post_init__()
         if self.attn_softcap is not None and self.attention_impl == "cudnn":
             raise ConfigError("architecture.attn_softcap soft-caps the attention scores, which cuDNN's kernel does "
                               "not compute: set architecture.attention_impl=xla (or null)")
@@ -736,7 +700,7 @@ class Block(Module):
     mlp_cls: ClassVar[type[Module]] = MLP
     norms: ClassVar[Mapping[str, type[Module]]] = NORMS
 
-    norm: str = field("architecture.norm", default="layernorm", help=NORM_HELP)
+    norm: str = architecture.norm()
     post_norms: bool = field("architecture.post_norms", default=False,
                              help="normalise the attention's and the MLP's outputs too, before each joins the residual "
                                   "(Gemma 2/3)")

@@ -52,7 +52,9 @@ from theseus.base.axis import (
     ShardingPlan,
 )
 from theseus.config import NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, Range, configure, field
-from theseus.model.layers import ACTIVATIONS, MLP, Block, activate, dense, input_projections, param
+from theseus.model import architecture
+from theseus.model.activations import activate, input_projections
+from theseus.model.layers import MLP, Block, dense, param
 from theseus.model.lora import adapt, adapters, lora_flops
 from theseus.model.module import AUXILIARY, PENALTY, Module, Rule, model_of
 
@@ -69,13 +71,11 @@ class MoE(Module):
     [d_model, expert]``.
     """
 
-    d_model: int = field("architecture.d_model", default=768, help="width of the residual stream")
-    dense_d_ff: int | None = field("architecture.d_ff", default=None, help="hidden width of the MLP; None: 4 x d_model")
-    activation: str = field(
-        "architecture.activation", default="gelu", choices=ACTIVATIONS, help="MLP nonlinearity"
-    )
-    dropout: float = field("architecture.dropout", default=0.0, help="dropout rate (training only)")
-    init_std: float = field("architecture.init_std", default=0.02, help="stddev of the normal initialiser")
+    d_model: int = architecture.d_model()
+    dense_d_ff: int | None = architecture.d_ff()
+    activation: str = architecture.activation()
+    dropout: float = architecture.dropout()
+    init_std: float = architecture.init_std()
     n_experts: int = field("architecture.moe.n_experts", default=8, check=POSITIVE,
                            help="experts per mixture-of-experts layer")
     top_k: int = field("architecture.moe.top_k", default=2, check=POSITIVE, help="experts each token is sent to")
@@ -99,10 +99,7 @@ class MoE(Module):
     z_loss: float = field("architecture.moe.z_loss", default=0.001, check=NON_NEGATIVE,
                           help="coefficient of the router z-loss, mean logsumexp(router logits)^2 (ST-MoE)",
                           role=RUNTIME)
-    bias_update_rate: float = field(
-        "architecture.moe.bias_update_rate", default=0.0, check=NON_NEGATIVE,
-        help="bias-balanced routing (DeepSeek-V3): each step, a per-expert selection bias moves by this much "
-             "against the expert's load imbalance; 0: off")
+    bias_update_rate: float = architecture.moe_bias_update_rate()
 
     shared_cls: ClassVar[type[Module]] = MLP
 

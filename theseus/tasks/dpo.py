@@ -36,13 +36,11 @@ import jax
 import jax.numpy as jnp
 
 from theseus.config import ConfigError, Range, field
-from theseus.data.chat import ChatTemplate
 from theseus.data.config import DataConfig
 from theseus.data.preferences import Preferences, pairs_tokenizer, prepare_pairs
 from theseus.data.tokenizer import Tokenizer
-from theseus.model.module import AUXILIARY, auxiliary
 from theseus.model.source import ModelSource, parse_source
-from theseus.tasks.task import START, LossTask
+from theseus.tasks.task import START, LossTask, OptionalChatTemplate
 from theseus.tasks.token_logps import token_logps
 
 NONE = "none"  # dpo.reference: reference-free, its log-probs 0
@@ -108,7 +106,7 @@ def sequence_logps(logits: jax.Array, tokens: jax.Array, completion: jax.Array) 
 
 
 @dataclasses.dataclass(frozen=True)
-class DirectPreference(LossTask):
+class DirectPreference(OptionalChatTemplate, LossTask):
     """Preference optimisation on pairs of completions, against a frozen reference model."""
 
     EVALUATE_SPLIT: ClassVar[str] = "all"  # theseus.evaluate scores every pair of a file it is given
@@ -149,11 +147,6 @@ class DirectPreference(LossTask):
 
     def tokenizer(self, data: DataConfig) -> Tokenizer:
         return pairs_tokenizer(data)
-
-    def chat_template(self, data: DataConfig) -> ChatTemplate | None:
-        """The template conversational pairs are rendered with (``ChatTemplate.find``); None when
-        there is none (standard pairs need none, and the tokenizer holds none of its own)."""
-        return ChatTemplate.found(data.tokenizer, data.chat_template)
 
     def longest_window(self, dataset: Preferences) -> int:
         """What the longest pair fills (its longer sequence: ``seq_len + 1`` tokens): a longer
@@ -212,6 +205,5 @@ class DirectPreference(LossTask):
         """``(logps [batch, 2], the sown penalty, its metrics)``: both sequences of every pair in one
         forward, ``[batch, 2, seq + 1]`` read as ``[2 batch, seq + 1]`` (each device keeps its pairs)."""
         tokens, completion = (batch[key].reshape(-1, batch[key].shape[-1]) for key in ("tokens", "completion"))
-        logits, sown = model.apply({"params": params}, tokens[:, :-1], deterministic=rng is None,
-                                   rngs=None if rng is None else {"dropout": rng}, mutable=[AUXILIARY])
-        return (sequence_logps(logits, tokens, completion).reshape(-1, 2), *auxiliary(sown))
+        logits, penalty, metrics = self.forward(model, params, tokens[:, :-1], rng)
+        return sequence_logps(logits, tokens, completion).reshape(-1, 2), penalty, metrics

@@ -44,14 +44,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from theseus.config import NON_NEGATIVE, POSITIVE, ConfigError, Range, field
-from theseus.data.chat import ChatTemplate
 from theseus.data.config import DataConfig
 from theseus.data.prompts import Prompts, prompt_tokenizer
 from theseus.data.tokenizer import Tokenizer
-from theseus.model.module import AUXILIARY, auxiliary
 from theseus.tasks.grpo_rollout import GRPORollout
 from theseus.tasks.rewards import Rewards
-from theseus.tasks.task import LossTask, Rollout, StepLayout
+from theseus.tasks.task import LossTask, OptionalChatTemplate, Rollout, StepLayout
 from theseus.tasks.token_logps import token_logps
 
 SCALE_REWARDS = ("group", "batch", "none")
@@ -184,7 +182,7 @@ def completion_logps(logits: jax.Array, tokens: jax.Array, prompt_lengths: jax.A
 
 
 @dataclasses.dataclass(frozen=True)
-class GroupRelativePolicyOptimization(LossTask):
+class GroupRelativePolicyOptimization(OptionalChatTemplate, LossTask):
     """GRPO on prompt rows scored by reward functions: each step samples ``grpo.num_generations``
     completions of ``trainer.batch_size / grpo.num_generations`` prompts with the current params
     (``rollout``), scores them, and descends ``policy_loss`` on their group-relative advantages."""
@@ -246,12 +244,6 @@ class GroupRelativePolicyOptimization(LossTask):
         """Whether the prompts are conversations (messages, rendered by the chat template), not strings."""
         return dataset.conversational
 
-    def chat_template(self, data: DataConfig) -> ChatTemplate | None:
-        """The template conversational prompts are rendered with (``ChatTemplate.find``), which an
-        export writes and ``theseus.sample --chat`` uses; None when there is none (string prompts
-        need none, and the tokenizer holds none of its own)."""
-        return ChatTemplate.found(data.tokenizer, data.chat_template)
-
     def check_data(self, dataset: Prompts, seq_len: int) -> None:
         """ConfigError unless some prompt of each split leaves room for a completion, the reward
         functions import and take the arguments they are given, and ``grpo.top_k`` is within the
@@ -291,11 +283,10 @@ class GroupRelativePolicyOptimization(LossTask):
               rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
         """``(per-token log-probs [batch, max_completion_length], the sown penalty, its metrics)``
         of the completions of ``batch`` under ``params`` (logits / temperature)."""
-        logits, sown = model.apply({"params": params}, batch["tokens"][:, :-1], deterministic=rng is None,
-                                   rngs=None if rng is None else {"dropout": rng}, mutable=[AUXILIARY])
+        logits, penalty, metrics = self.forward(model, params, batch["tokens"][:, :-1], rng)
         logps = completion_logps(logits, batch["tokens"], batch["prompt"], self.max_completion_length,
                                  self.temperature)
-        return (logps, *auxiliary(sown))
+        return logps, penalty, metrics
 
     def loss_and_metrics(self, model: nn.Module, params: Any, batch: dict[str, jax.Array],
                          rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:

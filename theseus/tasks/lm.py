@@ -16,7 +16,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from theseus.model.module import AUXILIARY, auxiliary
 from theseus.tasks.task import LossTask
 from theseus.tasks.token_logps import CROSS_ENTROPY, token_logps
 
@@ -30,9 +29,7 @@ class LanguageModeling(LossTask):
 
     def loss(self, model: nn.Module, params: Any, batch: jax.Array, rng: jax.Array | None) -> jax.Array:
         """``batch: int32 [batch, seq + 1]`` -> the mean next-token loss of ``model``."""
-        logits = model.apply({"params": params}, batch[:, :-1], deterministic=rng is None,
-                             rngs=None if rng is None else {"dropout": rng})
-        return cross_entropy(logits, batch[:, 1:])
+        return cross_entropy(self.forward(model, params, batch[:, :-1], rng)[0], batch[:, 1:])
 
     def loss_and_metrics(self, model: nn.Module, params: Any, batch: jax.Array,
                          rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -42,10 +39,8 @@ class LanguageModeling(LossTask):
         that overrides ``loss`` has its own objective: that, with no metrics."""
         if type(self).loss is not LanguageModeling.loss:
             return super().loss_and_metrics(model, params, batch, rng)
-        logits, sown = model.apply({"params": params}, batch[:, :-1], deterministic=rng is None,
-                                   rngs=None if rng is None else {"dropout": rng}, mutable=[AUXILIARY])
+        logits, penalty, metrics = self.forward(model, params, batch[:, :-1], rng)
         lm_loss = cross_entropy(logits, batch[:, 1:])
-        penalty, metrics = auxiliary(sown)
         return lm_loss + penalty, {"lm_loss": lm_loss, **metrics} if metrics else {}
 
     def val_metrics(self, val_loss: float, bytes_per_token: float | None) -> dict[str, float]:

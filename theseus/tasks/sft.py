@@ -22,7 +22,6 @@ from theseus.data.chat_corpus import prepare_chats
 from theseus.data.config import DataConfig
 from theseus.data.conversations import ROWS, Conversations
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer
-from theseus.model.module import AUXILIARY, auxiliary
 from theseus.tasks.lm import cross_entropy
 from theseus.tasks.task import LossTask
 
@@ -89,8 +88,5 @@ class SupervisedFineTuning(LossTask):
                 rng: jax.Array | None) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
         """``(masked cross-entropy, the sown penalty, its metrics)`` of ``batch``."""
         tokens, mask, segments = batch[:, 0], batch[:, 1], batch[:, 2]
-        logits, sown = model.apply({"params": params}, tokens[:, :-1], deterministic=rng is None,
-                                   segments=segments[:, :-1],
-                                   rngs=None if rng is None else {"dropout": rng}, mutable=[AUXILIARY])
-        lm_loss = cross_entropy(logits, jnp.where(mask[:, 1:] > 0, tokens[:, 1:], -1))
-        return (lm_loss, *auxiliary(sown))
+        logits, penalty, metrics = self.forward(model, params, tokens[:, :-1], rng, segments=segments[:, :-1])
+        return cross_entropy(logits, jnp.where(mask[:, 1:] > 0, tokens[:, 1:], -1)), penalty, metrics

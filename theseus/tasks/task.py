@@ -32,7 +32,9 @@ from theseus.config.registry import chosen_class
 from theseus.data.chat import ChatTemplate
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
+from theseus.data.dataset_protocol import Dataset
 from theseus.data.tokenizer import Tokenizer
+from theseus.model.module import AUXILIARY, auxiliary
 from theseus.model.source import ModelSource
 
 
@@ -103,14 +105,12 @@ class LossTask(Task):
     SEQUENCES: ClassVar[int] = 1  # sequences of seq_len an example puts through the model (tokens, FLOPs per step)
     CHAT: ClassVar[bool] = False  # trains a chat model (its run's summary samples it with --chat)
 
-    def dataset(self, data: DataConfig) -> Any:
+    def dataset(self, data: DataConfig) -> Dataset:
         """What the trainer draws batches of ``example`` from: ``open_dataset(data)`` (token
-        windows), or a task's own (``sft``: conversations). It gives ``loader(split, seq_len,
-        batch_size, seed, process_index, process_count, prefetch)``, ``n_tokens(split)``,
-        ``tokenizer``, ``vocab_size`` and ``bytes_per_token``."""
+        windows, which give ``n_tokens(split)`` too), or a task's own (``sft``: conversations)."""
         return open_dataset(data)
 
-    def chats(self, dataset: Any) -> bool:
+    def chats(self, dataset: Dataset) -> bool:
         """Whether the run trains a chat model on ``dataset`` (its summary samples it with --chat): ``CHAT``."""
         return self.CHAT
 
@@ -118,7 +118,7 @@ class LossTask(Task):
         """ConfigError for a model this task cannot train, before the data is prepared (a
         model configured with a stand-in vocabulary, unbound). None by default."""
 
-    def check_data(self, dataset: Any, seq_len: int) -> None:
+    def check_data(self, dataset: Dataset, seq_len: int) -> None:
         """ConfigError unless ``dataset`` can fill a window of ``seq_len + 1`` in each split (checked
         before compiling): here, each split holds that many tokens."""
         for split in ("train", "val"):
@@ -127,7 +127,7 @@ class LossTask(Task):
                                   f"architecture.seq_len+1={seq_len + 1}: lower architecture.seq_len, use more data or "
                                   f"raise data.val_fraction")
 
-    def longest_window(self, dataset: Any) -> int:
+    def longest_window(self, dataset: Dataset) -> int:
         """The longest ``architecture.seq_len`` worth a window of ``dataset`` (a model's context
         is shortened to it to evaluate on little data): here, what each split's tokens fill."""
         return min(dataset.n_tokens(split) for split in ("train", "val")) - 1
@@ -140,6 +140,17 @@ class LossTask(Task):
         """The shape and dtype of one example of a batch (the data yields batches of them): a
         ``jax.ShapeDtypeStruct``, or a pytree of them (a dict), each leaf batched alike."""
         raise NotImplementedError
+
+    @staticmethod
+    def forward(model: nn.Module, params: Any, tokens: jax.Array, rng: jax.Array | None,
+                **inputs: jax.Array) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+        """``(logits [batch, seq, vocab], penalty, metrics)``: ``model``'s forward pass over ``tokens:
+        int32 [batch, seq]`` (and ``inputs``, e.g. ``segments``), dropout drawn from ``rng`` (None:
+        deterministic), with what its layers sow as auxiliary losses (``auxiliary``: a float32 scalar
+        penalty and its metrics; 0 and none where no layer sows)."""
+        logits, sown = model.apply({"params": params}, tokens, deterministic=rng is None,
+                                   rngs=None if rng is None else {"dropout": rng}, mutable=[AUXILIARY], **inputs)
+        return (logits, *auxiliary(sown))
 
     def loss(self, model: nn.Module, params: Any, batch: Any, rng: jax.Array | None) -> jax.Array:
         """The mean loss of ``batch: [batch, *example]``, a float32 scalar. ``rng`` is the dropout
@@ -183,10 +194,20 @@ class LossTask(Task):
         """ConfigError unless the task can make batches of ``trainer.batch_size`` (split into
         ``grad_accum`` micro-batches and over ``processes``); any, by default."""
 
-    def rollout(self, layout: StepLayout, dataset: Any) -> Rollout | None:
+    def rollout(self, layout: StepLayout, dataset: Dataset) -> Rollout | None:
         """What makes this task's batches from ``dataset``'s with the current params, or None (the
         default): the loader's batches are the examples."""
         return None
+
+
+class OptionalChatTemplate:
+    """For a task whose rows are strings or conversations (dpo's pairs, grpo's prompts)."""
+
+    def chat_template(self, data: DataConfig) -> ChatTemplate | None:
+        """The template conversational rows are rendered with (``ChatTemplate.find``), which an
+        export writes and ``theseus.sample --chat`` uses; None when there is none (string rows
+        need none, and the tokenizer holds none of its own)."""
+        return ChatTemplate.found(data.tokenizer, data.chat_template)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ from theseus.base.axis import BATCH_MESH_AXES, ShardingPlan
 from theseus.base.hardware import peak_flops
 from theseus.base.mesh import on_devices
 from theseus.data.config import DataConfig
+from theseus.data.dataset_protocol import Dataset
 from theseus.evaluation.evaluations import EvaluationConfig, Evaluations, evaluate
 from theseus.tasks.task import LossTask, Rollout
 from theseus.training.batches import batch_sharding
@@ -45,7 +46,7 @@ class Run:
     plan: ShardingPlan
     devices: list  # the mesh's devices (a planned target's, compile-only, for a dry run)
     compiled: Compiled
-    dataset: Any  # the data's Dataset or Mixture; None when not read (a planned run, sample, export)
+    dataset: Dataset | None  # the task's data (LossTask.dataset); None when not read (a planned run, sample, export)
     evaluations: Evaluations | None
     batch_share: tuple[int, int]  # (index, count): the share of every batch this process reads
     start: Callable[[Compiled], tuple[TrainState, dict | None]]  # a new run's state and loader state

@@ -20,9 +20,10 @@ from omegaconf import DictConfig
 
 from theseus.base.axis import ShardingPlan
 from theseus.base.mesh import MeshConfig
-from theseus.config import POSITIVE, ConfigError, Configurable, configuration, configure, field
+from theseus.config import ConfigError, Configurable, configuration, configure
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
+from theseus.model import architecture
 from theseus.tasks.task import LossTask, task_class
 from theseus.training.config import TrainerConfig
 from theseus.training.optimizer import optimizer_class
@@ -45,16 +46,14 @@ class Vocabulary(Configurable):
     """The vocabulary as the config declares it, read before the model (whose own check
     refuses it unset): None takes the tokenizer's, padded (``vocab_size``)."""
 
-    size: int | None = field("architecture.vocab_size", default=None, check=POSITIVE,
-                             help="vocabulary; None: the tokenizer's")
+    size: int | None = architecture.vocab_size()
 
 
 @dataclasses.dataclass(frozen=True)
 class Context(Configurable):
     """The context length as the config declares it, read without building the model."""
 
-    seq_len: int = field("architecture.seq_len", default=1024, check=POSITIVE,
-                         help="context length; data windows use it")
+    seq_len: int = architecture.seq_len()
 
 
 def configure_settings(cfg: DictConfig) -> Settings:

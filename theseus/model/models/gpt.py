@@ -21,12 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from theseus.base.axis import BATCH, BATCH_MESH_AXES, EMBED, FSDP, HEADS, KV_HEADS, LAYERS, MLP_HIDDEN, SEQ, TENSOR, VOCAB, ShardingPlan
-from theseus.config import FRACTION, NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, configure, field
+from theseus.config import NON_NEGATIVE, POSITIVE, RUNTIME, ConfigError, configure, field
+from theseus.model import architecture
 from theseus.model.layers import (
-    ACTIVATIONS,
-    ATTENTION_IMPL_HELP,
-    ATTENTION_IMPLS,
-    NORM_HELP,
     NORMS,
     WEIGHT_PRODUCT,
     Block,
@@ -98,51 +95,35 @@ class GPT(Module):
 
     # The whole architecture, so that a GPT's fields alone determine its network: its children
     # take these values (Module.own_configuration), whatever configuration they are built under.
-    vocab_size: int | None = field("architecture.vocab_size", default=None, check=POSITIVE,
-                                   help="vocabulary; None: the tokenizer's")
-    seq_len: int = field("architecture.seq_len", default=1024, check=POSITIVE, help="context length; data windows use it")
+    vocab_size: int | None = architecture.vocab_size()
+    seq_len: int = architecture.seq_len()
     n_layers: int = field("architecture.n_layers", default=12, check=POSITIVE, help="transformer blocks")
-    d_model: int = field("architecture.d_model", default=768, check=POSITIVE, help="width of the residual stream")
-    n_heads: int = field("architecture.n_heads", default=12, check=POSITIVE, help="attention (query) heads")
-    n_kv_heads: int | None = field("architecture.n_kv_heads", default=None, check=POSITIVE,
-                                   help="key/value heads; None: n_heads")
-    head_dim: int | None = field("architecture.head_dim", default=None, check=POSITIVE,
-                                 help="width of each attention head; None: d_model / n_heads")
-    d_ff: int | None = field("architecture.d_ff", default=None, check=POSITIVE,
-                             help="hidden width of the MLP; None: 4 x d_model")
-    dropout: float = field("architecture.dropout", default=0.0, check=FRACTION, help="dropout rate (training only)",
-                           role=RUNTIME)
-    bias: bool = field("architecture.bias", default=True, help="add biases to linear layers and norms")
-    qkv_bias: bool = field("architecture.qkv_bias", default=False,
-                           help="biases on the query, key and value projections even with bias=false (Qwen2)")
-    norm: str = field("architecture.norm", default="layernorm", help=NORM_HELP)
-    activation: str = field(
-        "architecture.activation", default="gelu", choices=ACTIVATIONS, help="MLP nonlinearity"
-    )
-    positions: str = field(
-        "architecture.positions", default="learned", choices=("learned", "rope"), help="position encoding"
-    )
-    rope_theta: float = field("architecture.rope_theta", default=10000.0, check=POSITIVE, help="RoPE base wavelength")
-    norm_eps: float = field("architecture.norm_eps", default=1e-5, check=POSITIVE,
-                            help="epsilon added to the norms' mean square")
+    d_model: int = architecture.d_model()
+    n_heads: int = architecture.n_heads()
+    n_kv_heads: int | None = architecture.n_kv_heads()
+    head_dim: int | None = architecture.head_dim()
+    d_ff: int | None = architecture.d_ff()
+    dropout: float = architecture.dropout()
+    bias: bool = architecture.bias()
+    qkv_bias: bool = architecture.qkv_bias()
+    norm: str = architecture.norm()
+    activation: str = architecture.activation()
+    positions: str = architecture.positions()
+    rope_theta: float = architecture.rope_theta()
+    norm_eps: float = architecture.norm_eps()
     tie_embeddings: bool = field("architecture.tie_embeddings", default=True, help="output head = token embedding")
     logit_softcap: float | None = field("architecture.logit_softcap", default=None, check=POSITIVE,
                                         help="soft-cap the output logits to (-c, c) by c * tanh(logit / c) (Gemma); "
                                              "None: no cap")
-    sliding_window: int | None = field("architecture.sliding_window", default=None, check=POSITIVE,
-                                       help="a query sees only itself and the W - 1 positions before it "
-                                            "(Mistral, Gemma); None: every earlier position")
+    sliding_window: int | None = architecture.sliding_window()
     global_every: int = field("architecture.global_every", default=0, check=NON_NEGATIVE,
                               help="with sliding_window: every N-th layer (N-1, 2N-1, ...) attends to the whole "
                                    "context instead (Gemma's global layers); 0: every layer slides")
     rope_theta_local: float | None = field("architecture.rope_theta_local", default=None, check=POSITIVE,
                                            help="the RoPE base of the sliding-window layers, unscaled (Gemma 3's "
                                                 "rope_local_base_freq); None: rope_theta and its scaling")
-    init_std: float = field("architecture.init_std", default=0.02, check=POSITIVE,
-                            help="stddev of the normal initialiser", role=RUNTIME)
-    attention_impl: str | None = field(
-        "architecture.attention_impl", default="auto", choices=ATTENTION_IMPLS, help=ATTENTION_IMPL_HELP, role=RUNTIME,
-    )
+    init_std: float = architecture.init_std()
+    attention_impl: str | None = architecture.attention_impl()
     remat: str = field(
         "architecture.remat", default="none", choices=("none", *REMAT_POLICIES),
         help="recompute block activations in the backward pass: none, dots (keep matmul and splash attention "

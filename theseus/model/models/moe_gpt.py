@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from theseus.config import NON_NEGATIVE, POSITIVE, ConfigError, field
+from theseus.config import POSITIVE, ConfigError, field
+from theseus.model import architecture
 from theseus.model.layers import Block
 from theseus.model.models.gpt import GPT
 from theseus.model.moe import ROUTE_BIAS, MoEBlock, route_bias_rule
@@ -28,8 +29,7 @@ class MoEGPT(GPT):
 
     every: int = field("architecture.moe.every", default=1, check=POSITIVE,
                        help="a mixture-of-experts feed-forward every N-th layer (layers N-1, 2N-1, ...), dense between")
-    bias_update_rate: float = field("architecture.moe.bias_update_rate", default=0.0, check=NON_NEGATIVE,
-                                    help="bias-balanced routing's step size (the train step applies it)")
+    bias_update_rate: float = architecture.moe_bias_update_rate()
 
     def __post_init__(self):
         super().__post_init__()  # each field within its declared range
