@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
+from jax.sharding import Mesh
 
 from theseus.config import ConfigError, Configurable, configuration, configure
 from theseus.config.registry import chosen_class
@@ -51,7 +52,7 @@ class StepLayout:
     """Where and how a run's steps run: what a task making its own batches (``LossTask.rollout``) needs."""
 
     model: nn.Module
-    mesh: Any  # jax.sharding.Mesh
+    mesh: Mesh
     rules: Any  # the model's logical-axis rules
     batch_size: int  # examples a step, every process's together (trainer.batch_size)
     grad_accum: int
@@ -136,7 +137,7 @@ class LossTask(Task):
         """The tokenizer of ``dataset(data)`` (what sampling and evaluating a run's checkpoint use)."""
         return self.dataset(data).tokenizer
 
-    def example(self, seq_len: int) -> Any:
+    def example(self, seq_len: int) -> jax.ShapeDtypeStruct | dict[str, jax.ShapeDtypeStruct]:
         """The shape and dtype of one example of a batch (the data yields batches of them): a
         ``jax.ShapeDtypeStruct``, or a pytree of them (a dict), each leaf batched alike."""
         raise NotImplementedError
