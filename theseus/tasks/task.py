@@ -28,6 +28,7 @@ import flax.linen as nn
 import jax
 from jax.sharding import Mesh
 
+from theseus.base.axis import LogicalRules
 from theseus.config import ConfigError, Configurable, configuration, configure
 from theseus.config.registry import chosen_class
 from theseus.data.chat import ChatTemplate
@@ -53,7 +54,7 @@ class StepLayout:
 
     model: nn.Module
     mesh: Mesh
-    rules: Any  # the model's logical-axis rules
+    rules: LogicalRules  # the model's
     batch_size: int  # examples a step, every process's together (trainer.batch_size)
     grad_accum: int
     share: tuple[int, int]  # (index, count): this process reads share index of count of every batch
