@@ -44,6 +44,7 @@ EXPERT_BATCH = "expert_batch"  # sequences once dispatched to their experts: the
 LOGICAL_AXES = (BATCH, SEQ, VOCAB, EMBED, MLP_HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS, EXPERT_AXIS, EXPERT_BATCH)
 
 MeshAxes = str | tuple[str, ...] | None
+LogicalRules = tuple[tuple[str, MeshAxes], ...]  # Flax's logical-axis rules: (logical axis, its mesh axes)
 
 
 class ShardingPlan(Mapping[str, MeshAxes]):
@@ -93,7 +94,7 @@ class ShardingPlan(Mapping[str, MeshAxes]):
         """This plan with ``rules`` replacing its entries (config overrides win, no conflict)."""
         return ShardingPlan({**self._rules, **rules})
 
-    def rules(self) -> tuple[tuple[str, MeshAxes], ...]:
+    def rules(self) -> LogicalRules:
         """Flax logical-axis rules (for ``nn.logical_axis_rules``)."""
         return tuple(self._rules.items())
 

@@ -27,6 +27,7 @@ import flax.linen as nn
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from theseus.base.axis import LogicalRules
 from theseus.base.dispatch import fetched
 from theseus.base.mesh import on_devices
 from theseus.config import ConfigError, Configurable, field
@@ -118,7 +119,8 @@ def load_evaluations(settings: EvaluationConfig, data: Dataset, model: nn.Module
 
 
 def evaluate(params: Any, evaluations: Evaluations, *, loss: Callable, val_metrics: Callable, sharding: NamedSharding,
-             rules: Any, share: tuple[int, int], batch_size: int, batches: int, split: str = "val") -> dict[str, float]:
+             rules: LogicalRules, share: tuple[int, int], batch_size: int, batches: int,
+             split: str = "val") -> dict[str, float]:
     """Every metric of one evaluation of ``params``.
 
     ``loss(params, batch [batch_size, *example]) -> (mean loss, metrics)`` (the compiled eval

@@ -26,7 +26,9 @@ from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
+from jax.sharding import Mesh
 
+from theseus.base.axis import LogicalRules
 from theseus.config import ConfigError, Configurable, configuration, configure
 from theseus.config.registry import chosen_class
 from theseus.data.chat import ChatTemplate
@@ -51,8 +53,8 @@ class StepLayout:
     """Where and how a run's steps run: what a task making its own batches (``LossTask.rollout``) needs."""
 
     model: nn.Module
-    mesh: Any  # jax.sharding.Mesh
-    rules: Any  # the model's logical-axis rules
+    mesh: Mesh
+    rules: LogicalRules  # the model's
     batch_size: int  # examples a step, every process's together (trainer.batch_size)
     grad_accum: int
     share: tuple[int, int]  # (index, count): this process reads share index of count of every batch
@@ -136,7 +138,7 @@ class LossTask(Task):
         """The tokenizer of ``dataset(data)`` (what sampling and evaluating a run's checkpoint use)."""
         return self.dataset(data).tokenizer
 
-    def example(self, seq_len: int) -> Any:
+    def example(self, seq_len: int) -> jax.ShapeDtypeStruct | dict[str, jax.ShapeDtypeStruct]:
         """The shape and dtype of one example of a batch (the data yields batches of them): a
         ``jax.ShapeDtypeStruct``, or a pytree of them (a dict), each leaf batched alike."""
         raise NotImplementedError

@@ -13,7 +13,6 @@ export), so a checkpoint is read with the model and layout that wrote it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import flax.linen as nn
 from omegaconf import DictConfig
@@ -26,7 +25,7 @@ from theseus.data.config import DataConfig
 from theseus.model import architecture
 from theseus.tasks.task import LossTask, task_class
 from theseus.training.config import TrainerConfig
-from theseus.training.optimizer import optimizer_class
+from theseus.training.optimizer import OptimizerConfig, optimizer_class
 
 VOCAB_MULTIPLE = 128  # a vocabulary taken from the tokenizer is padded to a multiple of this
 
@@ -36,7 +35,7 @@ class Settings:
     """The settings of a run's config groups, each checked (its own ranges) when configured."""
 
     trainer: TrainerConfig
-    optimizer: Any  # the chosen optimizer's config (``optimizer_class``)
+    optimizer: OptimizerConfig  # the chosen optimizer's (``optimizer_class``)
     data: DataConfig
     mesh: MeshConfig
 
