@@ -33,7 +33,7 @@ from theseus.data.chat import ChatTemplate
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.data.tokenizer import Tokenizer
-from theseus.model.source import ModelSource
+from theseus.sources.model_source import ModelSource
 
 
 START = "start"  # LossTask.reference: the run's own starting weights
