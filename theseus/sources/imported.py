@@ -21,6 +21,7 @@ one set of weights (no checkpoint steps).
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,8 +38,9 @@ from theseus.interop.hf_weights import Checkpoint
 from theseus.interop.loading import Tensors, onto_layout
 from theseus.model.models.gpt import GPT
 from theseus.model.models.moe_gpt import MoEGPT
+from theseus.sources.frozen_base import FrozenBase
 from theseus.sources.in_config import KEY, model_choice
-from theseus.sources.model_source import Compiled, ModelSource, Say, StartFrom, widths
+from theseus.sources.model_source import ModelSource, Say, StartFrom, StateMaker, widths
 
 
 class ImportedWeights(ModelSource):
@@ -46,22 +48,22 @@ class ImportedWeights(ModelSource):
 
     imported = True
 
+    @abc.abstractmethod
     def hf_config(self) -> dict[str, Any]:
         """The config.json it describes."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def where(self) -> str:
         """The file errors about its config name."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def tensors(self) -> Tensors:
         """A reader of its tensors by their Hugging Face names (``read(name)``, ``unused()``; a
         context manager); ConfigError when they are not there."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def tokenizer(self) -> str | None:
         """What ``data.tokenizer`` becomes for it (None: it has no tokenizer of its own)."""
-        raise NotImplementedError
 
     def model_choice(self) -> list[str]:
         try:
@@ -117,7 +119,7 @@ class ImportedWeights(ModelSource):
         with self.tensors() as tensors:
             return onto_layout(hf, tensors, arch, target, self.given, self.where(), seed)
 
-    def start(self, compiled: Compiled, say: Say, how: StartFrom) -> tuple[Any, dict | None]:
+    def start(self, compiled: StateMaker, say: Say, how: StartFrom) -> tuple[Any, dict | None]:
         say(f"starting from the weights of {self.given}")
         return compiled.init(self.load_params(how.arch, compiled.target.params, how.seed)), None
 
@@ -129,7 +131,7 @@ class ImportedWeights(ModelSource):
         return cfg
 
     def trained_params(self, step: int | None, arch: Mapping[str, Any], target: Any,
-                       base: Any = None) -> tuple[Any, int | None]:
+                       base: FrozenBase | None = None) -> tuple[Any, int | None]:
         if step is not None:
             raise ConfigError(f"--step {step}: {self.given} is {self.what}, which holds one set of weights "
                               f"(checkpoint steps are a theseus run's)")

@@ -13,6 +13,7 @@ holds each, for ``parse_source`` to build the one a path holds.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -21,12 +22,15 @@ from typing import Any, ClassVar, Protocol
 import flax.linen as nn
 from omegaconf import DictConfig
 
+from theseus.sources.frozen_base import FrozenBase
+
 TAKES = "a Hugging Face folder, a theseus run or checkpoint, a .gguf file or a model id in the local Hugging Face cache"
 Say = Callable[[str], None]
 
 
-class Compiled(Protocol):
-    """What a run's start needs of its compiled steps (``theseus.training.compiled.Compiled``)."""
+class StateMaker(Protocol):
+    """What a run's start needs of its compiled steps (``theseus.training.compiled.Compiled``):
+    the mesh, the train state's layout, and the state made around params (None: initialised)."""
 
     mesh: Any
     target: Any  # the train state's layout: ShapeDtypeStructs with shardings
@@ -51,7 +55,7 @@ KINDS: dict[str, type[ModelSource]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSource:
+class ModelSource(abc.ABC):
     """A model named by ``key`` (None: a command's PATH argument) as ``given``, at the absolute ``path``."""
 
     path: Path
@@ -86,18 +90,18 @@ class ModelSource:
         """What a LoRA run's checkpoints name as their base: the folder or file of the weights."""
         return self.path
 
+    @abc.abstractmethod
     def model_choice(self) -> list[str]:
         """``["model=NAME"]``: the model it loads into, where no override picks one (``[]``: the default)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def init_from_values(self, cfg: DictConfig) -> dict[str, Any]:
         """What it determines in ``cfg`` (whose ``trainer.init_from`` it is), as dotted keys and
         values: its architecture and tokenizer; ConfigError when it cannot start ``cfg``'s model."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def architecture(self) -> tuple[str, dict[str, Any]]:
         """``(model, values)``: the model it loads into and its ``architecture.*`` values."""
-        raise NotImplementedError
 
     def check_asked(self, init_optimizer: bool, init_data: bool) -> None:
         """ConfigError when ``trainer.init_optimizer`` or ``init_data`` asks it for what it lacks."""
@@ -110,24 +114,24 @@ class ModelSource:
         """ConfigError when, as a task's reference (``dpo.reference``), it lacks a parameter of
         ``model`` or holds one in another shape, before its weights are read."""
 
+    @abc.abstractmethod
     def load_params(self, arch: Mapping[str, Any], target: Mapping, seed: int = 0) -> dict:
         """Its params laid out as ``target`` (ShapeDtypeStructs with shardings), cast to its dtypes;
         LoRA's adapters it lacks fresh (``lora.initial`` from ``seed``)."""
-        raise NotImplementedError
 
-    def start(self, compiled: Compiled, say: Say, how: StartFrom) -> tuple[Any, dict | None]:
+    @abc.abstractmethod
+    def start(self, compiled: StateMaker, say: Say, how: StartFrom) -> tuple[Any, dict | None]:
         """``(state, loader state)``: a new run's state at step 0 from it (loader state None: the data's start)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def config(self, overrides: Sequence[str] = ()) -> DictConfig:
         """The config that sample, evaluate and export load it with, ``KEY=VALUE`` ``overrides`` applied."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def trained_params(self, step: int | None, arch: Mapping[str, Any], target: Any,
-                       base: Any = None) -> tuple[Any, int | None]:
+                       base: FrozenBase | None = None) -> tuple[Any, int | None]:
         """``(params, step)`` laid out as ``target.params`` (the state's layout; ``base``: a LoRA
         run's ``FrozenBase``): ``step``'s, else the one it names, else its newest."""
-        raise NotImplementedError
 
     def adapter_base_problem(self) -> str | None:
         """Why peft cannot load adapters against it, as a hint to add to the refusal ("" for none);

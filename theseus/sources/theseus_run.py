@@ -33,7 +33,7 @@ from theseus.sources.checkpoint_folders import SAVED_CONFIG, run_of, saved_base,
 from theseus.sources.checkpoint_reader import CheckpointReader, path_shapes, read_with_fresh_adapters, saved_params
 from theseus.sources.frozen_base import FrozenBase, require_base
 from theseus.sources.in_config import init_from_values, init_source
-from theseus.sources.model_source import Compiled, ModelSource, Say, StartFrom, widths
+from theseus.sources.model_source import ModelSource, Say, StartFrom, StateMaker, widths
 
 
 class TheseusRun(ModelSource, kind="run"):
@@ -144,7 +144,7 @@ class TheseusRun(ModelSource, kind="run"):
                               f"(python -m theseus.export {self.given} OUT) and give OUT")
         return read_with_fresh_adapters(step, target, saved_params(step), seed)
 
-    def start(self, compiled: Compiled, say: Say, how: StartFrom) -> tuple[Any, dict | None]:
+    def start(self, compiled: StateMaker, say: Say, how: StartFrom) -> tuple[Any, dict | None]:
         """Its params, with ``trainer.init_optimizer`` its optimizer state (the schedule's own
         count reset: the new run's schedule starts at 0), and with ``trainer.init_data`` its
         loader state."""
@@ -196,7 +196,7 @@ class TheseusRun(ModelSource, kind="run"):
         return restored[0].params, restored[3]
 
 
-def _with_fresh_adapters(compiled: Compiled, say: Say, checkpoints: CheckpointReader, saved: Mapping[str, Any],
+def _with_fresh_adapters(compiled: StateMaker, say: Say, checkpoints: CheckpointReader, saved: Mapping[str, Any],
                          how: StartFrom) -> tuple[Any, dict | None]:
     """The state at step 0 of a LoRA run from a checkpoint without (some of) its adapters: the
     params the checkpoint holds read from it (the rest left on disk), the adapters fresh
