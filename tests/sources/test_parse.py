@@ -46,9 +46,10 @@ def test_each_kind_is_a_class_that_answers_for_itself(tmp_path, run_dir):
     gguf.write_bytes(b"GGUF")
     sources = [parse_source(path) for path in (folder, gguf, run_dir, run_dir / "checkpoints" / "4")]
     assert [type(source) for source in sources] == [HFFolder, GGUFFile, TheseusRun, TheseusRun]
+    steps = run_dir / "checkpoints"
     assert [(source.what, source.imported, source.base_path) for source in sources] == [
         ("a Hugging Face folder", True, folder), ("a GGUF file", True, gguf),
-        ("a theseus run", False, run_dir / "checkpoints" / "8"), ("a theseus run", False, run_dir / "checkpoints" / "4")]
+        ("a theseus run", False, steps / "8"), ("a theseus run", False, steps / "4")]
     with pytest.raises(ConfigError, match=r"^--step 4: .*hf is a Hugging Face folder, which holds one set of weights "
                                           r"\(checkpoint steps are a theseus run's\)$"):
         sources[0].trained_params(4, {}, None)
