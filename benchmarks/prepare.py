@@ -31,7 +31,7 @@ SIDES = ("theseus", "reference", "reference_fast")  # reference: encode_batch; _
 def write_corpus(path: Path, mb: float) -> int:
     """A JSONL file of the standard library's files (``{"text", "path"}`` rows), repeated to ``mb``
     MB; its size in bytes."""
-    from theseus.data.sources import stdlib_files
+    from theseus.data.corpus_files import stdlib_files
 
     rows = [json.dumps({"text": f.read_text(encoding="utf-8", errors="replace"), "path": str(f)}) + "\n"
             for f in stdlib_files()]
@@ -48,7 +48,7 @@ def write_corpus(path: Path, mb: float) -> int:
 
 def write_tokenizer(folder: Path) -> Path:
     """A byte-level BPE of 8192 tokens trained on the first ~3 MB of the standard library."""
-    from theseus.data.sources import stdlib_files
+    from theseus.data.corpus_files import stdlib_files
     from theseus.data.tokenizer import HFTokenizer
 
     texts, size = [], 0
@@ -66,7 +66,7 @@ def run_side(side: str, corpus: str, tokenizer: str, cache: str) -> dict:
     from theseus.data.config import DataConfig
     from theseus.data.documents import documents
     from theseus.data.prepare import prepare
-    from theseus.data.sources import corpus_files
+    from theseus.data.corpus_files import corpus_files
 
     cfg = DataConfig(source="jsonl", path=corpus, tokenizer=tokenizer, cache_dir=cache)
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

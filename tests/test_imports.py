@@ -1,6 +1,6 @@
 """The import graph of theseus is layered and acyclic (README, Layout: config -> base -> model ->
-stateful / data -> tasks / evaluation -> training -> interop / plan / report -> recipe -> cli ->
-the entries users type).
+stateful / data -> interop -> sources -> tasks / evaluation -> training -> plan / report -> recipe
+-> cli -> the entries users type).
 
 Every module under theseus/ is parsed with ``ast`` (nothing is imported); every ``theseus.*``
 import counts, a lazy one inside a function as much as one at the top, since laziness only
@@ -22,8 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "theseus"
 
 # The floors, lowest first: an import may go to the same part or a lower floor, never up, and never
 # sideways between two different parts of one floor.
-FLOORS = [("config",), ("base",), ("model",), ("stateful", "data"), ("tasks", "evaluation"), ("training",),
-          ("interop", "plan", "report"), ("recipe",), ("cli",)]
+FLOORS = [("config",), ("base",), ("model",), ("stateful", "data"), ("interop",), ("sources",), ("tasks", "evaluation"),
+          ("training",), ("plan", "report"), ("recipe",), ("cli",)]
 LAYERS = {name: level for level, names in enumerate(FLOORS) for name in names}
 # Above them, the entries: the package (its lazy API), the ``python -m`` paths users type (each a
 # command of cli/), every ``__main__``, the notebook's ``theseus.runs`` and ``theseus.options`` (the
@@ -192,6 +192,40 @@ def test_training_imports_no_interop_and_the_step_and_tasks_no_model_family():
                  if (part(source) == "training" and part(target) == "interop")
                  or (source in GENERIC or part(source) == "tasks" and source != JOB_TASK) and target.startswith(FAMILIES)]
     assert crossings == []
+
+
+KIND_NAMES = {"hf", "gguf", "run"}  # theseus.sources.model_source.KINDS' names
+
+
+def kind_comparisons(root: Path = PACKAGE) -> list[str]:
+    """``FILE:LINE`` of each comparison of an attribute ``kind`` with a model source's kind
+    (``source.kind == "run"``, ``!=``, ``in ("hf", "gguf")``) outside ``theseus/sources/``: a model
+    source's kind is its class's to answer, by its methods. (``inspect.Parameter.kind`` is no such.)"""
+    def names_a_kind(node: ast.expr) -> bool:
+        elements = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(e, ast.Constant) and e.value in KIND_NAMES for e in elements)
+
+    found = []
+    for name, path in modules(root).items():
+        if part(name) == "sources":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            sides = (node.left, *node.comparators) if isinstance(node, ast.Compare) else ()
+            if any(isinstance(side, ast.Attribute) and side.attr == "kind" for side in sides) and any(
+                    map(names_a_kind, sides)):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_no_model_source_kind_is_compared_outside_the_sources():
+    assert kind_comparisons() == []
+
+
+def test_a_kind_compared_outside_the_sources_is_found(package):
+    root = package({"__init__.py": "", "sources/__init__.py": "", "sources/s.py": "ok = source.kind == 'run'\n",
+                    "cli/__init__.py": "", "cli/c.py": "a = source.kind != 'run'\nb = p.kind in (p.A, p.B)\n"
+                                                        "c = base.kind in ('hf', 'gguf')\nd = 'gguf' == base.kind\n"})
+    assert kind_comparisons(root) == ["theseus/cli/c.py:1", "theseus/cli/c.py:3", "theseus/cli/c.py:4"]
 
 
 @pytest.fixture

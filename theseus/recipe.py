@@ -33,24 +33,20 @@ from theseus.data.tokenizer import Tokenizer
 from theseus.evaluation.evaluations import EvaluationConfig, load_evaluations
 from theseus.interop.expressible import exportable
 from theseus.interop.hf_config import arch_of
-from theseus.interop.init_from import check_same_architecture, init_from_values, init_source
-from theseus.interop.loading import load_params
-from theseus.interop.sources import base_path
 from theseus.model.lora import settings_of, without_adapters
-from theseus.model.source import ModelSource
 from theseus.plan.memory import check_memory
 from theseus.plan.target import Target, target_named
+from theseus.sources.frozen_base import FrozenBase, fingerprint, require_base
+from theseus.sources.in_config import check_same_architecture, init_from_values, init_source
+from theseus.sources.model_source import ModelSource, StartFrom
+from theseus.sources.weights import load_params
 from theseus.tasks.task import START, LossTask, StepLayout, Task, task_class
-from theseus.training import init_from
 from theseus.training.batches import batch_share, global_batch
-from theseus.training.checkpoint import require_base
-from theseus.training.compiled import Compiled, Steps, compile_steps
-from theseus.training.frozen_base import FrozenBase, fingerprint
+from theseus.training.compiled import Steps, compile_steps
 from theseus.training.logger import LoggerConfig, scrub, secrets
 from theseus.training.parts import Run, prefetch
-from theseus.training.resume import check_run_dir
+from theseus.training.resume import check_asked, check_run_dir
 from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
-from theseus.training.state import TrainState
 
 
 def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "train",
@@ -70,7 +66,7 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     composed, derived = cfg, init_from_values(cfg, source)  # its architecture and tokenizer
     cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
     settings, task, evaluation, logging = configure_parts(cfg)
-    init_from.check_asked(settings.trainer, source, cfg)
+    check_asked(settings.trainer, source, cfg)
     if not isinstance(task, LossTask):
         raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
                           f"run it with python -m theseus.run")
@@ -97,9 +93,9 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
     if run_dir is not None:
         check_run_dir(run_dir, composed, settings)
     if source is not None:  # a checkpoint of other shapes: one line before compiling (a dry run's, a sweep's too)
-        init_from.check(settings, model, source)
+        source.check_start(_start_from(settings, model), model)
     if isinstance(reference, ModelSource):
-        init_from.check_reference(model, reference)
+        reference.check_reference(model)
 
     mesh = make_mesh(settings.mesh, devices)
     say = functools.partial(_say_compiling, model, devices, settings) if steps == "train" and announce else None
@@ -194,6 +190,13 @@ def _say_compiling(model, devices: list, settings: Settings) -> None:
           f"device{'s' if n > 1 else ''}" + (f" ({mesh})" if mesh else ""), file=sys.stderr, flush=True)
 
 
+def _start_from(settings: Settings, model) -> StartFrom:
+    """How a run starts from ``trainer.init_from``: the model's architecture, the seed of LoRA's
+    fresh adapters, and what more than weights it takes."""
+    s = settings.trainer
+    return StartFrom(arch_of(model), s.seed, settings.optimizer.name, s.init_optimizer, s.init_data)
+
+
 def _start(settings: Settings, model, source: ModelSource | None):
     """How a new run's state is made (``(compiled, say) -> (state, loader state)``): initialised,
     or with ``trainer.init_from``'s weights (a theseus checkpoint's, with its optimizer state and
@@ -201,9 +204,7 @@ def _start(settings: Settings, model, source: ModelSource | None):
     LoRA's adapters a source lacks start fresh from ``trainer.seed``."""
     if source is None:
         return lambda compiled, say: (compiled.init(), None)
-    if source.kind == "run":
-        return functools.partial(init_from.start, settings=settings, source=source)
-    return functools.partial(_from_weights, source=source, arch=arch_of(model), seed=settings.trainer.seed)
+    return functools.partial(source.start, how=_start_from(settings, model))
 
 
 def _frozen_base(source: ModelSource | None, model) -> FrozenBase | None:
@@ -213,7 +214,7 @@ def _frozen_base(source: ModelSource | None, model) -> FrozenBase | None:
     if source is None or not settings_of(model).rank:
         return None
     arch = arch_of(model)
-    return FrozenBase(base_path(source), lambda path, layout: load_params(path, arch, layout))
+    return FrozenBase(source.base_path, lambda path, layout: load_params(path, arch, layout))
 
 
 def _score_reference(run: Run, source: ModelSource | None) -> None:
@@ -242,7 +243,7 @@ def _score_reference(run: Run, source: ModelSource | None) -> None:
 def _reference_fingerprint(weights: ModelSource | None, run: Run) -> str:
     """What a reference's outputs depend on: its weights (``weights``' fingerprint; None: the
     run's initialisation, its seed), the model computing them and the backend."""
-    described = {"weights": fingerprint(base_path(weights)) if weights else f"initialised, seed {run.settings.trainer.seed}",
+    described = {"weights": fingerprint(weights.base_path) if weights else f"initialised, seed {run.settings.trainer.seed}",
                  "model": run.record["choices"]["model"], "architecture": run.record["architecture"],
                  "backend": jax.default_backend()}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
@@ -251,11 +252,6 @@ def _reference_fingerprint(weights: ModelSource | None, run: Run) -> str:
 def _reference_params(source: ModelSource, run: Run):
     """A reference's weights on the run's layout (a LoRA run's adapters zero: the base's function)."""
     try:
-        return load_params(source, arch_of(run.model), run.compiled.target.params)
+        return source.load_params(arch_of(run.model), run.compiled.target.params)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc} (a reference has the policy's architecture and vocabulary)") from exc
-
-
-def _from_weights(compiled: Compiled, say, source: ModelSource, arch, seed: int) -> tuple[TrainState, dict | None]:
-    say(f"starting from the weights of {source.given}")
-    return compiled.init(load_params(source, arch, compiled.target.params, seed)), None

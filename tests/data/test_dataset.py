@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from theseus.config import ConfigError
+from theseus.data.corpus_files import corpus_files
 from theseus.data.dataset import open_dataset, planned_vocab_size
-from theseus.data.sources import corpus_files
 from theseus.data.tokenizer import HFTokenizer
 
 TEXT = "".join(f"word{i} " * (i % 7 + 1) for i in range(300))  # enough distinct pairs for 270 tokens

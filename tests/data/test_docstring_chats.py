@@ -5,8 +5,8 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
+from theseus.data.corpus_files import stdlib_files
 from theseus.data.docstring_chats import documented, stdlib_chats
-from theseus.data.sources import stdlib_files
 
 
 def test_documented_takes_public_names_and_first_paragraphs(tmp_path):

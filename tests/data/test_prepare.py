@@ -15,9 +15,9 @@ from data.corpora import stream
 from support import ROOT, run_python
 from theseus.config import ConfigError
 from theseus.data.cache import building
+from theseus.data.corpus_files import corpus_files, stdlib_files
 from theseus.data.prepare import prepare, split_blocks
 from theseus.data.shards import read_meta
-from theseus.data.sources import corpus_files, stdlib_files
 
 EOT = (256).to_bytes(2, "little")  # the byte tokenizer's end-of-text id, as a uint16
 

@@ -133,7 +133,7 @@ run, coordinator, index, *args = sys.argv[1:]
 if coordinator:
     initialize({"distributed": {"coordinator": coordinator, "num_processes": 2, "process_id": int(index)}})
 from theseus.cli.evaluate import run_evaluations  # the trainer's evaluations of a checkpoint
-from theseus.model.source import parse_source
+from theseus.sources.parse import parse_source
 print("RESULT", json.dumps(run_evaluations(parse_source(run, key=None), None, args)))
 """
 

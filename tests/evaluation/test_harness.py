@@ -18,9 +18,9 @@ from theseus.config import configuration, configure
 from theseus.data.tokenizer import ByteTokenizer, HFTokenizer, export_tokenizer
 from theseus.evaluation.multiple_choice import accuracy, load_examples, log_likelihoods, score
 from theseus.interop.hf_config import arch_of
-from theseus.interop.loading import load_params
 from theseus.model.generate import generate
 from theseus.model.models.gpt import GPT
+from theseus.sources.weights import load_params
 
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate")  # lm-eval's hf model needs it

@@ -16,10 +16,9 @@ from support import TEXT
 from theseus.config import configuration, configure
 from theseus.data.tokenizer import HFTokenizer
 from theseus.interop.hf_config import architecture, format_of
-from theseus.interop.sources import hf_config_of
 from theseus.model.models.gpt import GPT
 from theseus.model.models.moe_gpt import MoEGPT
-from theseus.model.source import parse_source
+from theseus.sources.parse import parse_source
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -153,7 +152,7 @@ def save_hf(model, folder: Path, tokenizer: bool = True, max_shard_size: str | N
 def theseus_model(folder: Path, scan_layers: bool = False) -> GPT:
     """The GPT (MoEGPT for a mixture of experts) that folder's config.json (or a GGUF file's
     metadata) describes, computing in float32."""
-    hf = hf_config_of(parse_source(folder, key=None))
+    hf = parse_source(folder, key=None).hf_config()
     arch = architecture(hf)
     overrides = {f"architecture.{key}": value for key, value in arch.items()}
     with configuration({**overrides, "architecture.dtype.activation": "float32",
@@ -191,10 +190,9 @@ def hf_val_loss(folder: Path, overrides: list[str], seq_len: int, batch_size: in
     from theseus.config.compose import with_values
     from theseus.data.config import DataConfig
     from theseus.data.dataset import open_dataset
-    from theseus.interop.init_from import init_from_values, init_source
-    from theseus.cli.trained import source_config
+    from theseus.sources.in_config import init_from_values, init_source
 
-    cfg = source_config(parse_source(folder, key=None), overrides)
+    cfg = parse_source(folder, key=None).config(overrides)
     cfg = with_values(cfg, init_from_values(cfg, init_source(cfg)))
     with configuration(cfg):
         data = configure(DataConfig)

@@ -32,9 +32,9 @@ from theseus.data.gguf_tokenizer import SPLITS, _implied_merges
 from theseus.data.tokenizer import HFTokenizer, export_tokenizer
 from theseus.interop.gguf import Tensors, config
 from theseus.interop.hf_config import FULL, SLIDING, arch_of, architecture, read_config
-from theseus.interop.loading import load_params
-from theseus.model.source import parse_source
-from theseus.training.frozen_base import fingerprint
+from theseus.sources.frozen_base import fingerprint
+from theseus.sources.parse import parse_source
+from theseus.sources.weights import load_params
 
 TEXTS = ["Hello 12345 world", "  leading spaces\n\n\ttabs ", "émoji 🤖, 中文 and ß", "don't I'll we'VE",
          "<|im_start|>user\nhi<|im_end|>\n", "a<|endoftext|>b<think>c", "<s>x</s> <unk>", "", " ", "1234567 89",

@@ -90,7 +90,7 @@ def test_a_lora_fine_tune_of_a_gguf_file_names_it_as_its_base(gguf_file, tmp_pat
     out = tmp_path / "merged"
     proc = run_python("-m", "theseus.export", str(run), str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from theseus.model.source import parse_source
+    from theseus.sources.parse import parse_source
     from theseus.cli.trained import load_trained
 
     restored = load_trained(parse_source(run, key=None))

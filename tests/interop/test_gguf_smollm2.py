@@ -16,7 +16,7 @@ from real_models import Unavailable, smollm2_gguf
 from support import run_python
 from theseus.data.tokenizer import HFTokenizer
 from theseus.interop.hf_config import arch_of
-from theseus.interop.loading import load_params
+from theseus.sources.weights import load_params
 
 pytestmark = pytest.mark.slow  # a 135M-parameter model, dequantised by both readers
 QUESTION = "What is the capital of France?"

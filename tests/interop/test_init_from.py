@@ -17,10 +17,10 @@ from theseus.config import ConfigError
 from theseus.config.compose import compose, with_values
 from theseus.data.tokenizer import HFTokenizer
 from theseus.interop.hf_config import arch_of
-from theseus.interop.init_from import init_from_values, init_source
-from theseus.interop.loading import load_params
 from theseus.model import lora
 from theseus.recipe import assemble
+from theseus.sources.in_config import init_from_values, init_source
+from theseus.sources.weights import load_params
 
 
 def resolved(folder: Path, *overrides: str):
@@ -160,7 +160,7 @@ def test_a_run_from_a_folder_passes_the_folders_architecture_and_tokenizer_on(ll
 def test_a_data_position_is_taken_from_a_run_of_the_same_data_only(tmp_path):
     """trainer.init_data reads on where the run stopped in its data: with other data.* (those a
     resume may not change) the position means nothing there (accepted silently before)."""
-    from theseus.training import init_from
+    from theseus.training.resume import check_asked
     from theseus.training.settings import configure_settings
 
     run = tmp_path / "run"
@@ -171,7 +171,7 @@ def test_a_data_position_is_taken_from_a_run_of_the_same_data_only(tmp_path):
 
     def check(*overrides: str) -> None:
         cfg = resolved(run, "+experiment=gpt_tiny", "data.source=text", "trainer.init_data=true", *overrides)
-        init_from.check_asked(configure_settings(cfg).trainer, init_source(cfg), cfg)
+        check_asked(configure_settings(cfg).trainer, init_source(cfg), cfg)
 
     check("data.path=a.txt", "data.cache_dir=elsewhere", "optimizer.lr=1e-4")  # the same data, cached elsewhere
     with pytest.raises(ConfigError) as err:

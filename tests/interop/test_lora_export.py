@@ -22,10 +22,10 @@ from theseus.config import ConfigError, configuration, configure
 from theseus.interop.expressible import check_expressible
 from theseus.interop.hf_config import arch_of, read_config
 from theseus.interop.hf_weights import save, to_hf
-from theseus.interop.loading import load_params
 from theseus.interop.peft_adapter import adapter_config, adapter_tensors, save_adapter
 from theseus.model.lora import LoRA, merged, settings_of, without_adapters
-from theseus.model.source import parse_source
+from theseus.sources.parse import parse_source
+from theseus.sources.weights import load_params
 
 peft = pytest.importorskip("peft")
 

@@ -20,9 +20,9 @@ from safetensors.numpy import load_file
 from theseus.config import ConfigError
 from theseus.interop.hf_config import SPECIAL_TOKENS, architecture, arch_of, hf_config, model_type, read_config
 from theseus.interop.hf_weights import WEIGHTS_FILE, to_hf
-from theseus.interop.loading import load_params
 from theseus.model.generate import complete, generate
 from theseus.model.sampling import Sampling
+from theseus.sources.weights import load_params
 
 MIXED = ("qwen2_moe", "gemma2", "gemma3")  # layers that differ (dense and sparse, sliding and global)
 

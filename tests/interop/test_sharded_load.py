@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent("""
     from theseus.interop.hf_config import arch_of, architecture, read_config
     from flax import traverse_util
     from theseus.interop.hf_weights import Checkpoint, to_theseus
-    from theseus.interop.loading import load_params
+    from theseus.sources.weights import load_params
     from theseus.model.models.gpt import GPT
     from theseus.training.state import sharded_init
 

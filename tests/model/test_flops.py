@@ -76,7 +76,7 @@ def lora_step_gradient(model, seq: int):
     ``grad(train, frozen, tokens)`` the gradient of the loss of one sequence with respect to the
     trainable params alone (``optimizer.trainable``), the frozen ones an input it does not
     differentiate, as ``training.step.train_step`` splits them."""
-    from theseus.training.optimizer import trainable
+    from theseus.model.lora import trainable
     from theseus.training.step import combine, partition
 
     tokens = jax.ShapeDtypeStruct((1, seq + 1), jnp.int32)

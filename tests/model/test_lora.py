@@ -184,7 +184,7 @@ def test_a_lora_step_differentiates_the_adapters_alone():
     import functools
 
     from theseus.tasks.lm import LanguageModeling
-    from theseus.training.optimizer import trainable
+    from theseus.model.lora import trainable
     from theseus.training.state import TrainState
     from theseus.training.step import train_step
 

@@ -82,7 +82,7 @@ def trl_numbers(project: Path, kind: str, loss_type: str, beta: float, smoothing
 def theseus_numbers(project: Path, kind: str, *overrides: str) -> dict[str, float]:
     """What ``python -m theseus.evaluate policy task=dpo ...`` records, run in this process."""
     from theseus.cli.evaluate import run_evaluations
-    from theseus.model.source import parse_source
+    from theseus.sources.parse import parse_source
 
     record = run_evaluations(parse_source(project / "policy", key=None), None, ["task=dpo", "data.source=jsonl",
                                                          f"data.path={project / f'{kind}.jsonl'}",
@@ -199,9 +199,9 @@ def test_a_reference_of_another_architecture_is_refused_before_the_pairs_are_rea
     from omegaconf import OmegaConf
 
     from theseus.config.compose import compose, with_values
-    from theseus.interop.init_from import check_same_architecture, init_from_values, init_source
-    from theseus.model.source import parse_source
-    from theseus.training.init_from import differing_param
+    from theseus.sources.in_config import check_same_architecture, init_from_values, init_source
+    from theseus.sources.parse import parse_source
+    from theseus.sources.theseus_run import differing_param
 
     cfg = compose(["task=dpo", f"trainer.init_from={project / 'policy'}"])
     cfg = with_values(cfg, init_from_values(cfg, init_source(cfg)))

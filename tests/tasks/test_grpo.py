@@ -214,8 +214,8 @@ def test_the_task_loss_on_a_llama_is_trls_on_transformers(tmp_path, loss_type):
     from interop.hf_models import llama_config, save_hf, theseus_model, target_of
 
     from theseus.interop.hf_config import arch_of
-    from theseus.interop.loading import load_params
-    from theseus.model.source import parse_source
+    from theseus.sources.weights import load_params
+    from theseus.sources.parse import parse_source
     from theseus.tasks.grpo import GroupRelativePolicyOptimization
 
     transformers = pytest.importorskip("transformers")

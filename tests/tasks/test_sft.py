@@ -75,7 +75,7 @@ def test_masked_loss_equals_transformers(tmp_path):
     from interop.hf_models import qwen2_config, save_hf, target_of, theseus_model, torch, transformers
 
     from theseus.interop.hf_config import arch_of
-    from theseus.interop.loading import load_params
+    from theseus.sources.weights import load_params
 
     config = qwen2_config()
     config.vocab_size, config.max_position_embeddings = 400, 256

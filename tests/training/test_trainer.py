@@ -18,8 +18,8 @@ from pathlib import Path
 import jax
 from theseus.config.compose import compose
 from theseus.recipe import assemble
-from theseus.training.trainer import Trainer
 from theseus.training.state import bytes_per_device, n_params
+from theseus.training.trainer import Trainer
 
 corpus, meshes = sys.argv[1], json.loads(sys.argv[2])
 base = ["+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}", f"data.cache_dir={tempfile.mkdtemp()}",
@@ -141,7 +141,7 @@ def test_init_optimizer_restarts_the_schedule_and_keeps_the_moments(name):
 
     from theseus.config import configuration, configure
     from theseus.training.optimizer import make_optimizer, optimizer_class
-    from theseus.training.init_from import restart_schedule
+    from theseus.sources.theseus_run import restart_schedule
 
     cfg = compose([f"optimizer={name}", "optimizer.warmup_steps=0", "optimizer.schedule=cosine"])
     with configuration(cfg):

@@ -89,7 +89,7 @@ class Conversation:
         else:
             template = chat_template_of(trained.cfg)
         if template is None:
-            run = f"a run of task={chosen(trained.cfg, 'task')}; " if trained.source.kind == "run" else ""
+            run = f"a run of task={chosen(trained.cfg, 'task')}; " if not trained.source.imported else ""
             raise ConfigError(f"{trained.source} has no chat template ({run}its tokenizer {data.tokenizer} holds "
                               f"none): give one with --chat-template FILE (a Jinja file, or a chat model's "
                               f"tokenizer_config.json), or continue text with --prompt")

@@ -43,14 +43,15 @@ from omegaconf import DictConfig
 
 from theseus.base.compilation_cache import use_compilation_cache
 from theseus.base.compile_oom import oom_verdict
-from theseus.cli.trained import source_config, trained_params
 from theseus.config import ConfigError, configuration, configure, registry
 from theseus.config.arguments import NON_NEGATIVE_INT, POSITIVE_INT, Parser
 from theseus.config.compose import undeclared, unknown_key, with_values
 from theseus.data.config import DataConfig
-from theseus.interop.init_from import init_from_values, init_source
-from theseus.model.source import ModelSource, parse_source
+from theseus.interop.hf_config import arch_of
 from theseus.recipe import assemble
+from theseus.sources.in_config import init_from_values, init_source
+from theseus.sources.model_source import ModelSource
+from theseus.sources.parse import parse_source
 from theseus.tasks.task import task_class
 from theseus.training.settings import Context, configure_settings
 
@@ -90,15 +91,15 @@ def run_evaluations(source: ModelSource, step: int | None, args: list[str]) -> d
     (``step``: None for those; ``mesh``, ``metrics``, ``samples``), assembled as a run is: its
     mesh over every device, its parameter layout and compiled eval step, the batches its loop
     evaluates on; ``lm_eval``: lm-eval's own results of ``evaluation.lm_eval``'s tasks (or None)."""
-    given = overrides(args, RUN_KEYS if source.kind == "run" else FOLDER_KEYS)
-    cfg = source_config(source, given)
-    own = source.kind == "run" and not any(item.startswith("data.") for item in given)  # the run's own data
-    if source.kind == "run" and not own:
+    given = overrides(args, FOLDER_KEYS if source.imported else RUN_KEYS)
+    cfg = source.config(given)
+    own = not source.imported and not any(item.startswith("data.") for item in given)  # the run's own data
+    if not source.imported and not own:
         check_other_data(source, given, configure_settings(cfg).data)
-    if source.kind != "run" and not any(item.startswith(f"{WINDOW}=") for item in given):
-        cfg = source_config(source, [*given, f"{WINDOW}={window(cfg)}"])
+    if source.imported and not any(item.startswith(f"{WINDOW}=") for item in given):
+        cfg = source.config([*given, f"{WINDOW}={window(cfg)}"])
     run = assemble(cfg, steps="eval")
-    params, at = trained_params(source, step, run.model, run.compiled.target, run.base)
+    params, at = source.trained_params(step, arch_of(run.model), run.compiled.target, run.base)
     split = "val" if own else run.task.EVALUATE_SPLIT
     with oom_verdict(f"the evaluation (windows of {run.model.seq_len} tokens, {run.micro_batch} a batch)",
                      advice="lower trainer.batch_size or architecture.seq_len"):

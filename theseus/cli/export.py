@@ -42,10 +42,12 @@ from theseus.interop.expressible import check_expressible
 from theseus.interop.hf_config import CONFIG_FILE, arch_of, hf_config
 from theseus.interop.hf_weights import save, to_hf
 from theseus.interop.peft_adapter import adapter_config, adapter_tensors, save_adapter
-from theseus.interop.sources import hf_config_of
 from theseus.model.lora import LoRA, merged, settings_of, without_adapters
 from theseus.model.models.gpt import unstack_layers
-from theseus.model.source import SAVED_CONFIG, ModelSource, parse_source
+from theseus.sources.checkpoint_folders import SAVED_CONFIG
+from theseus.sources.imported import ImportedWeights
+from theseus.sources.model_source import ModelSource
+from theseus.sources.parse import parse_source
 from theseus.tasks.task import chat_template_of
 
 
@@ -80,7 +82,7 @@ def export(source: ModelSource, out_dir: Path, step: int | None = None, adapter:
         return
     if lora.rank:  # the adapters merged into their weights: a plain model
         model, params = without_adapters(model), merged(jax.device_get(params), lora.scale)
-    base = hf_config_of(imported) if imported else None  # its config.json's fields kept, where unchanged
+    base = imported.hf_config() if imported else None  # its config.json's fields kept, where unchanged
     kind = check_expressible(model, params, (base or {}).get("model_type"))  # refused before writing
     params = unstack_layers(params) if model.scan_layers else params  # Hugging Face's layers are one by one
     arch = arch_of(model)
@@ -97,20 +99,19 @@ def export(source: ModelSource, out_dir: Path, step: int | None = None, adapter:
     export_tokenizer(tokenizer, out_dir, template.settings() if template else None)
 
 
-def export_adapter(model: Any, params: Any, lora: LoRA, base: ModelSource | None, out_dir: Path) -> None:
+def export_adapter(model: Any, params: Any, lora: LoRA, base: ImportedWeights | None, out_dir: Path) -> None:
     """Write the adapters of ``params`` (a LoRA run's) in peft's format against the Hugging Face
     folder ``base`` (the run's ``trainer.init_from``); ConfigError, nothing written, without them."""
     if not lora.rank:
         raise ConfigError("--adapter: the run has no LoRA adapters (architecture.lora.rank=0): export it without "
                           "--adapter")
-    if base is None or base.kind != "hf":
-        hint = (f" (peft loads no GGUF file: export it to a folder, python -m theseus.export {base.given} DIR, and "
-                f"fine-tune from DIR)" if base is not None and base.kind == "gguf" else "")
+    hint = "" if base is None else base.adapter_base_problem()
+    if hint is not None:
         raise ConfigError(f"--adapter writes adapters against the Hugging Face folder the run started from "
                           f"(trainer.init_from), but it started from {base.given if base else 'no weights'}: "
                           f"export it merged, without --adapter{hint}")
     kind = check_expressible(without_adapters(model), merged(jax.device_get(params), lora.scale),
-                             hf_config_of(base).get("model_type"))
+                             base.hf_config().get("model_type"))
     unrolled = unstack_layers(params) if model.scan_layers else params
     tensors = adapter_tensors(kind, jax.device_get(unrolled))
     save_adapter(out_dir, tensors, adapter_config(kind, lora, tensors, str(base.path)))

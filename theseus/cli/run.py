@@ -404,7 +404,7 @@ def train(config: Sequence[str] | DictConfig, run_dir: str | Path) -> float:
     The commands it prints at its end are ``python -m theseus.run`` commands of this config.
     """
     from theseus.config.overrides import overrides_for
-    from theseus.interop.init_from import command_line_choice
+    from theseus.sources.in_config import command_line_choice
     from theseus.recipe import assemble
     from theseus.tasks.task import JobTask, task_class
     from theseus.training.commands import started_by
@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> None:
             from theseus.base.compilation_cache import use_compilation_cache
 
             use_compilation_cache()
-            from theseus.interop.init_from import command_line_choice
+            from theseus.sources.in_config import command_line_choice
 
             # trainer.init_from=HF_DIR without model=: the model the folder loads into (Mixtral: moe)
             argv = beside_overrides(argv, command_line_choice(overrides_of(argv)))

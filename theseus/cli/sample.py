@@ -2,7 +2,7 @@
 
 PATH is a run directory (its config, its tokenizer and its newest readable checkpoint, or
 ``--step``), a Hugging Face folder (config.json, safetensors weights, tokenizer.json), a .gguf
-file or a model id in the local Hugging Face cache (``theseus.model.source``). The
+file or a model id in the local Hugging Face cache (``theseus.sources``). The
 text is printed as it is made. ``--prompt`` continues TEXT for ``--max-new-tokens`` tokens, any
 number: past the context, each is drawn from the last ``architecture.seq_len``. ``--chat
 MESSAGE`` renders MESSAGE as a user's turn (after ``--system TEXT``, if given) by the chat

@@ -29,10 +29,10 @@ from theseus.data.cache import building, cache_folder, settings
 from theseus.data.chat import ChatTemplate, encode_rendered
 from theseus.data.config import DataConfig
 from theseus.data.conversations import Conversations, check_rows, render_rows
+from theseus.data.corpus_files import rows_files
 from theseus.data.docstring_chats import stdlib_chats
 from theseus.data.progress import progress
 from theseus.data.records import iter_records
-from theseus.data.sources import rows_files
 from theseus.data.tokenizer import EOT, NAMES, ByteTokenizer, CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 CHAT_SOURCES = ("stdlib", "jsonl", "parquet", "arrow")

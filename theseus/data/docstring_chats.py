@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from theseus.data.sources import stdlib_files
+from theseus.data.corpus_files import stdlib_files
 
 MAX_ANSWER = 400  # characters of a docstring's first paragraph kept (whole sentences are not sought)
 MIN_WORDS = 4  # words of an answer a preference pair scrambles, at least

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from theseus.config import ConfigError
 from theseus.data.config import DataConfig
-from theseus.data.records import SOURCES as RECORDS
+from theseus.data.corpus_files import read_text
 from theseus.data.records import Batch, missing_field, read_batches
-from theseus.data.sources import read_text
+from theseus.data.records import SOURCES as RECORDS
 
 KINDS = {"int": "a number", "float": "a number", "bool": "a boolean", "list": "a list", "dict": "an object"}
 CHUNK_BYTES = 1 << 20  # bytes (on disk, and of text) gathered per batch: one encode_batch call

@@ -53,11 +53,11 @@ from theseus.data.chat import ChatTemplate, check_messages, tokenize
 from theseus.data.chat_corpus import chat_tokenizer, rendered_folder
 from theseus.data.config import DataConfig
 from theseus.data.conversations import Windows, split_rows
+from theseus.data.corpus_files import corpus_files
 from theseus.data.docstring_chats import stdlib_pairs
 from theseus.data.loader import Loader, in_batches
 from theseus.data.progress import progress
 from theseus.data.records import read_batches
-from theseus.data.sources import corpus_files
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 PAIR_SOURCES = ("stdlib", "jsonl", "parquet", "arrow")

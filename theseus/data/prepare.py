@@ -26,12 +26,12 @@ import numpy as np
 from theseus.config import ConfigError
 from theseus.data.cache import building, cache_folder, settings
 from theseus.data.config import DataConfig
+from theseus.data.corpus_files import corpus_files
 from theseus.data.documents import Documents, documents
 from theseus.data.progress import progress
 from theseus.data.records import SOURCES as RECORDS
 from theseus.data.records import check_text_field
 from theseus.data.shards import META_FILE, ShardMeta, on_disk, shard_file, token_dtype, write_meta
-from theseus.data.sources import corpus_files
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer, fit_tokenizer
 
 MIN_BLOCKS = 100  # the split's granularity: at least this many blocks...

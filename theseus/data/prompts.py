@@ -33,9 +33,9 @@ import numpy as np
 from theseus.config import ConfigError
 from theseus.data.chat import ChatTemplate, check_messages, tokenize
 from theseus.data.config import DataConfig
+from theseus.data.corpus_files import rows_files
 from theseus.data.loader import Loader
 from theseus.data.records import read_batches
-from theseus.data.sources import rows_files
 from theseus.data.tokenizer import NAMES, ByteTokenizer, HFTokenizer, Tokenizer
 
 PROMPT_SOURCES = ("jsonl", "parquet", "arrow")

@@ -186,7 +186,7 @@ SUPPORTED = tuple(FORMATS)
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    """``folder/config.json`` as a dict (a Hugging Face folder: ``theseus.model.source`` found
+    """``folder/config.json`` as a dict (a Hugging Face folder: ``theseus.sources`` found
     it); ConfigError when it does not parse as a JSON object."""
     path = folder / CONFIG_FILE
     try:

@@ -1,77 +1,67 @@
-"""Any model source's weights straight onto their shards of the mesh.
+"""Tensors under Hugging Face's names (a folder's safetensors, a GGUF file's) straight onto
+their shards of the mesh, in theseus's layout.
 
-    params = load_params(source, arch, target)  # target: ShapeDtypeStructs with NamedShardings
+    with tensors:
+        params = onto_layout(hf, tensors, arch, target, name, where)  # target: ShapeDtypeStructs with NamedShardings
 
-A theseus checkpoint's params are read by Orbax onto their shards. A Hugging Face folder's or
-GGUF file's go one parameter at a time: its tensor is read (memory-mapped safetensors, or
-dequantised from the GGUF file), rearranged into theseus's layout and handed to
-``jax.make_array_from_callback``, which asks for each local device's slice alone. The host holds one parameter, never the model (scanned
-layers: one parameter of every layer, stacked); each device receives only its shard, so a
-model larger than one device's memory loads under FSDP.
+One parameter at a time: its tensor is read (memory-mapped safetensors, or dequantised from the
+GGUF file), rearranged into theseus's layout and handed to ``jax.make_array_from_callback``,
+which asks for each local device's slice alone. The host holds one parameter, never the model
+(scanned layers: one parameter of every layer, stacked); each device receives only its shard,
+so a model larger than one device's memory loads under FSDP. (A theseus checkpoint's params are
+read by Orbax: ``theseus.sources.checkpoint_reader``.)
 """
 
 from __future__ import annotations
 
 import mmap
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 from flax import traverse_util
 
 from theseus.config import ConfigError
-from theseus.interop.hf_config import architecture
 from theseus.interop.hf_weights import to_theseus
-from theseus.interop.sources import hf_config_of, tensors_of, where
 from theseus.model import lora
-from theseus.model.source import ModelSource, parse_source
-from theseus.training.checkpoint import read_with_fresh_adapters, saved_base, saved_params, step_dir
 
 
-def load_params(source: ModelSource | str | Path, arch: Mapping[str, Any], target: Mapping, seed: int = 0) -> dict:
-    """The params of the model ``source`` names (a ModelSource, or a path to one), laid out as
-    ``target`` (the run's params: ShapeDtypeStructs with shardings) and cast to its dtypes;
-    ``arch``: the run's architecture values (``hf_config.arch_of(model)``). A theseus checkpoint
-    gives the arrays ``target`` names. A Hugging Face folder's or GGUF file's tensors are
-    rearranged into theseus's layout; a scanned model's blocks (``architecture.scan_layers``:
-    ``h/...`` with a leading layer axis) stack their layers. LoRA's adapters, which they do not
-    hold, start fresh (``lora.initial`` from ``seed``: B zero, the base's function).
+class Tensors(Protocol):
+    """A reader of tensors by their Hugging Face names (``hf_weights.Checkpoint``, ``gguf.Tensors``)."""
+
+    def read(self, name: str) -> np.ndarray: ...
+
+    def unused(self) -> list[str]: ...
+
+
+def onto_layout(hf: Mapping[str, Any], tensors: Tensors, arch: Mapping[str, Any], target: Mapping, name: str,
+                where: str, seed: int = 0) -> dict:
+    """The params that ``tensors`` (an open reader of the model ``hf``, its config.json's dict,
+    describes) hold, laid out as ``target`` (the run's params: ShapeDtypeStructs with shardings)
+    and cast to its dtypes; ``arch``: the run's architecture values (``hf_config.arch_of(model)``).
+    A scanned model's blocks (``architecture.scan_layers``: ``h/...`` with a leading layer axis)
+    stack their layers. LoRA's adapters, which they do not hold, start fresh (``lora.initial``
+    from ``seed``: B zero, the base's function). ``name``: the model as given, for messages;
+    ``where``: the file of its config.
 
     ConfigError when a tensor is missing, has another shape, or would be left unused.
     """
-    source = source if isinstance(source, ModelSource) else parse_source(source, key=None)
-    if source.kind == "run":
-        return _run_params(source, target, seed)
-    hf = hf_config_of(source)
-    architecture(hf, where(source))  # refuses what theseus does not compute
-    with tensors_of(source) as checkpoint:
-        thunks = to_theseus(hf["model_type"], arch, checkpoint.read)
-        loaded = {}
-        for path, leaf in traverse_util.flatten_dict(target, sep="/").items():
-            host = (lora.initial(path, leaf.shape, leaf.dtype, seed) if lora.is_adapter(path)
-                    else _read(thunks, path, arch["n_layers"], source))
-            loaded[path] = _place(host, leaf, path, source)
-        tied = {"lm_head.weight"} if arch["tie_embeddings"] else set()  # a tied head some checkpoints store
-        unused = [name for name in checkpoint.unused() if name not in tied]
+    thunks = to_theseus(hf["model_type"], arch, tensors.read)
+    loaded = {}
+    for path, leaf in traverse_util.flatten_dict(target, sep="/").items():
+        host = (lora.initial(path, leaf.shape, leaf.dtype, seed) if lora.is_adapter(path)
+                else _read(thunks, path, arch["n_layers"], name, where))
+        loaded[path] = _place(host, leaf, path, name)
+    tied = {"lm_head.weight"} if arch["tie_embeddings"] else set()  # a tied head some checkpoints store
+    unused = [tensor for tensor in tensors.unused() if tensor not in tied]
     if unused:
-        raise ConfigError(f"{source.given}: tensor {unused[0]} (and {len(unused) - 1} more) of the checkpoint has no "
+        raise ConfigError(f"{name}: tensor {unused[0]} (and {len(unused) - 1} more) of the checkpoint has no "
                           f"place in the model: its config does not describe these weights")
     return traverse_util.unflatten_dict(loaded, sep="/")
 
 
-def _run_params(source: ModelSource, target: Mapping, seed: int) -> dict:
-    """The params of a theseus checkpoint laid out as ``target``: those it holds read onto
-    their shards, LoRA's adapters it lacks fresh; ConfigError for adapters saved without their base."""
-    step = step_dir(source.path)
-    if saved_base(step) is not None:
-        raise ConfigError(f"{source} holds LoRA adapters without their base: export it merged "
-                          f"(python -m theseus.export {source.given} OUT) and give OUT")
-    return read_with_fresh_adapters(step, target, saved_params(step), seed)
-
-
-def _read(thunks: Mapping[str, Any], path: str, n_layers: int, source: ModelSource) -> np.ndarray:
+def _read(thunks: Mapping[str, Any], path: str, n_layers: int, name: str, where: str) -> np.ndarray:
     """The checkpoint's tensor of parameter ``path`` in theseus's layout; for a scanned block's
     ``h/REST``, layer i's ``h_i/REST`` stacked on a leading axis."""
     block, _, rest = path.partition("/")
@@ -81,18 +71,18 @@ def _read(thunks: Mapping[str, Any], path: str, n_layers: int, source: ModelSour
         if block == "h" and f"h_0/{rest}" in thunks:
             return np.stack([thunks[f"h_{i}/{rest}"]() for i in range(n_layers)])
     except ValueError as exc:  # a tensor that its config's shapes do not fit (numpy cannot reshape it)
-        raise ConfigError(f"{source.given}: the checkpoint's tensors of parameter {path} do not have the shapes its "
-                          f"config gives ({exc}): fix {where(source)}, or give the weights it describes") from exc
-    raise ConfigError(f"{source.given}: no tensor of the checkpoint maps to parameter {path}")
+        raise ConfigError(f"{name}: the checkpoint's tensors of parameter {path} do not have the shapes its "
+                          f"config gives ({exc}): fix {where}, or give the weights it describes") from exc
+    raise ConfigError(f"{name}: no tensor of the checkpoint maps to parameter {path}")
 
 
-def _place(host: np.ndarray, leaf: jax.ShapeDtypeStruct, path: str, source: ModelSource) -> jax.Array:
+def _place(host: np.ndarray, leaf: jax.ShapeDtypeStruct, path: str, name: str) -> jax.Array:
     """``host`` as a global array with ``leaf``'s shape, dtype and sharding: each local device
     gets its own slice (cast on the way). A replicated parameter is copied once, into aligned
     memory, which a CPU's devices all read in place (JAX aliases an aligned host array where
     the device is the host; a donated buffer is not written through)."""
     if host.shape != leaf.shape:
-        raise ConfigError(f"{source.given}: parameter {path} is {list(leaf.shape)} in the model but "
+        raise ConfigError(f"{name}: parameter {path} is {list(leaf.shape)} in the model but "
                           f"{list(host.shape)} in the checkpoint")
     if leaf.sharding.is_fully_replicated:
         host = _aligned_copy(host, leaf.dtype)

@@ -205,6 +205,14 @@ def labels(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(lambda path, _: "adapter" if is_adapter(path) else "frozen", params)
 
 
+def trainable(params: Any) -> Any:
+    """Per leaf of ``params``, whether the optimizer trains it (a static mask of Python bools,
+    from the paths alone): the adapters alone when the params have any, else every leaf. The
+    train step differentiates these alone."""
+    every = not has_adapters(params)
+    return jax.tree.map(lambda label: every or label == "adapter", labels(params))
+
+
 def settings_of(model: Module) -> LoRA:
     """The ``LoRA`` settings a built model was configured with."""
     with configuration(model.own_configuration()):

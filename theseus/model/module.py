@@ -54,6 +54,15 @@ def shapes_only() -> Iterator[None]:
         _SHAPES_ONLY.reset(token)
 
 
+def param_shapes(model: nn.Module, seq_len: int) -> Any:
+    """The parameters' ShapeDtypeStructs (unboxed), traced without allocating: what a
+    checkpoint's weights must match before anything is compiled."""
+    tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
+    with shapes_only():
+        params = jax.eval_shape(lambda t: model.init(jax.random.key(0), t, deterministic=True)["params"], tokens)
+    return nn.unbox(params)
+
+
 def model_of(module: nn.Module) -> nn.Module | None:
     """The model ``module`` is part of (its outermost parent), or None where it cannot be seen:
     from inside a layer traced apart from the model (GPT's ``traced_once``, a lifted

@@ -30,9 +30,9 @@ from omegaconf import DictConfig
 from theseus.base.compile_oom import DoesNotFit
 from theseus.config import ConfigError
 from theseus.config.compose import with_values
+from theseus.model.lora import trainable
 from theseus.plan.memory import REMAT_ORDER, accumulation
 from theseus.training.metrics import format_bytes
-from theseus.training.optimizer import trainable
 from theseus.training.parts import Run
 from theseus.training.state import bytes_per_device
 

@@ -39,7 +39,8 @@ from theseus.config import ConfigError, Range, field
 from theseus.data.config import DataConfig
 from theseus.data.preferences import Preferences, pairs_tokenizer, prepare_pairs
 from theseus.data.tokenizer import Tokenizer
-from theseus.model.source import ModelSource, parse_source
+from theseus.sources.model_source import ModelSource
+from theseus.sources.parse import parse_source
 from theseus.tasks.task import START, LossTask, OptionalChatTemplate
 from theseus.tasks.token_logps import token_logps
 

@@ -37,7 +37,7 @@ from theseus.data.dataset import open_dataset
 from theseus.data.dataset_protocol import Dataset
 from theseus.data.tokenizer import Tokenizer
 from theseus.model.module import AUXILIARY, auxiliary
-from theseus.model.source import ModelSource
+from theseus.sources.model_source import ModelSource
 
 
 START = "start"  # LossTask.reference: the run's own starting weights

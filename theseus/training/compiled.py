@@ -16,10 +16,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from theseus.base.axis import ShardingPlan
 from theseus.base.mesh import compiler_options
+from theseus.model.lora import trainable
 from theseus.tasks.task import LossTask
 from theseus.training.batches import batch_sharding
 from theseus.training.metrics import memory_report, xla_flops
-from theseus.training.optimizer import make_optimizer, trainable
+from theseus.training.optimizer import make_optimizer
 from theseus.training.settings import Settings
 from theseus.training.state import TrainState, sharded_init
 from theseus.training.step import eval_step, reference_step, train_step

@@ -244,16 +244,8 @@ def make_optimizer(config: OptimizerConfig, total_steps: int) -> tuple[optax.Gra
     return fitted_boxes(adapters_only(optax.chain(clip, config.transform(schedule)))), schedule
 
 
-def trainable(params: Any) -> Any:
-    """Per leaf of ``params``, whether the optimizer trains it (a static mask of Python bools,
-    from the paths alone): LoRA's adapters alone when the params have any
-    (``theseus.model.lora``), else every leaf. The train step differentiates these alone."""
-    every = not lora.has_adapters(params)
-    return jax.tree.map(lambda label: every or label == "adapter", lora.labels(params))
-
-
 def adapters_only(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-    """``tx`` on the ``trainable`` params alone (LoRA's adapters when the params have any): the
+    """``tx`` on the ``lora.trainable`` params alone (LoRA's adapters when the params have any): the
     frozen base gets no update, no decay and no optimizer state, and clipping sees the adapters'
     gradients only; ``tx`` itself for params without adapters."""
     frozen = optax.multi_transform({"adapter": tx, "frozen": optax.set_to_zero()}, lora.labels)

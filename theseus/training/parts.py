@@ -20,12 +20,12 @@ from theseus.base.mesh import on_devices
 from theseus.data.config import DataConfig
 from theseus.data.dataset_protocol import Dataset
 from theseus.evaluation.evaluations import EvaluationConfig, Evaluations, evaluate
+from theseus.model.lora import trainable
+from theseus.sources.frozen_base import FrozenBase
 from theseus.tasks.task import LossTask, Rollout
 from theseus.training.batches import batch_sharding
 from theseus.training.compiled import Compiled
-from theseus.training.frozen_base import FrozenBase
 from theseus.training.logger import LoggerConfig
-from theseus.training.optimizer import trainable
 from theseus.training.settings import Settings
 from theseus.training.state import TrainState
 

@@ -10,6 +10,9 @@ that the same command started (its recorded overrides; in a default folder under
 not one given ``hydra.run.dir``) whose saved config it may continue, the furthest that is
 unfinished (a repeat of the command, stopped early, does not hide the long run before it), else
 the newest; the others left unfinished are named, each with the command that continues it.
+
+``trainer.init_data`` reads on where another run stopped in its data: only in the same data
+(``check_asked``).
 """
 
 from __future__ import annotations
@@ -25,13 +28,33 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from theseus.config import ConfigError, registry
 from theseus.config.schema import flatten
 from theseus.config.yaml_file import load_yaml
-from theseus.model.source import theseus_checkpoint
+from theseus.sources.checkpoint_folders import SAVED_CONFIG, theseus_checkpoint
+from theseus.sources.model_source import ModelSource
 from theseus.training.checkpoint import Checkpointer
+from theseus.training.config import TrainerConfig
 from theseus.training.metrics import format_apart
 from theseus.training.optimizer import make_schedule
 from theseus.training.settings import Settings
 
 MAX_STEPS = "trainer.max_steps"
+
+
+def check_asked(trainer: TrainerConfig, source: ModelSource | None, cfg: DictConfig) -> None:
+    """ConfigError when ``trainer.init_optimizer`` or ``init_data`` asks ``source`` for what it
+    lacks (a Hugging Face folder or GGUF file holds weights alone); and a data position is one in
+    the run's own data: ``init_data`` with ``data.*`` changed (those a resume may not change) is
+    refused, ``cfg`` being this run's config."""
+    if source is not None:
+        source.check_asked(trainer.init_optimizer, trainer.init_data)
+    if trainer.init_data and source is not None and source.run_dir is not None:
+        saved = OmegaConf.to_container(registry.read_saved(source.run_dir / SAVED_CONFIG), resolve=True)
+        changes = [change for change in unsafe_changes(saved, OmegaConf.to_container(cfg, resolve=True))
+                   if change[0].startswith("data.")]
+        if changes:
+            diff = ", ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
+            raise ConfigError(f"trainer.init_data=true reads on where {source} stopped in its data, but this run's "
+                              f"data differs ({diff}): a position in other data means nothing; give the run's "
+                              f"data.* or drop trainer.init_data")
 
 
 def resumable_keys(*configs: Mapping[str, Any]) -> frozenset[str]:

@@ -43,15 +43,6 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, seq_len: int,
     return TrainState(step=zero, params=params, opt_state=tx.init(params), nonfinite=zero, first_nonfinite=zero)
 
 
-def param_shapes(model: nn.Module, seq_len: int) -> Any:
-    """The parameters' ShapeDtypeStructs (unboxed), traced without allocating: what a
-    checkpoint's weights must match before anything is compiled."""
-    tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
-    with shapes_only():
-        params = jax.eval_shape(lambda t: model.init(jax.random.key(0), t, deterministic=True)["params"], tokens)
-    return nn.unbox(params)
-
-
 def state_shardings(abstract: TrainState, plan: ShardingPlan, mesh: Mesh) -> Any:
     """NamedShardings for every leaf of a (boxed) abstract state: params and moments by plan;
     ConfigError for a parameter that the mesh does not split evenly (``check_divisible``)."""

@@ -1,5 +1,5 @@
-"""``parse_source``: every place a model is named parses it here, by looking at the filesystem;
-what names no model is one line saying what is taken."""
+"""``parse_source``: every place a model is named parses it here, by looking at the filesystem,
+into the class of its kind; what names no model is one line saying what is taken."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 import pytest
 
 from theseus.config import ConfigError
-from theseus.model.source import parse_source
+from theseus.sources import GGUFFile, HFFolder, TheseusRun
+from theseus.sources.parse import parse_source
 
 
 @pytest.fixture
@@ -33,6 +34,30 @@ def test_each_kind_is_told_apart(tmp_path, run_dir):
     for path, step in ((run_dir, None), (run_dir / "checkpoints", None), (run_dir / "checkpoints" / "4", 4)):
         source = parse_source(path)
         assert (source.kind, source.run_dir, source.step, source.imported) == ("run", run_dir, step, False)
+
+
+def test_each_kind_is_a_class_that_answers_for_itself(tmp_path, run_dir):
+    """What the rest asks of a source, each kind's class answers: what it is in words, whether its
+    weights come from outside theseus, its frozen base (a run's: the step it names, else its newest)."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    sources = [parse_source(path) for path in (folder, gguf, run_dir, run_dir / "checkpoints" / "4")]
+    assert [type(source) for source in sources] == [HFFolder, GGUFFile, TheseusRun, TheseusRun]
+    steps = run_dir / "checkpoints"
+    assert [(source.what, source.imported, source.base_path) for source in sources] == [
+        ("a Hugging Face folder", True, folder), ("a GGUF file", True, gguf),
+        ("a theseus run", False, steps / "8"), ("a theseus run", False, steps / "4")]
+    with pytest.raises(ConfigError, match=r"^--step 4: .*hf is a Hugging Face folder, which holds one set of weights "
+                                          r"\(checkpoint steps are a theseus run's\)$"):
+        sources[0].trained_params(4, {}, None)
+    with pytest.raises(ConfigError, match=r"^trainer.init_optimizer=true: trainer.init_from=.*model.gguf holds weights "
+                                          r"alone \(optimizer state and data positions are a theseus checkpoint's\): "
+                                          r"drop trainer.init_optimizer$"):
+        sources[1].check_asked(init_optimizer=True, init_data=False)
+    sources[2].check_asked(init_optimizer=True, init_data=True)  # a run holds both
 
 
 def test_a_run_directory_named_by_a_number_names_no_step(tmp_path, run_dir):

@@ -22,7 +22,8 @@ from flax import traverse_util
 from theseus.config import ConfigError
 from theseus.data.gguf_file import open_gguf
 from theseus.data.safetensors_file import read_header
-from theseus.training.optimizer import trainable
+from theseus.model.lora import trainable
+from theseus.sources.checkpoint_folders import base_record, step_dir
 
 SAMPLE = 4096  # bytes read at each end of each tensor
 
@@ -101,6 +102,16 @@ def require_base_weights(saved: Mapping[str, str], holder: Path) -> None:
         raise ConfigError(f"checkpoint {holder} holds LoRA adapters trained on the base {folder}, but the "
                           f"weights in {folder} are not that base's: put back the weights the run started from "
                           f"(or start a new run from these, in a new hydra.run.dir)")
+
+
+def require_base(directory: Path) -> None:
+    """ConfigError when the newest checkpoint in ``directory`` holds LoRA adapters whose base
+    folder is not there, or holds other weights: said before anything reads the folder
+    (``trainer.init_from``), or a resumed run writes into its directory."""
+    found = step_dir(directory)
+    record = base_record(found) if found else None
+    if record is not None:
+        require_base_weights(record, found)
 
 
 def trainable_part(params: Any) -> dict:
