@@ -13,7 +13,6 @@ ConfigError in one line, before the work it guards.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -28,8 +27,9 @@ from omegaconf import DictConfig, OmegaConf
 from theseus.base.axis import BATCH_MESH_AXES
 from theseus.base.compile_oom import oom_verdict
 from theseus.base.mesh import auto_cpu_devices, make_mesh, sizable, use_cpu_devices
-from theseus.config import ConfigError
+from theseus.config import ConfigError, Snapshot
 from theseus.config.compose import with_values
+from theseus.config.context import is_checked
 from theseus.config.registry import chosen
 from theseus.data.dataset import planned_vocab_size
 from theseus.data.tokenizer import Tokenizer
@@ -51,7 +51,7 @@ from theseus.training.compiled import Compiled, Steps, compile_steps
 from theseus.training.frozen_base import FrozenBase, fingerprint
 from theseus.training.parts import Run, prefetch
 from theseus.training.resume import check_run_dir
-from theseus.training.settings import Settings, check_model, configure_model
+from theseus.training.settings import Settings, check_model, configure_model, declared_vocab
 from theseus.training.spec import RunSpec, configure_parts
 from theseus.training.state import TrainState
 
@@ -59,21 +59,22 @@ from theseus.training.state import TrainState
 def resolve(cfg: DictConfig, run_dir: Path | None = None) -> RunSpec:
     """The spec of a run of the composed ``cfg`` (in ``run_dir``: a LoRA run resumed there has its
     base folder checked first, before anything reads ``trainer.init_from``); ConfigError (one
-    line) for what needs neither devices nor data: a group's settings, the task, the model's own
-    checks, ``trainer.init_from`` asked for what its model lacks."""
+    line) for what needs neither devices, data nor JAX: a group's settings, the task,
+    ``trainer.init_from`` asked for what its model lacks (the model's own checks start JAX, after
+    ``assemble`` has sized its CPU devices)."""
     if run_dir is not None:  # a LoRA run resumed: its base folder is there
         require_base(run_dir / "checkpoints")
     source = init_source(cfg)  # where trainer.init_from's model comes from (None: nowhere)
     derived = init_from_values(cfg, source)  # its architecture and tokenizer
     config = with_values(cfg, derived)  # laid over the composed config (kept as it is), once
-    spec = RunSpec(cfg, derived, OmegaConf.to_container(config, resolve=True), source, *configure_parts(config),
-                   declared_vocab=None, run_dir=run_dir)
+    resolved = OmegaConf.to_container(config, resolve=True)
+    values = Snapshot(resolved, checked=is_checked(cfg))
+    spec = RunSpec(cfg, derived, resolved, source, *configure_parts(values), declared_vocab(values), run_dir)
     init_from.check_asked(spec.settings.trainer, source, config)
     if not isinstance(spec.task, LossTask):
         raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
                           f"run it with python -m theseus.run")
-    declared = check_model(spec.values)  # the model's own checks, before the data (which can take minutes)
-    return dataclasses.replace(spec, declared_vocab=declared)
+    return spec
 
 
 def assemble(spec: RunSpec, *, steps: Steps = "train", tokenizer: Tokenizer | None = None,
@@ -92,6 +93,7 @@ def assemble(spec: RunSpec, *, steps: Steps = "train", tokenizer: Tokenizer | No
     devices = target.devices if target else _local_devices(settings, auto=tokenizer is None)
     _check_batch(settings, settings.mesh.shape(len(devices), sizable(devices)),
                  target.process_count if target else jax.process_count(), task)
+    check_model(spec.values)  # the model's own checks, before the data (which can take minutes); JAX has started
     reference = task.reference() if tokenizer is None else None  # what scores the examples once, if anything
     if isinstance(reference, ModelSource):
         check_same_architecture(OmegaConf.create(spec.resolved), reference)
@@ -149,6 +151,7 @@ def derived_before_data(cfg: DictConfig) -> dict[str, Any]:
     sources = [source for source, _ in data.sources().values()] or [data]
     if data.tokenizer in ("char", "bpe") or any(source.source == "shards" for source in sources):
         return dict(spec.derived)
+    check_model(spec.values)
     return dict(spec.with_vocabulary(planned_vocab_size(data)).derived)
 
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import flax.linen as nn
 import jax
 
-from theseus.config import ConfigError, Configurable, configuration, configure
+from theseus.config import ConfigError, Configurable, Snapshot, configured
 from theseus.config.registry import chosen_class
 from theseus.data.chat import ChatTemplate
 from theseus.data.config import DataConfig
@@ -206,6 +206,6 @@ def task_class(cfg: Any) -> type[Task]:
 def chat_template_of(cfg: Any) -> ChatTemplate | None:
     """The chat template of a composed config's run, which its export writes (``LossTask.chat_template``:
     ``task=sft``'s and ``task=dpo``'s, the one they render with; another's, its tokenizer's own)."""
-    with configuration(cfg):
-        task, data = configure(task_class(cfg)), configure(DataConfig)
+    values = cfg if isinstance(cfg, Snapshot) else Snapshot(cfg)
+    task, data = configured(task_class(values), values), configured(DataConfig, values)
     return task.chat_template(data) if isinstance(task, LossTask) else None

@@ -83,7 +83,7 @@ def check_model(values: Values) -> int | None:
     model once, with the vocabulary.
     """
     values = _snapshot(values)
-    declared = configured(Vocabulary, values).size
+    declared = declared_vocab(values)
     model = configured(model_class(values), values, vocab_size=declared or VOCAB_MULTIPLE)
     task = configured(task_class(values), values)
     for part in type(model).gather()[1:]:
@@ -94,6 +94,11 @@ def check_model(values: Values) -> int | None:
     if isinstance(task, LossTask):
         task.check_model(model)  # the model takes what the task passes it (sft: segments=)
     return declared
+
+
+def declared_vocab(values: Values) -> int | None:
+    """``architecture.vocab_size`` as ``values`` declare it (None: the tokenizer's, padded)."""
+    return configured(Vocabulary, values).size
 
 
 def configure_model(values: Values, mesh: MeshConfig, vocab: int) -> tuple[nn.Module, ShardingPlan]:

@@ -7,7 +7,7 @@
 determines (its architecture and tokenizer: ``derived``), lays those over the composed config
 once and resolves the result (``resolved``, plain values: what every part is configured from,
 passed explicitly as ``values``), configures each group's settings, the task, the evaluations and
-the logger, and runs the checks that need neither devices nor data (the model's own).
+the logger, each checked as it is configured.
 
 The vocabulary is the one value a run may take from its data (``char`` is fitted to the corpus,
 ``bpe`` trained on it, a shard folder records its own): it is set in one place,
