@@ -92,12 +92,12 @@ def _time_phases(overrides: list[str]) -> None:
 
     import theseus.cli.run  # noqa: F401  (what the command line imports)
     from theseus.config.compose import compose
-    from theseus.recipe import assemble
+    from theseus.recipe import assemble, resolve
     from theseus.training.batches import global_batch
     lap("import")
     cfg = compose([*overrides, "logger.mode=disabled"])
     lap("compose")
-    run = assemble(cfg)
+    run = assemble(resolve(cfg))
     lap("assemble")
     compiled = run.compiled  # assemble's lap split: its compile, and the rest (settings, data, model, layout)
     times["assemble(cfg): settings, data, model, layout"] = times.pop("assemble") - compiled.seconds

@@ -1,6 +1,8 @@
-"""The recipe: a composed config assembled into a run, in the order a reader expects.
+"""The recipe: a composed config resolved once into a spec, assembled into a run, in the order a
+reader expects.
 
-    run = assemble(cfg, run_dir)          # settings, data, model, plan, mesh, state, compiled steps
+    spec = resolve(cfg, run_dir)          # trainer.init_from's model, settings, task: checked (theseus.training.spec)
+    run = assemble(spec)                  # devices, data, model, plan, mesh, state, compiled steps
     Trainer(run).run(run_dir)             # the loop
 
 Every command assembles through ``assemble``: ``theseus.run`` (training, and the dry run of
@@ -25,12 +27,13 @@ from omegaconf import DictConfig, OmegaConf
 from theseus.base.axis import BATCH_MESH_AXES
 from theseus.base.compile_oom import oom_verdict
 from theseus.base.mesh import auto_cpu_devices, make_mesh, sizable, use_cpu_devices
-from theseus.config import ConfigError, configuration, configure
+from theseus.config import ConfigError, Snapshot
 from theseus.config.compose import with_values
+from theseus.config.context import is_checked
 from theseus.config.registry import chosen
 from theseus.data.dataset import planned_vocab_size
 from theseus.data.tokenizer import Tokenizer
-from theseus.evaluation.evaluations import EvaluationConfig, load_evaluations
+from theseus.evaluation.evaluations import load_evaluations
 from theseus.interop.expressible import exportable
 from theseus.interop.hf_config import arch_of
 from theseus.model.lora import settings_of, without_adapters
@@ -40,58 +43,69 @@ from theseus.sources.frozen_base import FrozenBase, fingerprint, require_base
 from theseus.sources.in_config import check_same_architecture, init_from_values, init_source
 from theseus.sources.model_source import ModelSource, StartFrom
 from theseus.sources.weights import load_params
-from theseus.tasks.task import START, LossTask, StepLayout, Task, task_class
+from theseus.tasks.task import START, LossTask, StepLayout
 from theseus.training.batches import batch_share, global_batch
-from theseus.training.compiled import Steps, compile_steps
-from theseus.training.logger import LoggerConfig, scrub, secrets
+from theseus.training.compiled import Compiled, Steps, compile_steps
 from theseus.training.parts import Run, prefetch
 from theseus.training.resume import check_asked, check_run_dir
-from theseus.training.settings import Settings, check_model, configure_settings, configure_model, vocab_size
+from theseus.training.settings import Settings, check_model, configure_model, declared_vocab
+from theseus.training.spec import RunSpec, configure_parts
+from theseus.training.state import TrainState
 
 
-def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "train",
-             tokenizer: Tokenizer | None = None, announce: bool = True) -> Run:
-    """The run ``cfg`` describes, checked and built.
+def resolve(cfg: DictConfig, run_dir: Path | None = None) -> RunSpec:
+    """The spec of a run of the composed ``cfg`` (in ``run_dir``: a LoRA run resumed there has its
+    base folder checked first, before anything reads ``trainer.init_from``); ConfigError (one
+    line) for what needs neither devices, data nor JAX: a group's settings, the task,
+    ``trainer.init_from`` asked for what its model lacks (the model's own checks start JAX, after
+    ``assemble`` has sized its CPU devices)."""
+    if run_dir is not None:  # a LoRA run resumed: its base folder is there
+        require_base(run_dir / "checkpoints")
+    source = init_source(cfg)  # where trainer.init_from's model comes from (None: nowhere)
+    derived = init_from_values(cfg, source)  # its architecture and tokenizer
+    config = with_values(cfg, derived)  # laid over the composed config (kept as it is), once
+    resolved = OmegaConf.to_container(config, resolve=True)
+    values = Snapshot(resolved, checked=is_checked(cfg))
+    spec = RunSpec(cfg, derived, resolved, source, *configure_parts(values), declared_vocab(values), run_dir)
+    check_asked(spec.settings.trainer, source, config)
+    if not isinstance(spec.task, LossTask):
+        raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
+                          f"run it with python -m theseus.run")
+    return spec
 
-    ``run_dir``: the directory it trains in (its resume checked before compiling, its memory
+
+def assemble(spec: RunSpec, *, steps: Steps = "train", tokenizer: Tokenizer | None = None,
+             announce: bool = True) -> Run:
+    """The run ``spec`` describes, checked and built.
+
+    ``spec.run_dir``: the directory it trains in (its resume checked before compiling, its memory
     after); ``trainer.init_from`` is checked with or without one. ``steps``: ``"train"``,
     ``"eval"`` (the eval step alone) or None (the state's layout only). ``tokenizer``: the
     model's, when no data is read (sample, export); a planned run (``mesh.target``) reads none
     either: its tokenizer sizes the vocabulary.
     ``announce``: say that the train step compiles (a dry run's candidate settings compile quietly).
     """
-    if run_dir is not None:  # a LoRA run resumed: its base folder is there
-        require_base(run_dir / "checkpoints")
-    source = init_source(cfg)  # where trainer.init_from's model comes from (None: nowhere)
-    composed, derived = cfg, init_from_values(cfg, source)  # its architecture and tokenizer
-    cfg = with_values(composed, derived)  # what the run derives, laid over the composed config (kept as it is)
-    settings, task, evaluation, logging = configure_parts(cfg)
-    check_asked(settings.trainer, source, cfg)
-    if not isinstance(task, LossTask):
-        raise ConfigError(f"task={chosen(cfg, 'task')} runs its job itself, not in the trainer: "
-                          f"run it with python -m theseus.run")
+    settings, task, source = spec.settings, spec.task, spec.source
     target = _target(settings)
     devices = target.devices if target else _local_devices(settings, auto=tokenizer is None)
     _check_batch(settings, settings.mesh.shape(len(devices), sizable(devices)),
                  target.process_count if target else jax.process_count(), task)
-    declared_vocab = check_model(cfg)  # the model's own checks, before the data (which can take minutes)
+    check_model(spec.values)  # the model's own checks, before the data (which can take minutes); JAX has started
     reference = task.reference() if tokenizer is None else None  # what scores the examples once, if anything
     if isinstance(reference, ModelSource):
-        check_same_architecture(cfg, reference)
+        check_same_architecture(OmegaConf.create(spec.resolved), reference)
 
     dataset = None if target or tokenizer else task.dataset(settings.data)
-    tokens = (planned_vocab_size(settings.data, declared_vocab) if target
-              else (tokenizer or dataset.tokenizer).vocab_size)
-    derived["architecture.vocab_size"] = vocab_size(tokens, declared_vocab)
-    cfg = with_values(composed, derived)
-    model, plan = configure_model(cfg, settings.mesh)
+    spec = spec.with_vocabulary(planned_vocab_size(settings.data, spec.declared_vocab) if target
+                                else (tokenizer or dataset.tokenizer).vocab_size)  # the vocabulary, set here
+    model, plan = configure_model(spec.values, settings.mesh, spec.vocab_size)
     if dataset is not None:
         task.check_data(dataset, model.seq_len)
     imported = source is not None and source.imported  # a Hugging Face model keeps its vocabulary
-    evaluations = (load_evaluations(evaluation, dataset, model, settings.data.seed, prefetch(settings.data), imported)
-                   if dataset is not None else None)
-    if run_dir is not None:
-        check_run_dir(run_dir, composed, settings)
+    evaluations = (load_evaluations(spec.evaluation, dataset, model, settings.data.seed, prefetch(settings.data),
+                                    imported) if dataset is not None else None)
+    if spec.run_dir is not None:
+        check_run_dir(spec.run_dir, spec.composed, settings)
     if source is not None:  # a checkpoint of other shapes: one line before compiling (a dry run's, a sweep's too)
         source.check_start(_start_from(settings, model), model)
     if isinstance(reference, ModelSource):
@@ -104,14 +118,14 @@ def assemble(cfg: DictConfig, run_dir: Path | None = None, *, steps: Steps = "tr
         compiled = compile_steps(model, task, plan, mesh, settings, steps, announce=say)
     share = (0, 1) if target else batch_share(mesh, settings.trainer.batch_size // settings.trainer.grad_accum)
     start = _start(settings, model, source)
+    start = _once(start) if reference == START else start  # scores the examples, then starts the trainer
     rollout = None if dataset is None or steps is None else task.rollout(
         _layout(settings, model, mesh, plan, share, lambda: start(compiled, lambda text: None)[0].params), dataset)
-    run = Run(composed=composed, derived=derived, cfg=cfg, record=scrub(OmegaConf.to_container(cfg, resolve=True),
-              secrets()), settings=settings, task=task, evaluation=evaluation, logging=logging, model=model, plan=plan,
-              devices=devices, compiled=compiled, dataset=dataset, evaluations=evaluations, batch_share=share,
-              start=start, target=target, base=_frozen_base(source, model), rollout=rollout,
+    run = Run(spec=spec, model=model, plan=plan, devices=devices, compiled=compiled, dataset=dataset,
+              evaluations=evaluations, batch_share=share, start=start,
+              target=target, base=_frozen_base(source, model), rollout=rollout,
               exports=exportable(without_adapters(model)))  # merged, a LoRA run's
-    if run_dir is not None and steps == "train" and not settings.trainer.dry_run:
+    if spec.run_dir is not None and steps == "train" and not settings.trainer.dry_run:
         check_memory(run)
     if dataset is not None and steps is not None and not settings.trainer.dry_run:
         _score_reference(run, source)
@@ -129,21 +143,13 @@ def derived_before_data(cfg: DictConfig) -> dict[str, Any]:
     """What a run of ``cfg`` derives before it reads data (``--cfg job`` shows it): trainer.init_from's
     architecture and tokenizer, and the vocabulary where the tokenizer alone sizes it (byte, a
     tokenizer.json or GGUF file; char and bpe are fitted to the corpus, a shard folder records its own)."""
-    derived = init_from_values(cfg, init_source(cfg))
-    data = configure_settings(with_values(cfg, derived)).data
+    spec = resolve(cfg)
+    data = spec.settings.data
     sources = [source for source, _ in data.sources().values()] or [data]
     if data.tokenizer in ("char", "bpe") or any(source.source == "shards" for source in sources):
-        return derived
-    declared = check_model(with_values(cfg, derived))
-    return {**derived, "architecture.vocab_size": vocab_size(planned_vocab_size(data), declared)}
-
-
-def configure_parts(cfg: DictConfig) -> tuple[Settings, Task, EvaluationConfig, LoggerConfig]:
-    """``cfg``'s settings (trainer, optimizer, data, mesh), task, evaluations and logger, each
-    checked as it is configured: what needs neither devices nor data."""
-    settings = configure_settings(cfg)
-    with configuration(cfg):
-        return settings, configure(task_class(cfg)), configure(EvaluationConfig), configure(LoggerConfig)
+        return dict(spec.derived)
+    check_model(spec.values)
+    return dict(spec.with_vocabulary(planned_vocab_size(data)).derived)
 
 
 def _target(settings: Settings) -> Target | None:
@@ -231,11 +237,8 @@ def _score_reference(run: Run, source: ModelSource | None) -> None:
     if run.dataset.cached_reference(seq_len, fingerprint):
         return
     say = functools.partial(print, file=sys.stderr) if jax.process_index() == 0 else lambda text: None
-    if reference == START:
-        start = run.start(run.compiled, say)
-        run.start, params = (lambda compiled, say: start), start[0].params
-    else:
-        params = _reference_params(reference, run)
+    params = (run.start(run.compiled, say)[0].params if reference == START  # the run's own start, made once
+              else _reference_params(reference, run))
     run.dataset.score_reference(seq_len, fingerprint, functools.partial(run.score_reference, params), run.micro_batch,
                                 *run.batch_share)
 
@@ -255,3 +258,18 @@ def _reference_params(source: ModelSource, run: Run):
         return source.load_params(arch_of(run.model), run.compiled.target.params)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc} (a reference has the policy's architecture and vocabulary)") from exc
+
+
+def _once(start):
+    """``start`` whose state is made at its first call and returned to every later one: a run whose
+    reference is its own start (``LossTask.reference``: START) scores its examples with it, and
+    the trainer then starts from it."""
+    made = []
+
+    def once(compiled: Compiled, say) -> tuple[TrainState, dict | None]:
+        if not made:
+            made.append(start(compiled, say))
+        return made[0]
+
+    return once
+

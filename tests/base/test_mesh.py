@@ -63,13 +63,14 @@ import os, sys, tempfile
 import jax
 from theseus.base.mesh import MeshConfig, auto_cpu_devices
 from theseus.config.compose import compose
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 
 print(auto_cpu_devices(MeshConfig(), 12, cores=4), auto_cpu_devices(MeshConfig(), 6, cores=4),
       auto_cpu_devices(MeshConfig(), 7, cores=4), auto_cpu_devices(MeshConfig(data=1), 12, cores=4),
       auto_cpu_devices(MeshConfig(fsdp=2), 12, cores=4), auto_cpu_devices(MeshConfig(cpu_devices=1), 12, cores=4))
-assemble(compose(["+experiment=gpt_tiny", "data.source=text", f"data.path={sys.argv[1]}",
-                   f"data.cache_dir={tempfile.mkdtemp()}", "trainer.batch_size=12", "logger.mode=disabled"]), steps=None)
+assemble(resolve(compose(["+experiment=gpt_tiny", "data.source=text", f"data.path={sys.argv[1]}",
+                           f"data.cache_dir={tempfile.mkdtemp()}", "trainer.batch_size=12", "logger.mode=disabled"])),
+         steps=None)
 from theseus.base.processor import processor
 print(jax.device_count(), processor().cores if processor() else len(os.sched_getaffinity(0)))  # physical cores
 """

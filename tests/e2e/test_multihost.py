@@ -115,8 +115,8 @@ def test_every_process_measures_its_own_devices(corpus, tmp_path):
     """Process 1 measuring the peak FLOP/s on process 0's device would time nothing; where the
     processor describes itself, each process takes its own cores' vector peak instead."""
     script = ("import sys, jax; from theseus.config.compose import compose; from theseus.base.distributed import "
-              "initialize; cfg = compose(sys.argv[1:]); initialize(cfg); from theseus.recipe import assemble; "
-              "peak, source = assemble(cfg, steps=None).peak; "
+              "initialize; cfg = compose(sys.argv[1:]); initialize(cfg); from theseus.recipe import assemble, resolve; "
+              "peak, source = assemble(resolve(cfg), steps=None).peak; "
               "print('RESULT', jax.process_index(), source.split(':')[0], 1e8 < peak < 1e14)")
     join = [*arguments(corpus, tmp_path), f"distributed.coordinator=127.0.0.1:{free_port()}", "distributed.num_processes=2"]
     jobs = [([*join, f"distributed.process_id={i}"],

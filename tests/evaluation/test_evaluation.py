@@ -21,7 +21,7 @@ from theseus.config.compose import compose
 from theseus.data.config import DataConfig
 from theseus.data.dataset import open_dataset
 from theseus.evaluation.evaluations import EvaluationConfig, evaluate, load_evaluations
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 
 STEPS = 12
 LETTERS = string.ascii_lowercase
@@ -172,7 +172,7 @@ def test_bad_input_is_refused_before_training(files, tmp_path, extra, message):
         extra = [f"evaluation.multiple_choice.toy={bad}"]
     overrides = [o for o in command(files, tmp_path / "run", *extra)[2:] if not o.startswith("hydra.")]
     with pytest.raises(ConfigError) as err:
-        assemble(compose(overrides), steps=None)
+        assemble(resolve(compose(overrides)), steps=None)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 

@@ -18,7 +18,7 @@ from theseus.config.compose import compose, with_values
 from theseus.data.tokenizer import HFTokenizer
 from theseus.interop.hf_config import arch_of
 from theseus.model import lora
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 from theseus.sources.in_config import init_from_values, init_source
 from theseus.sources.weights import load_params
 
@@ -135,7 +135,7 @@ def test_loras_fresh_adapters_on_a_folders_weights_are_drawn_from_the_runs_seed(
     """trainer.seed draws a LoRA run's adapters as it draws a fresh model's params: a folder
     holds none, so they start as ``lora.initial`` makes them from that seed (B zero)."""
     cfg = compose([f"trainer.init_from={llama_folder}", "architecture.lora.rank=4", f"trainer.seed={seed}"])
-    run = assemble(cfg, steps=None, tokenizer=HFTokenizer.from_file(llama_folder / "tokenizer.json"))
+    run = assemble(resolve(cfg), steps=None, tokenizer=HFTokenizer.from_file(llama_folder / "tokenizer.json"))
     params = traverse_util.flatten_dict(run.start(run.compiled, lambda line: None)[0].params, sep="/")
     adapters = {path: np.asarray(leaf) for path, leaf in params.items() if lora.is_adapter(path)}
     assert any(value.any() for value in adapters.values())

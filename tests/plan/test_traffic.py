@@ -11,7 +11,7 @@ from theseus.config.compose import compose
 from theseus.model.splash import computed_pairs
 from theseus.plan.hlo import Program
 from theseus.plan.traffic import hbm_bytes_by_part, module_path
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 from theseus.training.parts import Run
 
 MLP = 'metadata={op_name="jit(train_step)/while/body/closed_call/transpose(jvp(GPT))/jit(core_fn)/h_0/mlp/add"}'
@@ -88,9 +88,9 @@ def test_module_paths_drop_transformations_layers_einsums_and_the_primitive():
 
 def planned(*overrides: str) -> Run:
     """A dry run's compiled step of a 2-layer GPT (seq 1024, d_model 256, 16 sequences)."""
-    return assemble(compose(["+experiment=gpt_tiny", "trainer.dry_run=true", "architecture.seq_len=1024",
-                             "architecture.d_model=256", "trainer.batch_size=16", "trainer.grad_accum=1", *overrides]),
-                    announce=False)
+    return assemble(resolve(compose(["+experiment=gpt_tiny", "trainer.dry_run=true", "architecture.seq_len=1024",
+                                     "architecture.d_model=256", "trainer.batch_size=16", "trainer.grad_accum=1",
+                                     *overrides])), announce=False)
 
 
 def traffic(run: Run) -> tuple[dict, float]:

@@ -16,7 +16,7 @@ from theseus.config.compose import compose
 from theseus.config.registry import chosen
 from theseus.tasks import JobTask, LanguageModeling, task_class
 from theseus.tasks.lm import cross_entropy
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 from theseus.training.trainer import Trainer
 
 
@@ -35,7 +35,8 @@ TINY = ["+experiment=gpt_tiny", "trainer.max_steps=3", "trainer.log_every=1", "t
 
 def train(tmp_path, name: str, *overrides: str) -> list[dict]:
     run_dir = tmp_path / name
-    Trainer(assemble(compose([*TINY, f"data.cache_dir={tmp_path / 'cache'}", *overrides]), run_dir)).run(run_dir)
+    cfg = compose([*TINY, f"data.cache_dir={tmp_path / 'cache'}", *overrides])
+    Trainer(assemble(resolve(cfg, run_dir))).run(run_dir)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -76,7 +77,7 @@ def test_a_key_of_another_task_names_the_task_it_applies_to(tmp_path, monkeypatc
 
 def test_the_trainer_refuses_a_task_that_runs_itself():
     with pytest.raises(ConfigError, match="task=regression runs its job itself"):
-        assemble(compose(["+experiment=pmm_regression"]), steps=None)
+        assemble(resolve(compose(["+experiment=pmm_regression"])), steps=None)
 
 
 def test_cross_entropy_ignores_minus_one_targets_like_numpy():

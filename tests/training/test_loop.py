@@ -12,7 +12,7 @@ import pytest
 
 from theseus.config.compose import compose
 from theseus.training.loop import LogWindow, LoopState
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 from theseus.training.trainer import Trainer
 
 TINY = ["+experiment=gpt_tiny", "trainer.max_steps=6", "trainer.eval_every=0", "trainer.eval_batches=1",
@@ -33,7 +33,8 @@ class Profiled(Trainer):
 
 def logged(tmp_path, name: str, trainer_cls: type[Trainer], *overrides: str) -> tuple[Trainer, dict[int, dict]]:
     run_dir = tmp_path / name
-    trainer = trainer_cls(assemble(compose([*TINY, f"data.cache_dir={tmp_path / 'cache'}", *overrides]), run_dir))
+    cfg = compose([*TINY, f"data.cache_dir={tmp_path / 'cache'}", *overrides])
+    trainer = trainer_cls(assemble(resolve(cfg, run_dir)))
     trainer.run(run_dir)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return trainer, {row["step"]: row for row in rows if "loss" in row}

@@ -11,14 +11,14 @@ import pytest
 
 from support import run_python
 from theseus.config.compose import compose
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 
 SCRIPT = r"""
 import json, math, re, sys, tempfile
 from pathlib import Path
 import jax
 from theseus.config.compose import compose
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 from theseus.training.trainer import Trainer
 
 corpus, runs = sys.argv[1], json.loads(sys.argv[2])
@@ -29,7 +29,7 @@ base = ["+experiment=gpt_tiny", "model=moe", "data.source=text", f"data.path={co
 out = {}
 for name, overrides in runs.items():
     run_dir = Path(tempfile.mkdtemp())
-    run = assemble(compose(base + overrides), run_dir)
+    run = assemble(resolve(compose(base + overrides), run_dir))
     compiled = run.compiled
     text = compiled.step.as_text()
     gathered = [math.prod(int(d) for d in dims.split(",") if d)
@@ -89,7 +89,7 @@ def test_flops_agree_with_xla(corpus, tmp_path):
     ratios = {}
     for name, extra in {"dense": [], "moe": ["model=moe", "architecture.moe.n_experts=4",
                                              "architecture.moe.capacity_factor=1.0"]}.items():
-        run = assemble(compose(base + extra))
+        run = assemble(resolve(compose(base + extra)))
         ratios[name] = run.compiled.xla_flops / run.flops_per_step
     assert ratios["moe"] == pytest.approx(1.0, abs=0.05), ratios
     assert ratios["moe"] == pytest.approx(ratios["dense"], abs=0.05), ratios

@@ -29,7 +29,7 @@ from theseus.training.optimizer import (
     make_schedule,
     optimizer_class,
 )
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 from theseus.training.trainer import Trainer
 
 
@@ -209,7 +209,7 @@ def test_each_optimizer_trains_gpt_tiny(name, corpus, tmp_path):
                    "data.source=text", f"data.path={text}", f"data.cache_dir={cache}", "trainer.max_steps=15",
                    "trainer.batch_size=8", "trainer.log_every=1", "trainer.eval_every=0",
                    "trainer.eval_batches=1", "logger.mode=disabled"])
-    Trainer(assemble(cfg, tmp_path / "run")).run(tmp_path / "run")
+    Trainer(assemble(resolve(cfg, tmp_path / "run"))).run(tmp_path / "run")
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [line["loss"] for line in lines if "loss" in line]
     assert len(losses) == 15 and all(np.isfinite(losses))

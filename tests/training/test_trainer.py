@@ -9,7 +9,7 @@ import pytest
 from support import run_python
 from theseus.config import ConfigError
 from theseus.config.compose import compose
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 from theseus.training.trainer import Trainer
 
 SCRIPT = r"""
@@ -17,7 +17,7 @@ import json, sys, tempfile
 from pathlib import Path
 import jax
 from theseus.config.compose import compose
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 from theseus.training.state import bytes_per_device, n_params
 from theseus.training.trainer import Trainer
 
@@ -28,12 +28,12 @@ base = ["+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}", f"dat
 out = {}
 for name, overrides in meshes.items():
     run_dir = Path(tempfile.mkdtemp())
-    Trainer(assemble(compose(base + overrides), run_dir)).run(run_dir)
+    Trainer(assemble(resolve(compose(base + overrides), run_dir))).run(run_dir)
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     out[name] = [l["loss"] for l in lines if "loss" in l]
     out.setdefault("devices", jax.device_count())
     if name == "fsdp8":  # a wider model, so that small replicated vectors (biases) weigh little; its layout only
-        target = assemble(compose(base + overrides + ["architecture.d_model=256"]), steps=None).compiled.target
+        target = assemble(resolve(compose(base + overrides + ["architecture.d_model=256"])), steps=None).compiled.target
         out["bytes"] = [bytes_per_device(target.params), 4 * n_params(target.params)]
 print("RESULT" + json.dumps(out))
 """
@@ -68,7 +68,7 @@ def train_losses(corpus, tmp_path, *overrides: str) -> list[float]:
                    f"data.cache_dir={tmp_path / 'cache'}", "trainer.max_steps=6", "trainer.log_every=1",
                    "trainer.eval_every=0", "trainer.eval_batches=1", "logger.mode=disabled", *overrides])
     run_dir = tmp_path / "_".join(o.replace("=", "") for o in overrides)
-    Trainer(assemble(cfg, run_dir)).run(run_dir)
+    Trainer(assemble(resolve(cfg, run_dir))).run(run_dir)
     return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
             if "loss" in json.loads(line)]
 
@@ -91,14 +91,14 @@ def test_impossible_runs_fail_before_work(corpus, tmp_path, overrides, message):
     cfg = compose(["+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}",
                    f"data.cache_dir={tmp_path}", *overrides])
     with pytest.raises(ConfigError) as err:
-        assemble(cfg, steps=None)
+        assemble(resolve(cfg), steps=None)
     assert message in str(err.value)
 
 
 GATHERS = r"""
 import json, re, sys, tempfile
 from theseus.config.compose import compose
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 import jax, math
 
 corpus = sys.argv[1]
@@ -107,7 +107,7 @@ base = ["+experiment=gpt_tiny", "data.source=text", f"data.path={corpus}", f"dat
         "logger.mode=disabled"]
 out = {}
 for name, mesh in {"fsdp8": ["mesh.data=1", "mesh.fsdp=8"], "data2_fsdp4": ["mesh.data=2", "mesh.fsdp=4"]}.items():
-    compiled = assemble(compose(base + mesh)).compiled
+    compiled = assemble(resolve(compose(base + mesh))).compiled
     results = re.findall(r"= (\(.*?\)|\S+) all-gather(?:-start)?\(", compiled.step.as_text())  # one array or a tuple
     shapes = [dims for result in results for dims in re.findall(r"\[([\d,]*)\]", result)]
     out[name] = {"gathered": [math.prod(int(d) for d in s.split(",") if d) for s in shapes],

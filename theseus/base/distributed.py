@@ -22,7 +22,7 @@ from jax._src import clusters  # JAX's own detection: what initialize() with no 
 from omegaconf import DictConfig
 
 from theseus.base.native_output import drop_native_lines, is_gloo_noise
-from theseus.config import ConfigError, Configurable, configuration, configure, field
+from theseus.config import ConfigError, Configurable, configured, field
 
 # The environments whose jobs join without settings, in the order JAX tries them.
 CLUSTERS = (clusters.OmpiCluster, clusters.SlurmCluster, clusters.GkeTpuCluster, clusters.GceTpuCluster)
@@ -122,8 +122,7 @@ def initialize(cfg: DictConfig | Mapping) -> None:
     """
     if jax.distributed.is_initialized():
         return
-    with configuration(cfg):
-        config = configure(DistributedConfig)
+    config = configured(DistributedConfig, cfg)
     check_distributed(config)
     alone = config.num_processes == 1 and config.coordinator is None  # said to be one process: nothing to detect
     arguments = None if alone else join_arguments(config, detected_processes())

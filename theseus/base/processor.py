@@ -95,7 +95,7 @@ class Processor:
 
     def describe(self, dtype: Any) -> str:
         """How ``peak(dtype)`` is made, for a run's start table."""
-        units = (f"AMX-BF16 tiles" if jnp.dtype(dtype) == jnp.bfloat16 and "amx_bf16" in self.flags else
+        units = ("AMX-BF16 tiles" if jnp.dtype(dtype) == jnp.bfloat16 and "amx_bf16" in self.flags else
                  f"{FMA_UNITS} x {self.fma_bits}-bit FMA units" + (", AVX-512" if "avx512f" in self.flags else ""))
         return (f"{self.model}: {self.cores} core{'s' if self.cores > 1 else ''} x {self.ghz:.2f} GHz ({self.clock}) x "
                 f"{self.flops_per_cycle(dtype)} {jnp.dtype(dtype).name} FLOP/cycle ({units})")

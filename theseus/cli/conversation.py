@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from theseus.config import ConfigError, configuration, configure
+from theseus.config import ConfigError, configured
 from theseus.config.registry import chosen
 from theseus.data.chat import ChatTemplate, tokenize
 from theseus.data.config import DataConfig
@@ -82,8 +82,7 @@ class Conversation:
         conversations with (``sft``, ``dpo``, ``grpo``: ``data.chat_template``, the tokenizer's, or
         theseus's default for byte), else its tokenizer's. ConfigError when it has none (a model
         trained on text by a tokenizer without one: its replies would be noise)."""
-        with configuration(trained.cfg):
-            data = configure(DataConfig)
+        data = configured(DataConfig, trained.cfg)
         if chat_template is not None:
             template = ChatTemplate.find(data.tokenizer, chat_template, key="--chat-template")
         else:

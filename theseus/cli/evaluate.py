@@ -43,12 +43,12 @@ from omegaconf import DictConfig
 
 from theseus.base.compilation_cache import use_compilation_cache
 from theseus.base.compile_oom import oom_verdict
-from theseus.config import ConfigError, configuration, configure, registry
+from theseus.config import ConfigError, Snapshot, configured, registry
 from theseus.config.arguments import NON_NEGATIVE_INT, POSITIVE_INT, Parser
 from theseus.config.compose import undeclared, unknown_key, with_values
 from theseus.data.config import DataConfig
 from theseus.interop.hf_config import arch_of
-from theseus.recipe import assemble
+from theseus.recipe import assemble, resolve
 from theseus.sources.in_config import init_from_values, init_source
 from theseus.sources.model_source import ModelSource
 from theseus.sources.parse import parse_source
@@ -98,7 +98,7 @@ def run_evaluations(source: ModelSource, step: int | None, args: list[str]) -> d
         check_other_data(source, given, configure_settings(cfg).data)
     if source.imported and not any(item.startswith(f"{WINDOW}=") for item in given):
         cfg = source.config([*given, f"{WINDOW}={window(cfg)}"])
-    run = assemble(cfg, steps="eval")
+    run = assemble(resolve(cfg), steps="eval")
     params, at = source.trained_params(step, arch_of(run.model), run.compiled.target, run.base)
     split = "val" if own else run.task.EVALUATE_SPLIT
     with oom_verdict(f"the evaluation (windows of {run.model.seq_len} tokens, {run.micro_batch} a batch)",
@@ -136,10 +136,9 @@ def scored(data: DataConfig, split: str, own: bool) -> str:
 def window(cfg: DictConfig) -> int:
     """The window a model source is evaluated in: its context, at most EVAL_WINDOW tokens, and
     no longer than the data's splits allow (``LossTask.longest_window``)."""
-    derived = with_values(cfg, init_from_values(cfg, init_source(cfg)))
-    with configuration(derived):
-        task, context = configure(task_class(derived)), configure(Context).seq_len
-    return max(1, min(context, EVAL_WINDOW, task.longest_window(task.dataset(configure_settings(derived).data))))
+    values = Snapshot(with_values(cfg, init_from_values(cfg, init_source(cfg))))
+    task, context = configured(task_class(values), values), configured(Context, values).seq_len
+    return max(1, min(context, EVAL_WINDOW, task.longest_window(task.dataset(configure_settings(values).data))))
 
 
 def lm_eval_overrides(tasks: str | None, include: str | None, fewshot: int | None, limit: int | None) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from theseus.config import ConfigError, configuration, configure
+from theseus.config import ConfigError, configured
 from theseus.config.compose import compose
 from theseus.data.config import DataConfig, check_documents
 from theseus.data.prepare import prepare
@@ -15,8 +15,7 @@ from theseus.data.shards import read_meta
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        with configuration(compose(argv)):
-            cfg = configure(DataConfig)
+        cfg = configured(DataConfig, compose(argv))
         check_documents(cfg, fix="a run with task=sft prepares its conversations itself: drop data.chat_template")
         folder = prepare(cfg)
         meta = read_meta(folder)

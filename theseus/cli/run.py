@@ -29,7 +29,7 @@ from theseus.base.devices import check_enough, claim_devices, parallel_jobs, vis
 from theseus.base.distributed import initialize
 from theseus.base.line_prefix import prefixed_output
 from theseus.cli.hydra_checks import check_hydra, submits
-from theseus.config import ConfigError, configuration, configure
+from theseus.config import ConfigError, configured
 from theseus.config.compose import compose, conf_dir, validate
 from theseus.config.context import is_checked
 from theseus.config.registry import load
@@ -209,7 +209,7 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
     base = compose(job_overrides(argv)[0], hydra=True)  # the first job of the command line: its sweep file
     if INFO_FLAGS & set(argv):
         return base, []
-    from theseus.recipe import assemble  # the trainer's imports: after a typo's error, not before
+    from theseus.recipe import assemble, resolve  # the trainer's imports: after a typo's error, not before
     from theseus.tasks.task import JobTask, task_class
     from theseus.training.settings import configure_settings
 
@@ -231,11 +231,11 @@ def preflight(argv: list[str]) -> tuple[DictConfig, list] | None:
         if configure_settings(cfg).trainer.dry_run:
             planned.append((overrides, cfg))
         elif is_multirun(argv):
-            runs.append(assemble(cfg, steps=None))
+            runs.append(assemble(resolve(cfg), steps=None))
         else:
-            runs.append(assemble(cfg, run_dir))
+            runs.append(assemble(resolve(cfg, run_dir)))
     if planned and not runs:
-        plan(planned, assemble)
+        plan(planned)
         return None
     return base, runs
 
@@ -244,29 +244,33 @@ def check_here(cfg: DictConfig) -> None:
     """A job that runs elsewhere (a submitit launcher's), checked here as far as it can be without
     its devices and data: each group's settings, the task, and the model's own checks (where
     ``trainer.init_from`` does not bring the architecture from a folder the job reads there)."""
-    from theseus.recipe import configure_parts
     from theseus.tasks.task import LossTask
     from theseus.training.settings import check_model
+    from theseus.training.spec import configure_parts
 
     settings, task, _, _ = configure_parts(cfg)
     if isinstance(task, LossTask) and settings.trainer.init_from is None:
         check_model(cfg)
 
 
-def plan(planned: list[tuple[list[str], DictConfig]], assemble) -> None:
+def plan(planned: list[tuple[list[str], DictConfig]]) -> None:
     """Dry-run each planned job (``trainer.dry_run``); a sweep over targets ends with a table of
     its points, and ``trainer.plan_file`` gets them as JSON lines. A sweep's points are all
     assembled (checked, not compiled) before the first compiles: a mistake in its last point
     is one line, before any work."""
-    from theseus.plan.dry_run import dry_run
     from theseus.cli.sweep import print_plans, write_plan
+    from theseus.plan.dry_run import dry_run
+    from theseus.recipe import assemble, resolve
     from theseus.training.settings import configure_settings
+
+    def build(cfg: DictConfig, **kwargs):  # a changed config (a candidate setting) is resolved anew
+        return assemble(resolve(cfg), **kwargs)
 
     if len(planned) > 1:
         for _, cfg in planned:
-            assemble(cfg, steps=None)
+            build(cfg, steps=None)
     labels = [overrides for overrides, _ in planned]
-    plans = [dry_run(cfg, assemble, in_sweep=len(planned) > 1) for _, cfg in planned]
+    plans = [dry_run(cfg, build, in_sweep=len(planned) > 1) for _, cfg in planned]
     if len(plans) > 1 and any(point["target"] for point in plans):
         print_plans(labels, plans)
     plan_file = configure_settings(planned[0][1]).trainer.plan_file
@@ -298,14 +302,13 @@ def execute(cfg: DictConfig, run_dir: Path, run=None) -> float:
     A JobTask (``task=regression``) runs the job itself; the trainer trains any other task
     (``run``: the job already assembled for ``run_dir``).
     """
-    from theseus.recipe import assemble
+    from theseus.recipe import assemble, resolve
     from theseus.tasks.task import JobTask, task_class
     from theseus.training.trainer import Trainer
 
     if issubclass(task_class(cfg), JobTask):
-        with configuration(cfg):
-            return configure(task_class(cfg)).run(cfg, run_dir)
-    return Trainer(run or assemble(cfg, run_dir)).run(run_dir)
+        return configured(task_class(cfg), cfg).run(cfg, run_dir)
+    return Trainer(run or assemble(resolve(cfg, run_dir))).run(run_dir)
 
 
 def hydra_task(run=None):
@@ -404,14 +407,14 @@ def train(config: Sequence[str] | DictConfig, run_dir: str | Path) -> float:
     The commands it prints at its end are ``python -m theseus.run`` commands of this config.
     """
     from theseus.config.overrides import overrides_for
+    from theseus.recipe import assemble, resolve
     from theseus.sources.in_config import command_line_choice
-    from theseus.recipe import assemble
     from theseus.tasks.task import JobTask, task_class
     from theseus.training.commands import started_by
 
     cfg = config if isinstance(config, DictConfig) else compose([*config, *command_line_choice(config)])
     run_dir = Path(run_dir)
-    run = None if issubclass(task_class(cfg), JobTask) else assemble(cfg, run_dir)
+    run = None if issubclass(task_class(cfg), JobTask) else assemble(resolve(cfg, run_dir))
     (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
     with started_by([*overrides_for(cfg), f"hydra.run.dir={run_dir}"]):  # the command its printed lines give

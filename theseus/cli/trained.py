@@ -19,19 +19,14 @@ from typing import Any
 
 import flax.linen as nn
 from jax.sharding import Mesh
-from omegaconf import DictConfig
 
 from theseus.base.axis import ShardingPlan
-from theseus.config import ConfigError, configuration, configure
-from theseus.config.compose import with_values
+from theseus.config import ConfigError, Snapshot
 from theseus.data.tokenizer import JSON_FILE, NAMES, HFTokenizer, Tokenizer
 from theseus.interop.hf_config import arch_of
-from theseus.recipe import assemble
-from theseus.sources.in_config import init_from_values, init_source
+from theseus.recipe import assemble, resolve
 from theseus.sources.model_source import ModelSource
 from theseus.sources.parse import parse_source
-from theseus.tasks.task import task_class
-from theseus.training.settings import configure_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +34,7 @@ class Trained:
     """A trained model's parts, its parameters on their shards."""
 
     source: ModelSource  # where it came from: a run, a Hugging Face folder, a GGUF file
-    cfg: DictConfig  # its config: trainer.init_from's architecture applied, architecture.vocab_size set
+    cfg: Snapshot  # its config resolved: trainer.init_from's architecture applied, architecture.vocab_size set
     model: nn.Module
     params: Any  # laid out by ``plan`` on ``mesh``
     tokenizer: Tokenizer
@@ -55,19 +50,17 @@ def load_trained(source: ModelSource | str | Path, step: int | None = None) -> T
     Face folder's or GGUF file's weights, sharded over the config's mesh; ConfigError when
     there is none, or a folder lacks its tokenizer."""
     source = source if isinstance(source, ModelSource) else parse_source(source, key=None)
-    cfg = source.config()
-    with_init = with_values(cfg, init_from_values(cfg, init_source(cfg)))
-    data = configure_settings(with_init).data
+    spec = resolve(source.config())
+    data = spec.settings.data
     if not source.imported:  # the run's own tokenizer (its data's: a char or bpe one is fitted to it)
-        with configuration(with_init):
-            tokenizer = configure(task_class(with_init)).tokenizer(data)
+        tokenizer = spec.task.tokenizer(data)
     elif data.tokenizer in NAMES:
         raise ConfigError(f"{source.given} has no {JSON_FILE}: save the model's tokenizer beside it "
                           f"(tokenizer.save_pretrained(folder) writes it)")
     else:
         tokenizer = HFTokenizer.from_file(data.tokenizer)
-    run = assemble(cfg, steps=None, tokenizer=tokenizer)
+    run = assemble(spec, steps=None, tokenizer=tokenizer)
     params, at = source.trained_params(step, arch_of(run.model), run.compiled.target, run.base)
-    imported = init_source(run.cfg)
-    return Trained(source, run.cfg, run.model, params, tokenizer, run.compiled.mesh, run.plan, at,
+    imported = spec.source
+    return Trained(source, run.spec.values, run.model, params, tokenizer, run.compiled.mesh, run.plan, at,
                    imported if imported is not None and imported.imported else None)

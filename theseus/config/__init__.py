@@ -3,7 +3,7 @@
     from theseus.config import field, configure, configuration
 """
 
-from theseus.config.context import Snapshot, active, configuration, configure
+from theseus.config.context import Snapshot, active, configuration, configure, configured
 from theseus.config.errors import ConfigError
 from theseus.config.fields import (
     FRACTION,
@@ -40,6 +40,7 @@ __all__ = [
     "active",
     "configuration",
     "configure",
+    "configured",
     "derive",
     "field",
     "gather",

@@ -129,14 +129,20 @@ def configure(cls: type[T], /, **kwargs: Any) -> T:
     ff_scale=3.0)`` sets ``architecture.ff_scale`` (by attribute name when one key has it;
     ``**{"architecture.ff_scale": 3.0}`` names the key itself).
     """
+    return configured(cls, _ACTIVE.get(), **kwargs)
+
+
+def configured(cls: type[T], values: Mapping | DictConfig | Snapshot | None, /, **kwargs: Any) -> T:
+    """``configure(cls, **kwargs)`` with its values given explicitly (``values``: a resolved
+    Snapshot, as a run's spec holds, a dict or a DictConfig; None: the defaults), not taken from
+    the active configuration. A Module built so keeps ``values`` for its children."""
+    snapshot = values if isinstance(values, Snapshot) or values is None else Snapshot(values)
     own = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(kwargs)
     tree = {name: kwargs.pop(name) for name in list(kwargs) if name not in own}
-    snapshot = _ACTIVE.get()
     if tree:
         overlay = {**(snapshot.to_dict() if snapshot is not None else {}), **tree_keys(cls, tree)}
-        with configuration(Snapshot(overlay, checked=snapshot is None or snapshot.checked)):
-            return configure(cls, **kwargs)
-    values = {}
+        snapshot = Snapshot(overlay, checked=snapshot is None or snapshot.checked)
+    found = {}
     for spec in specs(cls):
         if spec.name in kwargs:
             continue
@@ -148,8 +154,9 @@ def configure(cls: type[T], /, **kwargs: Any) -> T:
                     f"set it, e.g. {spec.key}=VALUE"
                 )
             continue
-        values[spec.name] = value if snapshot.checked else check(spec, value)
-    return cls(**values, **kwargs)
+        found[spec.name] = value if snapshot.checked else check(spec, value)
+    with configuration(snapshot):  # a Module keeps the configuration it is built under (Module._config)
+        return cls(**found, **kwargs)
 
 
 def tree_keys(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from theseus.config.context import configuration, configure
+from theseus.config.context import Snapshot, configuration, configure
 from theseus.config.discovery import HOW_TO_DECLARE, Project, find_project, load_modules
 from theseus.config.errors import ConfigError
 from theseus.config.schema import Schema, schema_of, structured
@@ -120,7 +120,8 @@ def primary_defaults() -> dict[str, str]:
 def chosen(cfg: Any, group: str) -> str:
     """The option of ``group`` that the config ``cfg`` chose: its ``choices`` record; where it has
     none (a config written by hand), the primary config's default, else the first registered."""
-    name = ((cfg.get(RECORD) if isinstance(cfg, Mapping) else None) or {}).get(group)
+    record = cfg.get(RECORD) if isinstance(cfg, Mapping | Snapshot) else None  # a Snapshot's: MISSING when absent
+    name = record.get(group) if isinstance(record, Mapping) else None
     if name is None:
         name = primary_defaults().get(group) or next(iter(names(group)), None)
     return name

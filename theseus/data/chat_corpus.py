@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-from theseus.config import ConfigError
 from theseus.data.cache import building, cache_folder, settings
 from theseus.data.chat import ChatTemplate, encode_rendered
 from theseus.data.config import DataConfig

@@ -35,7 +35,7 @@ import numpy as np
 from flax import traverse_util
 from jax.tree_util import DictKey
 
-from theseus.config import FRACTION, NON_NEGATIVE, POSITIVE, ConfigError, Configurable, configuration, configure, field
+from theseus.config import FRACTION, NON_NEGATIVE, POSITIVE, ConfigError, Configurable, configure, configured, field
 from theseus.model.module import Module, param
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -215,8 +215,7 @@ def trainable(params: Any) -> Any:
 
 def settings_of(model: Module) -> LoRA:
     """The ``LoRA`` settings a built model was configured with."""
-    with configuration(model.own_configuration()):
-        return configure(LoRA)
+    return configured(LoRA, model.own_configuration())
 
 
 def without_adapters(model: Module) -> Module:
@@ -224,8 +223,7 @@ def without_adapters(model: Module) -> Module:
     merged parameter tree (``merged``) is applied with."""
     values = model.own_configuration().to_dict()
     values.get("architecture", {}).pop("lora", None)
-    with configuration(values):
-        return configure(type(model))
+    return configured(type(model), values)
 
 
 def merged(params: Mapping, scale: float) -> dict:

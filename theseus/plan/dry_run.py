@@ -22,14 +22,13 @@ from theseus.plan.traffic import hbm_bytes_by_part
 from theseus.training.metrics import format_bytes, format_duration, format_si
 from theseus.training.parts import Run
 from theseus.training.console import RunConsole
-from theseus.training.settings import configure_settings
 from theseus.training.state import n_params
 from theseus.training.summary import describe
 
 
 def dry_run(cfg: DictConfig, assemble: Callable[..., Run], in_sweep: bool = False) -> dict[str, Any]:
-    """Assemble ``cfg`` (``assemble``: ``theseus.recipe.assemble``), print its plan; returns the
-    plan's summary (a sweep's row): target, fits, memory, limit, step_s, chip_hours, and
+    """Assemble ``cfg`` (``assemble``: ``theseus.recipe.assemble`` of its resolved spec), print its
+    plan; returns the plan's summary (a sweep's row): target, fits, memory, limit, step_s, chip_hours, and
     ``fits_with``, the overrides of the smallest change that fits when it does not (compiled:
     ``theseus.plan.fitting``). A step that runs out of device memory as it compiles is a
     ConfigError (DoesNotFit) naming that change; ``in_sweep``, a warning and a row that does not
@@ -46,7 +45,7 @@ def dry_run(cfg: DictConfig, assemble: Callable[..., Run], in_sweep: bool = Fals
             raise exc from None
         if jax.process_index() == 0:
             RunConsole().show(f"theseus: warning: {exc}")
-        return {"target": configure_settings(cfg).mesh.target, "fits": False, "memory": exc.oom.needed,
+        return {"target": layout.settings.mesh.target, "fits": False, "memory": exc.oom.needed,
                 "limit": exc.oom.available, "step_s": None, "chip_hours": None, "fits_with": _overrides(found)}
     compiled, devices, target = run.compiled, run.devices, run.target
     peak, _ = run.peak

@@ -12,7 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from theseus.config import ConfigError, configuration, configure, field
+from theseus.config import ConfigError, Snapshot, configured, field
 from theseus.stateful.elementwise import Tanh
 from theseus.stateful.fit import FitSettings, train
 from theseus.stateful.linear import Linear
@@ -48,8 +48,9 @@ def run_regression(cfg: Any) -> dict[str, float]:
 
     Returns ``{"pmm_test_mse": ..., "mlp_test_mse": ...}``, in squared target units.
     """
-    with configuration(cfg):
-        experiment, settings, pmm = configure(PMMRegression), configure(FitSettings), configure(AffineEigenvaluePMM)
+    values = Snapshot(cfg)
+    experiment, settings = configured(PMMRegression, values), configured(FitSettings, values)
+    pmm = configured(AffineEigenvaluePMM, values)
     x_train, y_train, x_test, y_test, y_scale = diabetes(experiment.test_fraction, settings.seed)
     models = {
         "pmm": Model([pmm, Linear(width=1)]),

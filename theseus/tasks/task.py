@@ -29,7 +29,7 @@ import jax
 from jax.sharding import Mesh
 
 from theseus.base.axis import LogicalRules
-from theseus.config import ConfigError, Configurable, configuration, configure
+from theseus.config import ConfigError, Configurable, Snapshot, configured
 from theseus.config.registry import chosen_class
 from theseus.data.chat import ChatTemplate
 from theseus.data.config import DataConfig
@@ -229,6 +229,6 @@ def task_class(cfg: Any) -> type[Task]:
 def chat_template_of(cfg: Any) -> ChatTemplate | None:
     """The chat template of a composed config's run, which its export writes (``LossTask.chat_template``:
     ``task=sft``'s and ``task=dpo``'s, the one they render with; another's, its tokenizer's own)."""
-    with configuration(cfg):
-        task, data = configure(task_class(cfg)), configure(DataConfig)
+    values = cfg if isinstance(cfg, Snapshot) else Snapshot(cfg)
+    task, data = configured(task_class(values), values), configured(DataConfig, values)
     return task.chat_template(data) if isinstance(task, LossTask) else None

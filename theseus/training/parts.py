@@ -12,8 +12,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
-from omegaconf import DictConfig
-
 from theseus.base.axis import BATCH_MESH_AXES, ShardingPlan
 from theseus.base.hardware import peak_flops
 from theseus.base.mesh import on_devices
@@ -27,21 +25,15 @@ from theseus.training.batches import batch_sharding
 from theseus.training.compiled import Compiled
 from theseus.training.logger import LoggerConfig
 from theseus.training.settings import Settings
+from theseus.training.spec import RunSpec
 from theseus.training.state import TrainState
 
 
 @dataclass
 class Run:
-    """Everything a run is made of, resolved and checked."""
+    """Everything a run is made of, resolved and checked: its spec and what was built from it."""
 
-    composed: DictConfig  # the config as composed and checked, unchanged
-    derived: dict[str, Any]  # what the run derived (dotted keys): its vocabulary, trainer.init_from's architecture
-    cfg: DictConfig  # composed with derived laid over it: what every part was configured from
-    record: dict[str, Any]  # cfg resolved, secrets scrubbed: what checkpoints, W&B and the logger record
-    settings: Settings
-    task: LossTask
-    evaluation: EvaluationConfig
-    logging: LoggerConfig
+    spec: RunSpec  # the config resolved: settings, task, evaluations, logger, trainer.init_from's model, vocabulary
     model: nn.Module
     plan: ShardingPlan
     devices: list  # the mesh's devices (a planned target's, compile-only, for a dry run)
@@ -49,11 +41,33 @@ class Run:
     dataset: Dataset | None  # the task's data (LossTask.dataset); None when not read (a planned run, sample, export)
     evaluations: Evaluations | None
     batch_share: tuple[int, int]  # (index, count): the share of every batch this process reads
-    start: Callable[[Compiled], tuple[TrainState, dict | None]]  # a new run's state and loader state
+    start: Callable[[Compiled, Callable[[str], None]], tuple[TrainState, dict | None]]  # a new run's state and
+    # loader state, given what to say
     target: Any = None  # mesh.target's theseus.plan.target.Target, for a dry run
     base: FrozenBase | None = None  # a LoRA run's base from trainer.init_from: what its checkpoints name, not hold
     exports: bool = False  # theseus.export writes its model as a Hugging Face folder (its end offers the command)
     rollout: Rollout | None = None  # what makes the task's batches with the current params (task=grpo)
+
+    @property
+    def settings(self) -> Settings:
+        return self.spec.settings
+
+    @property
+    def task(self) -> LossTask:
+        return self.spec.task
+
+    @property
+    def evaluation(self) -> EvaluationConfig:
+        return self.spec.evaluation
+
+    @property
+    def logging(self) -> LoggerConfig:
+        return self.spec.logging
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The config resolved, secrets scrubbed: what checkpoints, W&B and the logger record."""
+        return self.spec.record
 
     @property
     def mesh_shape(self) -> dict[str, int]:

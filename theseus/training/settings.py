@@ -1,13 +1,14 @@
-"""A composed config resolved into a run's parts: each group's settings, then the model and its
-sharding plan, configured with the tokenizer's vocabulary.
+"""A config's values configured into a run's parts: each group's settings, then the model and
+its sharding plan, with the tokenizer's vocabulary.
 
-    settings = configure_settings(cfg)                     # trainer, optimizer, data, mesh: checked
-    declared = check_model(cfg)                            # the model's own checks, before the data
-    vocab = vocab_size(tokenizer.vocab_size, declared)     # the run derives it: laid over cfg (with_values)
-    model, plan = configure_model(with_values(cfg, {"architecture.vocab_size": vocab}), settings.mesh)
+    settings = configure_settings(values)                  # trainer, optimizer, data, mesh: checked
+    declared = check_model(values)                         # the model's own checks, before the data
+    vocab = vocab_size(tokenizer.vocab_size, declared)     # the run derives it
+    model, plan = configure_model(values, settings.mesh, vocab)
 
-``theseus.recipe.assemble`` resolves every run this way (to train, plan, evaluate, sample or
-export), so a checkpoint is read with the model and layout that wrote it.
+``values``: a composed config, or the resolved Snapshot a ``RunSpec`` holds (``theseus.training.spec``,
+through which every run is resolved: to train, plan, evaluate, sample or export), so a checkpoint
+is read with the model and layout that wrote it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from omegaconf import DictConfig
 
 from theseus.base.axis import ShardingPlan
 from theseus.base.mesh import MeshConfig
-from theseus.config import ConfigError, Configurable, configuration, configure
+from theseus.config import ConfigError, Configurable, Snapshot, configured
 from theseus.config.registry import model_class
 from theseus.data.config import DataConfig
 from theseus.model import architecture
@@ -55,15 +56,18 @@ class Context(Configurable):
     seq_len: int = architecture.seq_len()
 
 
-def configure_settings(cfg: DictConfig) -> Settings:
-    """``cfg``'s trainer, optimizer, data and mesh settings, configured in that order (the first
-    bad key is the one reported)."""
-    with configuration(cfg):
-        return Settings(configure(TrainerConfig), configure(optimizer_class(cfg)), configure(DataConfig),
-                        configure(MeshConfig))
+Values = DictConfig | Snapshot  # a composed config, or its resolved values (``RunSpec.values``)
 
 
-def check_model(cfg: DictConfig) -> int | None:
+def configure_settings(values: Values) -> Settings:
+    """The trainer, optimizer, data and mesh settings ``values`` give, configured in that order
+    (the first bad key is the one reported)."""
+    values = _snapshot(values)
+    return Settings(configured(TrainerConfig, values), configured(optimizer_class(values), values),
+                    configured(DataConfig, values), configured(MeshConfig, values))
+
+
+def check_model(values: Values) -> int | None:
     """The model's own checks (its keys' ranges, shapes that must divide) and the task's of it
     (``LossTask.check_model``), raised before the data is prepared, which can take minutes;
     returns ``architecture.vocab_size`` as declared (None: the tokenizer's).
@@ -76,27 +80,35 @@ def check_model(cfg: DictConfig) -> int | None:
     settings). Configuring allocates nothing; ``configure_model`` then configures the run's
     model once, with the vocabulary.
     """
-    with configuration(cfg):
-        declared = configure(Vocabulary).size
-        model = configure(model_class(cfg), vocab_size=declared or VOCAB_MULTIPLE)
-        task = configure(task_class(cfg))
+    values = _snapshot(values)
+    declared = declared_vocab(values)
+    model = configured(model_class(values), values, vocab_size=declared or VOCAB_MULTIPLE)
+    task = configured(task_class(values), values)
     for part in type(model).gather()[1:]:
         if issubclass(part, nn.Module):
             model.detached(part)
         else:
-            with configuration(model.own_configuration()):
-                configure(part)
+            configured(part, model.own_configuration())
     if isinstance(task, LossTask):
         task.check_model(model)  # the model takes what the task passes it (sft: segments=)
     return declared
 
 
-def configure_model(cfg: DictConfig, mesh: MeshConfig) -> tuple[nn.Module, ShardingPlan]:
-    """``(model, plan)``: the model ``cfg`` configures (its vocabulary set: ``vocab_size``) and
-    its sharding plan with ``mesh``'s overrides applied."""
-    with configuration(cfg):
-        model = configure(model_class(cfg))
+def declared_vocab(values: Values) -> int | None:
+    """``architecture.vocab_size`` as ``values`` declare it (None: the tokenizer's, padded)."""
+    return configured(Vocabulary, values).size
+
+
+def configure_model(values: Values, mesh: MeshConfig, vocab: int) -> tuple[nn.Module, ShardingPlan]:
+    """``(model, plan)``: the model ``values`` configure, of ``vocab`` tokens (``vocab_size``; its
+    children built with it too), and its sharding plan with ``mesh``'s overrides applied."""
+    model = configured(model_class(values), values, vocab_size=vocab)
     return model, mesh.apply(model.plan())
+
+
+def _snapshot(values: Values) -> Snapshot:
+    """``values`` resolved once, for configuring several parts from them."""
+    return values if isinstance(values, Snapshot) else Snapshot(values)
 
 
 def vocab_size(tokenizer_size: int, declared: int | None) -> int:
