@@ -54,12 +54,12 @@ def stand_in(name: str) -> bool:
 
 
 def make_run(overrides: Sequence[str], steps: str | None = "train"):
-    """The run ``overrides`` describe, assembled (``theseus.recipe.assemble``; W&B off):
+    """The run ``overrides`` describe, resolved and assembled (``theseus.recipe``; W&B off):
     ``steps="train"`` compiles the train and eval steps, ``"eval"`` the eval step, None neither."""
     from theseus.config.compose import compose
-    from theseus.recipe import assemble
+    from theseus.recipe import assemble, resolve
 
-    return assemble(compose([*overrides, *QUIET]), steps=steps)
+    return assemble(resolve(compose([*overrides, *QUIET])), steps=steps)
 
 
 def build(run, steps: str | None = "train"):

@@ -4,7 +4,7 @@ model with ``architecture.scan_layers`` against unrolled. Compiles only, runs no
 
     python benchmarks/scale.py [--memory-size gpt2_124m] [--compile-layers 24]
 
-Memory: the dry run's figures (``assemble(cfg).compiled.memory``) at the experiment's batch
+Memory: the dry run's figures (``assemble(resolve(cfg)).compiled.memory``) at the experiment's batch
 (256 sequences of 1024, grad_accum 4). Compile: the build of the state's layout and the train
 and eval steps (``compile_steps``, as ``theseus.recipe.assemble`` does) of gpt_small's width at
 ``--compile-layers`` layers, each side twice, interleaved, fresh caches.

@@ -100,8 +100,8 @@ def _time_phases(overrides: list[str]) -> None:
     run = assemble(resolve(cfg))
     lap("assemble")
     compiled = run.compiled  # assemble's lap split: its compile, and the rest (settings, data, model, layout)
-    times["assemble(cfg): settings, data, model, layout"] = times.pop("assemble") - compiled.seconds
-    times["assemble(cfg): trace + compile step, eval"] = compiled.seconds
+    times["resolve + assemble: settings, data, model, layout"] = times.pop("assemble") - compiled.seconds
+    times["resolve + assemble: trace + compile step, eval"] = compiled.seconds
     state = compiled.init()
     jax.block_until_ready(state)
     lap("init: compile + run")
