@@ -84,7 +84,7 @@ def sampling_sides(run, folder: Path, prompts: int, generations: int, new: int, 
 
     def ours() -> float:
         began = time.perf_counter()
-        tokens, _ = rollout._sample(params, rows, keys, sampling)
+        tokens, _ = rollout._sample(params, rows, keys, sampling, rollout.group)
         assert tokens.shape == (len(rows), new)
         return time.perf_counter() - began
 
