@@ -17,7 +17,8 @@ the cache length rounded up to powers of two, so that nearby widths, a conversat
 share them; a caller that pads its prompts to one width, as a training step does, compiles once):
 
 - prefill: every prompt position but each row's last through the model at once, filling the
-  KV cache (its logits unused, the output head is left out of the program);
+  KV cache (its logits unused, the output head is left out of the program); with ``group``, once
+  for each run of a prompt's copies (GRPO's generations), whose rows then share its cache;
 - decode: a ``lax.while_loop`` that feeds each row's last token at the row's own position and
   chooses the next, until a given step or until every row has chosen a stop token (checked
   on the device, no host round trip). It runs once for the whole budget, or a chunk of steps
