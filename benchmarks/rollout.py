@@ -10,12 +10,13 @@ folder here (nothing downloaded); prompts of 32 bytes (theseus's byte tokenizer:
 on both sides). Both sides compute in float32 on the CPU at their default threads.
 
 Sampling: a GRPO run's batch (``--prompts`` x ``--generations`` completions) from the run's own
-rollout (``GRPORollout._sample``: the prompts laid on the mesh, ``complete``, the completions
-fetched), greedy and sampled (TRL's temperature 1.0), ``--new-tokens`` each (no stop token:
-every row makes them all), against ``generate`` with ``min_new_tokens`` equal; the sides
-alternate (A B B A ...) ``--rounds`` times; tokens/s is the batch's completion tokens over the
-call's seconds, and the ratio is of medians. The share: ``--steps`` steps of the run's trainer
-loop parts (``rollout.batch``, then the compiled train step), the rollout's seconds over the step's.
+rollout (``GRPORollout._sample``: the prompts laid on the mesh, ``complete`` with one prefill a
+prompt for its generations, the completions fetched), greedy and sampled (TRL's temperature
+1.0), ``--new-tokens`` each (no stop token: every row makes them all), against ``generate``
+with ``min_new_tokens`` equal; the sides alternate (A B B A ...) ``--rounds`` times; tokens/s
+is the batch's completion tokens over the call's seconds, and the ratio is of medians. The
+share: ``--steps`` steps of the run's trainer loop parts (``rollout.batch``, then the compiled
+train step), the rollout's seconds over the step's.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def sampling_sides(run, folder: Path, prompts: int, generations: int, new: int, 
 
     def ours() -> float:
         began = time.perf_counter()
-        tokens, _ = rollout._sample(params, rows, keys, sampling)
+        tokens, _ = rollout._sample(params, rows, keys, sampling, rollout.group)
         assert tokens.shape == (len(rows), new)
         return time.perf_counter() - began
 

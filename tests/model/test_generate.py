@@ -195,6 +195,22 @@ def test_prompts_of_different_lengths_continue_as_each_would_alone(name):
     np.testing.assert_array_equal(cold, greedy)  # temperature -> 0 is greedy
 
 
+def test_a_group_of_copies_prefilled_once_continues_as_each_copy_prefilled_alone():
+    """``group=3`` (GRPO's generations of a prompt): runs of 3 copies of a ragged batch's prompts,
+    each run's prefill computed once, sample the same tokens, lengths and log-probs, each copy
+    from its own key, as every row prefilled on its own (``group=1``)."""
+    model, params, _ = setup("llama")
+    _, padded = ragged([9, 4])
+    copies, lengths = np.repeat(padded, 3, axis=0), np.repeat([9, 4], 3)
+    keys = jax.vmap(jax.random.key)(jnp.arange(6) + 3)
+    alone, grouped = (complete(model, params, copies, lengths, 6, Sampling(1.0), keys=keys, stop_tokens=[5],
+                               logprobs=True, group=group) for group in (1, 3))
+    np.testing.assert_array_equal(grouped.tokens, alone.tokens)
+    np.testing.assert_array_equal(grouped.lengths, alone.lengths)
+    np.testing.assert_allclose(grouped.logprobs, alone.logprobs, atol=1e-6)
+    assert len({tuple(row) for row in np.asarray(alone.tokens[:3])}) > 1  # the copies drew apart
+
+
 @pytest.mark.slow
 def test_rows_end_at_their_first_stop_token_with_the_models_log_probs():
     """Sampled rows (temperature 0.7, top-k 20): each ends at its first stop token (counted in
@@ -243,10 +259,12 @@ def test_bad_arguments_are_refused():
                           ({"sampling": Sampling(temperature=-1)}, "temperature must be 0"),
                           ({"stop_tokens": [64]}, "stop token 64 is outside the vocabulary"),
                           ({"lengths": [0, 5]}, "each prompt length must be between 1 and the width 5"),
-                          ({"max_new_tokens": 0}, "max_new_tokens must be at least 1")]:
+                          ({"max_new_tokens": 0}, "max_new_tokens must be at least 1"),
+                          ({"group": 3}, "group must be a positive divisor of the batch \\(2 rows\\), got 3"),
+                          ({"group": 2}, "group=2: each run of 2 consecutive rows must hold one prompt")]:
         args = {"lengths": [5, 5], "max_new_tokens": 4, **kwargs}
         with pytest.raises(ValueError, match=match):
-            complete(model, params, prompt, **args)
+            complete(model, params, np.asarray(prompt), **args)
 
 
 @pytest.mark.slow
@@ -287,18 +305,20 @@ keys = jax.random.split(jax.random.key(1), 8)
 args = (prompts, lengths, 10, Sampling(0.9, top_p=0.95))
 kwargs = {"keys": keys, "stop_tokens": [3, 7], "logprobs": True}
 alone = complete(model, params, *args, **kwargs)
+copies = [np.repeat(x[:2], 4, axis=0) for x in (prompts, lengths)]  # GRPO's: 2 prompts x 4, fewer than the devices
+copied = complete(model, params, *copies, *args[2:], **kwargs)
 report = {"alone": np.asarray(alone.tokens).tolist(), "lengths": np.asarray(alone.lengths).tolist()}
 for layout in ((2, 2, 1, 1), (2, 1, 1, 2)):  # data x fsdp, data x tensor
     mesh = Mesh(np.asarray(jax.devices()).reshape(layout), MESH_AXES)
     on = lambda spec: NamedSharding(mesh, spec)
     sharded = jax.tree.map(lambda x, spec: jax.device_put(x, on(spec)), params, model.sharding.specs(boxed))
-    batch = [jax.device_put(x, on(PartitionSpec(BATCH_MESH_AXES, *[None] * (np.ndim(x) - 1))))
-             for x in (prompts, lengths)]
+    split = lambda x: jax.device_put(x, on(PartitionSpec(BATCH_MESH_AXES, *[None] * (np.ndim(x) - 1))))
     with jax.set_mesh(mesh), nn.logical_axis_rules(model.sharding.rules()):
-        out = complete(model, sharded, *batch, *args[2:], **{**kwargs, "keys": jax.device_put(keys, on(
-            PartitionSpec(BATCH_MESH_AXES)))})
+        out = complete(model, sharded, *map(split, (prompts, lengths)), *args[2:], **{**kwargs, "keys": split(keys)})
+        grouped = complete(model, sharded, *map(split, copies), *args[2:], **{**kwargs, "keys": split(keys)}, group=4)
     report[str(layout)] = {"tokens": np.asarray(out.tokens).tolist(), "lengths": np.asarray(out.lengths).tolist(),
                            "logprobs": float(np.abs(np.asarray(out.logprobs) - np.asarray(alone.logprobs)).max()),
+                           "grouped": np.asarray(grouped.tokens).tolist() == np.asarray(copied.tokens).tolist(),
                            "rows_per_device": out.tokens.addressable_shards[0].data.shape[0],
                            "weights_split": sharded["wte"]["embedding"].addressable_shards[0].data.shape}
 print(json.dumps(report))
@@ -309,7 +329,8 @@ print(json.dumps(report))
 def test_sampling_on_a_mesh_with_sharded_params_and_batch_gives_each_rows_completion():
     """GRPO's case: 4 CPU devices, params laid out by the model's plan (data x fsdp: weights split
     over fsdp; data x tensor: heads and kv heads split), the batch split over the batch axes, under
-    the caller's mesh and rules: the same completions as on one device, kept split by row."""
+    the caller's mesh and rules: the same completions as on one device, kept split by row; and
+    runs of 4 copies of 2 prompts (``group=4``, fewer runs than devices) as the copies one by one."""
     import json
 
     from support import run_python
@@ -323,5 +344,6 @@ def test_sampling_on_a_mesh_with_sharded_params_and_batch_gives_each_rows_comple
         assert got["tokens"] == report["alone"] and got["lengths"] == report["lengths"]
         assert got["logprobs"] < 1e-4  # sharded sums round otherwise
         assert got["rows_per_device"] == 8 // batch_ways
+        assert got["grouped"]
     assert report["(2, 2, 1, 1)"]["weights_split"] == [64, 16]  # embed over fsdp: no copy of the whole
     assert report["(2, 1, 1, 2)"]["weights_split"] == [32, 32]  # vocab over tensor

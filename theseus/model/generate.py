@@ -17,7 +17,8 @@ the cache length rounded up to powers of two, so that nearby widths, a conversat
 share them; a caller that pads its prompts to one width, as a training step does, compiles once):
 
 - prefill: every prompt position but each row's last through the model at once, filling the
-  KV cache (its logits unused, the output head is left out of the program);
+  KV cache (its logits unused, the output head is left out of the program); with ``group``, once
+  for each run of a prompt's copies (GRPO's generations), whose rows then share its cache;
 - decode: a ``lax.while_loop`` that feeds each row's last token at the row's own position and
   chooses the next, until a given step or until every row has chosen a stop token (checked
   on the device, no host round trip). It runs once for the whole budget, or a chunk of steps
@@ -92,7 +93,7 @@ class _Choice(NamedTuple):
 def complete(model: nn.Module, params: Any, prompts: Any, lengths: Any, max_new_tokens: int,
              sampling: Sampling = Sampling(), *, keys: jax.Array | None = None, stop_tokens: Sequence[int] = (),
              vocab_size: int | None = None, logprobs: bool = False, chunk: int | None = None,
-             on_tokens: Callable[[np.ndarray], None] | None = None) -> Completions:
+             on_tokens: Callable[[np.ndarray], None] | None = None, group: int = 1) -> Completions:
     """Continue each row of ``prompts: int[batch, width]`` (row i's prompt: its first
     ``lengths[i]`` tokens, the rest any padding) by up to ``max_new_tokens`` tokens, a row
     ending at its first of ``stop_tokens``; see the module.
@@ -103,8 +104,11 @@ def complete(model: nn.Module, params: Any, prompts: Any, lengths: Any, max_new_
     tokenizer's) never chosen (default: the model's); ``logprobs``: also each chosen token's
     log-probability. ``on_tokens``: called on the host after every ``chunk`` steps (default 1)
     with ``int32[batch, n]``, the tokens those steps chose (0 after a row's end), to stream
-    them; without it the budget runs in one call and nothing waits for the device.
-    ValueError for an argument out of range.
+    them; without it the budget runs in one call and nothing waits for the device. ``group``:
+    the rows come in runs of ``group`` copies of one prompt (GRPO's generations of a prompt, as
+    its rollout lays them out), whose prefill is computed once a run, its first row's, and copied
+    (a ``group``-th of the prefill's work; each copy then draws from its own key).
+    ValueError for an argument out of range, or rows of a run that differ (a host array's).
     """
     vocab_size = _vocab_size(model, vocab_size)
     sampling.check(vocab_size)
@@ -123,6 +127,7 @@ def complete(model: nn.Module, params: Any, prompts: Any, lengths: Any, max_new_
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be at least 1, got {chunk}")
+    _check_group(prompts, lengths, group)
     stop = np.zeros(vocab_size, bool)
     for token in stop_tokens:
         if not 0 <= token < vocab_size:
@@ -139,7 +144,7 @@ def complete(model: nn.Module, params: Any, prompts: Any, lengths: Any, max_new_
     width = prompts.shape[1]
     cache_len = min(model.seq_len, _bucket(width + max_new_tokens - 1))
     state = _prefill(params, prompts, lengths, keys, model=model, width=min(_bucket(width - 1), cache_len),
-                     cache_len=cache_len, new=max_new_tokens, logprobs=logprobs)
+                     cache_len=cache_len, new=max_new_tokens, logprobs=logprobs, group=group)
     cached = min(max_new_tokens, cache_len - longest + 1)  # the steps whose fed positions fit the cache
     if on_tokens is None and cached == max_new_tokens:
         state = _decode(params, state, choice, np.int32(max_new_tokens), **static)
@@ -184,6 +189,19 @@ def _vocab_size(model: nn.Module, vocab_size: int | None) -> int:
     return vocab_size
 
 
+def _check_group(prompts: Any, lengths: Any, group: int) -> None:
+    """ValueError unless ``group`` divides the batch and, for host arrays, each run of ``group``
+    rows holds one prompt (device arrays are taken as the caller laid them out)."""
+    batch = prompts.shape[0]
+    if group < 1 or batch % group:
+        raise ValueError(f"group must be a positive divisor of the batch ({batch} rows), got {group}")
+    if group > 1 and isinstance(prompts, np.ndarray) and isinstance(lengths, np.ndarray):
+        runs, run_lengths = prompts.reshape(batch // group, group, -1), lengths.reshape(-1, group)
+        positions = np.arange(prompts.shape[1]) < run_lengths[..., None]
+        if (run_lengths != run_lengths[:, :1]).any() or (positions & (runs != runs[:, :1])).any():
+            raise ValueError(f"group={group}: each run of {group} consecutive rows must hold one prompt")
+
+
 def _bucket(n: int) -> int:
     """The power of two at or above ``n`` (at least SMALLEST): few compiled shapes."""
     return max(SMALLEST, 1 << max(n - 1, 0).bit_length())
@@ -196,17 +214,19 @@ def _last_window(prompts: jax.Array, lengths: jax.Array, size: int) -> jax.Array
     return jnp.take_along_axis(prompts, jnp.minimum(start + jnp.arange(size), prompts.shape[1] - 1), axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "width", "cache_len", "new", "logprobs"))
-def _prefill(params, prompts, lengths, keys, *, model, width, cache_len, new, logprobs) -> _State:
+@functools.partial(jax.jit, static_argnames=("model", "width", "cache_len", "new", "logprobs", "group"))
+def _prefill(params, prompts, lengths, keys, *, model, width, cache_len, new, logprobs, group) -> _State:
     """The loop's first state: the prompts' first ``width`` positions in a KV cache of
     ``cache_len`` positions, each row's index set to its last prompt position, which it feeds
     first (what the prefill wrote there and after is written again); ``keys: key[batch]`` (None:
-    ``key(i)`` for row i) split into each row's key of each token."""
+    ``key(i)`` for row i) split into each row's key of each token. The model runs on every
+    ``group``-th row, each run's first, whose cache its run's rows copy."""
     batch = prompts.shape[0]
-    chunk = jnp.pad(prompts, ((0, 0), (0, max(0, width - prompts.shape[1]))))[:, :width]
+    chunk = jnp.pad(prompts[::group], ((0, 0), (0, max(0, width - prompts.shape[1]))))[:, :width]
     # the chunk creates the cache at its own width (one trace of the model, no init's)
     cache = model.clone(decode=True).apply({"params": params}, chunk, mutable=["cache"])[1]["cache"]
-    cache = {**grown(cache, cache_len), "index": lengths - 1}
+    cache = jax.tree.map(lambda x: jnp.repeat(x, group, axis=0) if x.ndim else x, grown(cache, cache_len))
+    cache = {**cache, "index": lengths - 1}
     keys = jax.vmap(jax.random.key)(jnp.arange(batch)) if keys is None else keys
     fed = jnp.take_along_axis(prompts, lengths[:, None] - 1, axis=1)[:, 0]
     return _State(cache, jax.vmap(lambda key: jax.random.split(key, new))(keys), fed,

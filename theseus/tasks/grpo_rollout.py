@@ -83,7 +83,7 @@ class GRPORollout(Rollout):
         keys = jax.random.split(jax.random.fold_in(jax.random.fold_in(jax.random.key(self.layout.seed), SAMPLER),
                                                    step), self.layout.batch_size)
         tokens, lengths = self._sample(params, rows, keys, Sampling(self.task.temperature, self.task.top_k or None,
-                                                                    self.task.top_p))
+                                                                    self.task.top_p), self.group)
         every = self._everyone(self._scores(rows, tokens, lengths))  # every completion's, in the step's order
         totals = self.task.rewards.total(every)
         prompt_ids, all_lengths = self._everyone(groups), self._everyone(lengths)
@@ -143,11 +143,12 @@ class GRPORollout(Rollout):
             metrics[f"val_rewards/{name}/mean"] = float(np.nanmean(column)) if not np.isnan(column).all() else np.nan
         return metrics
 
-    def _sample(self, params: Any, rows: np.ndarray, keys: jax.Array,
-                sampling: Sampling) -> tuple[np.ndarray, np.ndarray]:
+    def _sample(self, params: Any, rows: np.ndarray, keys: jax.Array, sampling: Sampling,
+                group: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """``(tokens int32 [n, max_completion_length], lengths int32 [n])``: this process's completions
-        of the prompts ``rows`` (``n`` of them, the process's share of every process's), sampled on
-        the mesh with ``keys`` (every process's), 0 after each completion's stop token."""
+        of the prompts ``rows`` (``n`` of them, the process's share of every process's; in runs of
+        ``group`` copies of a prompt, each run prefilled once), sampled on the mesh with ``keys``
+        (every process's), 0 after each completion's stop token."""
         count = self.layout.share[1]
         width = self.seq_len + 1 - self.task.max_completion_length  # the longest prompt that fits
         prompts = np.zeros((len(rows), width), np.int32)
@@ -159,7 +160,7 @@ class GRPORollout(Rollout):
             out = complete(self.layout.model, params, on_devices(prompts, self.rows_sharding, (total, width)),
                            on_devices(lengths, self.rows_sharding, (total,)), self.task.max_completion_length,
                            sampling, keys=keys, stop_tokens=self.prompts.stop_tokens,
-                           vocab_size=self.prompts.vocab_size)
+                           vocab_size=self.prompts.vocab_size, group=group)
         return _gathered(out.tokens)[self._mine(len(rows))], _gathered(out.lengths)[self._mine(len(rows))]
 
     def _scores(self, rows: np.ndarray, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
