@@ -132,3 +132,24 @@ def test_on_a_tpu_the_flops_count_is_xla_s_with_the_kernel_as_it_computes(on_a_t
     kernel = 2 * 12 * 256 * computed_pairs(1024, None) * 16  # layers x 12 x heads x head_dim x pairs x sequences
     assert splash.flops_per_step == written.flops_per_step - 2 * 12 * 256 * (1024**2 - 3 * 512**2) * 16
     assert splash.compiled.xla_flops + kernel == pytest.approx(splash.flops_per_step, rel=0.05)
+
+
+def test_a_loop_writing_its_slot_of_a_stacked_buffer_moves_the_slot_not_the_buffer():
+    """A scan's outputs (as a scanned model's stacked activations) are written in place, a row a
+    trip: the traffic grows with the trips, not with trips x the whole buffer."""
+    import jax
+    import jax.numpy as jnp
+
+    trips, width = 64, 4096
+
+    def scanned(x):
+        def body(carry, _):
+            carry = jnp.tanh(carry)
+            return carry, carry
+        return jax.lax.scan(body, x, None, length=trips)
+
+    hlo = jax.jit(scanned).lower(jnp.ones(width)).compile().as_text()
+    row = width * 4
+    moved = sum(hbm_bytes_by_part(hlo).values())
+    assert trips * row <= moved <= 8 * trips * row  # a row read and written, a slot written, per trip
+    assert moved < trips * trips * row / 4  # the buffer's bytes each trip would be 64x a row's

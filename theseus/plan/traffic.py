@@ -3,7 +3,9 @@ fusion, a matrix product, a kernel, a copy) reads its operands and writes its re
 HBM once each time it runs, and the parts of the model they belong to, by the name scopes
 JAX records in their metadata, are summed.
 
-An operand a fusion reads only through a slice or gather counts the elements it takes; arrays
+An operand a fusion reads only through a slice or gather counts the elements it takes; a buffer
+updated in place (``dynamic-update-slice``: a scanned layer's slot of its stacked activations,
+a loop's slot of its outputs) counts the update read and written, not the buffer; arrays
 a TPU lays out in VMEM (memory space 1) count nothing; an asynchronous copy or slice (XLA's
 prefetches of weights and activations to and from VMEM) counts what it moves, once. XLA's own
 ``bytes accessed`` counts such a copy's operand again in its result and at its ``-done``: on a
@@ -31,6 +33,7 @@ MOVES_NOTHING = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast
                  "after-all", "partition-id", "replica-id", "opt-barrier"}
 ASYNC_COPIES = {"copy-start", "slice-start"}  # result: (source, destination, context)
 PARTIAL = {"slice", "dynamic-slice", "gather"}  # a fusion parameter read only through these reads what they take
+IN_PLACE = "dynamic-update-slice"  # its operand 0, the buffer, is updated where it lies: neither read nor written
 # name-stack components that are no module or scope: JAX's and Flax's functions, loops, an einsum
 NOT_MODULES = re.compile(r"^(_.*|train_step|core_fn|while|body|cond|closed_call|checkpoint|remat|rematted_computation"
                          r"|[A-Z].*|.*(->|,).*)$")  # [A-Z]: the model's class (a module's name is its attribute's)
@@ -72,7 +75,7 @@ def part_of(instruction: Instruction, producers: dict[str, str]) -> str:
 
 def partial_reads(program: Program) -> dict[str, dict[int, int]]:
     """Fused computation -> {parameter index: bytes read} for each parameter it reads only
-    through slices or gathers (their results' bytes)."""
+    through slices or gathers (their results' bytes) or updates in place (nothing)."""
     reads = {}
     for name, instructions in program.computations.items():
         parameters = {i.name: int(i.arguments) for i in instructions if i.opcode == "parameter"}
@@ -80,17 +83,39 @@ def partial_reads(program: Program) -> dict[str, dict[int, int]]:
         for i in instructions:
             for position, operand in enumerate(i.operands):
                 if operand in parameters:
-                    users.setdefault(operand, []).append((i.opcode, position, shape_bytes(i.result)))
+                    size = 0 if i.opcode == IN_PLACE else shape_bytes(i.result)
+                    users.setdefault(operand, []).append((i.opcode, position, size))
         reads[name] = {parameters[p]: sum(size for *_, size in used) for p, used in users.items()
-                       if all(opcode in PARTIAL and position == 0 for opcode, position, _ in used)}
+                       if all(opcode in (*PARTIAL, IN_PLACE) and position == 0 for opcode, position, _ in used)}
     return reads
 
 
-def instruction_bytes(instruction: Instruction, types: dict[str, str], partial: dict[str, dict[int, int]]) -> int:
-    """HBM bytes one run of ``instruction`` moves: its operands read, its result written."""
+def in_place_writes(program: Program) -> dict[str, int]:
+    """Fused computation -> the HBM bytes its result writes, for one whose root (or a root tuple's
+    element) updates a buffer in place: that update's bytes, where the buffer's would be."""
+    types, writes = program.types(), {}
+    for name, instructions in program.computations.items():
+        if not instructions:
+            continue
+        by_name, root = {i.name: i for i in instructions}, instructions[-1]  # HLO prints the ROOT last
+        elements = [by_name.get(operand) for operand in root.operands] if root.opcode == "tuple" else [root]
+        if any(e is not None and e.opcode == IN_PLACE for e in elements):
+            writes[name] = sum(shape_bytes(types.get(e.operands[1], ""), hbm_only=True) if e.opcode == IN_PLACE
+                               else shape_bytes(e.result, hbm_only=True) for e in elements if e is not None)
+    return writes
+
+
+def instruction_bytes(instruction: Instruction, types: dict[str, str], partial: dict[str, dict[int, int]],
+                      writes: dict[str, int]) -> int:
+    """HBM bytes one run of ``instruction`` moves: its operands read, its result written (an
+    in-place update: the update's bytes; ``writes``: a fusion's, by ``in_place_writes``)."""
     opcode = instruction.opcode
     if opcode in MOVES_NOTHING or opcode.endswith("-done"):
         return 0
+    if opcode == IN_PLACE:
+        update = shape_bytes(types.get(instruction.operands[1], ""), hbm_only=True)
+        indices = sum(shape_bytes(types.get(name, ""), hbm_only=True) for name in instruction.operands[2:])
+        return 2 * update + indices
     if opcode in ASYNC_COPIES:
         moved = instruction.result_elements()[1]
         source_in_hbm = any(shape_bytes(types.get(name, ""), hbm_only=True) for name in instruction.operands)
@@ -99,17 +124,18 @@ def instruction_bytes(instruction: Instruction, types: dict[str, str], partial: 
     sliced = partial.get(called.group(1), {}) if opcode == "fusion" and called else {}
     reads = sum(sliced.get(i, shape_bytes(types.get(name, ""), hbm_only=True))
                 for i, name in enumerate(instruction.operands))
-    return shape_bytes(instruction.result, hbm_only=True) + reads
+    written = writes.get(called.group(1)) if opcode == "fusion" and called else None
+    return (shape_bytes(instruction.result, hbm_only=True) if written is None else written) + reads
 
 
 def hbm_bytes_by_part(hlo: str) -> Counter:
     """Part -> the HBM bytes its instructions move in one run of compiled HLO text ``hlo`` (one
     device's program), each as often as it runs (loops' trips)."""
     program = Program.parse(hlo)
-    types, partial = program.types(), partial_reads(program)
+    types, partial, writes = program.types(), partial_reads(program), in_place_writes(program)
     parts: Counter = Counter()
     producers: dict[str, str] = {}
     for instruction, times in program.instructions(control_only=True):
         producers[instruction.name] = part = part_of(instruction, producers)
-        parts[part] += instruction_bytes(instruction, types, partial) * times
+        parts[part] += instruction_bytes(instruction, types, partial, writes) * times
     return +parts
