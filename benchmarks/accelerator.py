@@ -202,7 +202,8 @@ def main() -> None:
             save("accelerator", results)
         rows = [(name, r["step_s"] * 1e3, f"{r['tokens_per_s']:,.0f}", f"{100 * r['mfu']:.1f}%",
                  f"{100 * r['mfu_6n']:.1f}%", f"{r.get('predicted_step_s', float('nan')) * 1e3:.1f} "
-                 f"({r.get('predicted_bound', '-')})", f"{r.get('predicted_step_s_by_traffic', float('nan')) * 1e3:.1f}",
+                 f"({r.get('predicted_bound', '-')})",
+                 f"{r.get('predicted_step_s_by_traffic', float('nan')) * 1e3:.1f}",
                  format_bytes(r["xla_memory"].get("temp", 0)), r["build_s"])
                 if "step_s" in r else (name, "-", "-", r["error"][:60], "-", "-", "-", "-", "-")
                 for name, r in results["train"].items()]
