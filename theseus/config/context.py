@@ -48,6 +48,11 @@ class Snapshot:
             _insert(tree, str(key).replace("/", ".").split("."), value)
         self._tree = tree
 
+    @classmethod
+    def of(cls, values: Mapping | DictConfig | Snapshot) -> Snapshot:
+        """``values`` as a Snapshot: itself, or resolved once (for configuring several parts)."""
+        return values if isinstance(values, Snapshot) else cls(values)
+
     def get(self, key: str) -> Any:
         """The value at dotted ``key``, or MISSING when absent or ``???``."""
         node: Any = self._tree
@@ -136,7 +141,7 @@ def configured(cls: type[T], values: Mapping | DictConfig | Snapshot | None, /, 
     """``configure(cls, **kwargs)`` with its values given explicitly (``values``: a resolved
     Snapshot, as a run's spec holds, a dict or a DictConfig; None: the defaults), not taken from
     the active configuration. A Module built so keeps ``values`` for its children."""
-    snapshot = values if isinstance(values, Snapshot) or values is None else Snapshot(values)
+    snapshot = None if values is None else Snapshot.of(values)
     own = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(kwargs)
     tree = {name: kwargs.pop(name) for name in list(kwargs) if name not in own}
     if tree:

@@ -229,6 +229,6 @@ def task_class(cfg: Any) -> type[Task]:
 def chat_template_of(cfg: Any) -> ChatTemplate | None:
     """The chat template of a composed config's run, which its export writes (``LossTask.chat_template``:
     ``task=sft``'s and ``task=dpo``'s, the one they render with; another's, its tokenizer's own)."""
-    values = cfg if isinstance(cfg, Snapshot) else Snapshot(cfg)
+    values = Snapshot.of(cfg)
     task, data = configured(task_class(values), values), configured(DataConfig, values)
     return task.chat_template(data) if isinstance(task, LossTask) else None

@@ -62,7 +62,7 @@ Values = DictConfig | Snapshot  # a composed config, or its resolved values (``R
 def configure_settings(values: Values) -> Settings:
     """The trainer, optimizer, data and mesh settings ``values`` give, configured in that order
     (the first bad key is the one reported)."""
-    values = _snapshot(values)
+    values = Snapshot.of(values)
     return Settings(configured(TrainerConfig, values), configured(optimizer_class(values), values),
                     configured(DataConfig, values), configured(MeshConfig, values))
 
@@ -80,7 +80,7 @@ def check_model(values: Values) -> int | None:
     settings). Configuring allocates nothing; ``configure_model`` then configures the run's
     model once, with the vocabulary.
     """
-    values = _snapshot(values)
+    values = Snapshot.of(values)
     declared = declared_vocab(values)
     model = configured(model_class(values), values, vocab_size=declared or VOCAB_MULTIPLE)
     task = configured(task_class(values), values)
@@ -104,11 +104,6 @@ def configure_model(values: Values, mesh: MeshConfig, vocab: int) -> tuple[nn.Mo
     children built with it too), and its sharding plan with ``mesh``'s overrides applied."""
     model = configured(model_class(values), values, vocab_size=vocab)
     return model, mesh.apply(model.plan())
-
-
-def _snapshot(values: Values) -> Snapshot:
-    """``values`` resolved once, for configuring several parts from them."""
-    return values if isinstance(values, Snapshot) else Snapshot(values)
 
 
 def vocab_size(tokenizer_size: int, declared: int | None) -> int:

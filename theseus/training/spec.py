@@ -80,6 +80,6 @@ class RunSpec:
 def configure_parts(values: Values) -> tuple[Settings, Task, EvaluationConfig, LoggerConfig]:
     """The settings (trainer, optimizer, data, mesh), task, evaluations and logger ``values``
     give, each checked as it is configured: what needs neither devices nor data."""
-    values = values if isinstance(values, Snapshot) else Snapshot(values)
+    values = Snapshot.of(values)
     return (configure_settings(values), configured(task_class(values), values), configured(EvaluationConfig, values),
             configured(LoggerConfig, values))
