@@ -90,10 +90,11 @@ def partial_reads(program: Program) -> dict[str, dict[int, int]]:
     return reads
 
 
-def in_place_writes(program: Program) -> dict[str, int]:
+def in_place_writes(program: Program, types: dict[str, str]) -> dict[str, int]:
     """Fused computation -> the HBM bytes its result writes, for one whose root (or a root tuple's
-    element) updates a buffer in place: that update's bytes, where the buffer's would be."""
-    types, writes = program.types(), {}
+    element) updates a buffer in place: that update's bytes, where the buffer's would be
+    (``types``: ``program.types()``)."""
+    writes = {}
     for name, instructions in program.computations.items():
         if not instructions:
             continue
@@ -132,7 +133,8 @@ def hbm_bytes_by_part(hlo: str) -> Counter:
     """Part -> the HBM bytes its instructions move in one run of compiled HLO text ``hlo`` (one
     device's program), each as often as it runs (loops' trips)."""
     program = Program.parse(hlo)
-    types, partial, writes = program.types(), partial_reads(program), in_place_writes(program)
+    types = program.types()
+    partial, writes = partial_reads(program), in_place_writes(program, types)
     parts: Counter = Counter()
     producers: dict[str, str] = {}
     for instruction, times in program.instructions(control_only=True):
