@@ -46,7 +46,8 @@ def unsafe_loads(source: str, filename: str = "<source>") -> list[str]:
     found, tree = [], ast.parse(source, filename)
     safe_loaders = {"SafeLoader", "CSafeLoader"}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and any(_dotted(base).rsplit(".", 1)[-1] in safe_loaders for base in node.bases):
+        bases = [_dotted(base).rsplit(".", 1)[-1] for base in getattr(node, "bases", [])]
+        if isinstance(node, ast.ClassDef) and safe_loaders.intersection(bases):
             safe_loaders.add(node.name)
     for node in ast.walk(tree):
         where = f"{filename}:{getattr(node, 'lineno', 0)}"
@@ -77,7 +78,8 @@ def unsafe_loads(source: str, filename: str = "<source>") -> list[str]:
     "import torch\nx = torch.load('f.pt')", "import numpy as np\nnp.load('a.npy')",
     "import numpy as np\nnp.load('a.npy', allow_pickle=True)", "np.lib.format.read_array(f)",
     "import yaml\nyaml.load(text)", "import yaml\nyaml.load(t, Loader=yaml.Loader)",
-    "import yaml\nclass Tags(yaml.Loader): pass\nyaml.load(t, Loader=Tags)", "import yaml\nyaml.unsafe_load(text)", "import joblib\njoblib.load('m')",
+    "import yaml\nclass Tags(yaml.Loader): pass\nyaml.load(t, Loader=Tags)", "import yaml\nyaml.unsafe_load(text)",
+    "import joblib\njoblib.load('m')",
     "import pandas as pd\npd.read_pickle('x')",
 ])
 def test_the_scan_finds_planted_pickle(planted):
