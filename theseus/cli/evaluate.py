@@ -43,16 +43,14 @@ from omegaconf import DictConfig
 
 from theseus.base.compilation_cache import use_compilation_cache
 from theseus.base.compile_oom import oom_verdict
-from theseus.config import ConfigError, Snapshot, configured, registry
+from theseus.config import ConfigError, configured, registry
 from theseus.config.arguments import NON_NEGATIVE_INT, POSITIVE_INT, Parser
-from theseus.config.compose import undeclared, unknown_key, with_values
+from theseus.config.compose import undeclared, unknown_key
 from theseus.data.config import DataConfig
 from theseus.interop.hf_config import arch_of
 from theseus.recipe import assemble, resolve
-from theseus.sources.in_config import init_from_values, init_source
 from theseus.sources.model_source import ModelSource
 from theseus.sources.parse import parse_source
-from theseus.tasks.task import task_class
 from theseus.training.settings import Context, configure_settings
 
 WINDOW = "architecture.seq_len"
@@ -136,9 +134,9 @@ def scored(data: DataConfig, split: str, own: bool) -> str:
 def window(cfg: DictConfig) -> int:
     """The window a model source is evaluated in: its context, at most EVAL_WINDOW tokens, and
     no longer than the data's splits allow (``LossTask.longest_window``)."""
-    values = Snapshot(with_values(cfg, init_from_values(cfg, init_source(cfg))))
-    task, context = configured(task_class(values), values), configured(Context, values).seq_len
-    return max(1, min(context, EVAL_WINDOW, task.longest_window(task.dataset(configure_settings(values).data))))
+    spec = resolve(cfg)
+    context = configured(Context, spec.values).seq_len
+    return max(1, min(context, EVAL_WINDOW, spec.task.longest_window(spec.task.dataset(spec.settings.data))))
 
 
 def lm_eval_overrides(tasks: str | None, include: str | None, fewshot: int | None, limit: int | None) -> list[str]:
