@@ -110,6 +110,8 @@ def test_auto_is_splash_on_a_tpu_mesh_and_written_out_on_the_cpu_with_flops_to_m
     with jax.set_mesh(tpu_mesh({"data": 4})):
         assert model.kernel(1024) == "splash" and model.attention_pairs(1024) == 3 * 512 * 512
         assert model.kernel(1000) is None  # no block divides it: written out
+        assert model.kernel(512) is None and model.attention_pairs(512) == 512 * 512  # one block: no pair skipped
+        assert attention("splash").kernel(512) == "splash"  # asked for by name
         assert attention(None).kernel(1024) is None and attention("xla").kernel(1024) == "xla"
         assert "splash: 0.75 x seq^2" in model.flops_note(1024)
     assert model.flops_note(1024) == "attention written out: seq^2 pairs, masked ones too"
@@ -121,7 +123,7 @@ def test_a_gpt_step_compiles_for_a_tpu_slice_with_splash_per_device_over_batch_a
     the kernel runs on each device's share (no all-gather of q, k or v), no [seq, seq] scores."""
     mesh = tpu_mesh({"data": 2, "fsdp": 1, "expert": 1, "tensor": 2})
     cfg = {**BASE, "architecture.vocab_size": 256, "architecture.seq_len": 256, "architecture.n_layers": 1,
-           "architecture.n_kv_heads": 2, "architecture.positions": "rope"}
+           "architecture.n_kv_heads": 2, "architecture.positions": "rope", "architecture.attention_impl": "splash"}
     with configuration(cfg):
         model = configure(GPT)
     rules = model.plan().rules()
@@ -152,7 +154,7 @@ def test_remat_dots_keeps_the_kernels_output_where_full_runs_it_again(remat, for
     beside the matrix products: the backward pass runs no second forward kernel; ``full`` does."""
     mesh = tpu_mesh({"data": 1, "fsdp": 1, "expert": 1, "tensor": 1})
     with configuration({**BASE, "architecture.vocab_size": 256, "architecture.seq_len": 256,
-                        "architecture.n_layers": 1, "architecture.remat": remat}):
+                        "architecture.n_layers": 1, "architecture.remat": remat, "architecture.attention_impl": "splash"}):
         model = configure(GPT)
     tokens = jax.ShapeDtypeStruct((2, 256), jnp.int32)
     key = jax.random.key(0)

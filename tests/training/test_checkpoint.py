@@ -64,23 +64,28 @@ def straight(corpus, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_sigterm_saves_and_resume_is_bit_exact(corpus, straight, tmp_path):
-    proc = start_and_interrupt(command(corpus, tmp_path), after_step=4, sig=signal.SIGTERM)
+@pytest.mark.parametrize("writer", ["threads", "process"])  # trainer.checkpoint_writer: auto is threads on a CPU
+def test_sigterm_saves_and_resume_is_bit_exact(corpus, straight, tmp_path, writer):
+    proc = start_and_interrupt(command(corpus, tmp_path, f"trainer.checkpoint_writer={writer}"), after_step=4,
+                               sig=signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, proc.output[-2000:]
     stopped = max(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
     assert 4 <= stopped < STEPS
     assert f"theseus: SIGTERM received: stopping after step {stopped}: saving a checkpoint" in proc.output
     assert f"interrupted by SIGTERM after step {stopped}/{STEPS}; checkpoint {stopped} saved" in proc.output
-    assert f"resume:   python -m theseus.run {' '.join(command(corpus, tmp_path)[3:])}\n" in proc.output
-    run(command(corpus, tmp_path))
+    resume = command(corpus, tmp_path, f"trainer.checkpoint_writer={writer}")
+    assert f"resume:   python -m theseus.run {' '.join(resume[3:])}\n" in proc.output
+    run(resume)
     assert losses(tmp_path) == losses(straight)  # identical, step by step
     for a, b in zip(final_params(tmp_path), final_params(straight), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.slow
-def test_kill_9_at_any_moment_then_the_same_command_finishes_identically(corpus, straight, tmp_path):
-    cmd = command(corpus, tmp_path, "trainer.checkpoint_every=1")  # a write is nearly always under way
+@pytest.mark.parametrize("writer", ["threads", "process"])
+def test_kill_9_at_any_moment_then_the_same_command_finishes_identically(corpus, straight, tmp_path, writer):
+    # a checkpoint every step: a write is nearly always under way
+    cmd = command(corpus, tmp_path, "trainer.checkpoint_every=1", f"trainer.checkpoint_writer={writer}")
     for after in (2, 5, 9):
         proc = start_and_interrupt(cmd, after_step=after, sig=signal.SIGKILL)
         assert proc.returncode == -signal.SIGKILL

@@ -33,7 +33,7 @@ from theseus.model import architecture
 from theseus.model.activations import activate, input_projections
 from theseus.model.lora import GATE_UP, QKV, LoRA, adapt, adapters, lora_flops
 from theseus.model.module import Module, param
-from theseus.model.splash import block_size, computed_pairs, splash_attention
+from theseus.model.splash import block_size, computed_pairs, skips_blocks, splash_attention
 
 
 def check_vocab_size(vocab_size: int | None) -> None:
@@ -651,12 +651,13 @@ class Attention(Module):
 
     def kernel(self, seq: int) -> str | None:
         """What computes the attention of ``seq`` positions: ``attention_impl`` with ``auto``
-        resolved for the platform being traced for (``backend()``): splash on a TPU, else
-        theseus's own (None). Splash only where its blocks divide ``seq`` (else theseus's own);
-        soft-capped scores, which jax.nn.dot_product_attention does not compute, written out."""
+        resolved for the platform being traced for (``backend()``): splash on a TPU where it skips
+        masked blocks (``skips_blocks``: a sequence of several of its blocks), else theseus's own
+        (None). Splash only where its blocks divide ``seq`` (else theseus's own); soft-capped
+        scores, which jax.nn.dot_product_attention does not compute, written out."""
         kernel = self.attention_impl
         if kernel == "auto":
-            kernel = "splash" if backend() == "tpu" else None
+            kernel = "splash" if backend() == "tpu" and skips_blocks(seq, self.sliding_window) else None
         if kernel == "splash" and block_size(seq) is None or kernel == "xla" and self.attn_softcap is not None:
             return None
         return kernel

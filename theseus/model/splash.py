@@ -56,6 +56,13 @@ def computed_pairs(seq: int, window: int | None) -> int:
     return int(reached.sum()) * block * block
 
 
+def skips_blocks(seq: int, window: int | None) -> bool:
+    """Whether the kernel skips any block of ``seq`` positions' scores (its mask leaves one out):
+    where it does not (a sequence of one block), it computes every pair, as the attention written
+    out does, and slower (gpt_small, seq 256, on a TPU v5e: 4.58 ms a step against 3.15)."""
+    return block_size(seq) is not None and computed_pairs(seq, window) < seq * seq
+
+
 def _kernel(seq: int, heads: int, window: int | None, softcap: float | None, interpret: bool):
     """The splash kernel of one sequence of ``seq`` positions and ``heads`` query heads, made in the
     trace that calls it: it turns its mask's block maps (computed on the host, and cached there by

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +25,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from theseus.sources.checkpoint_reader import CheckpointReader
 from theseus.sources.frozen_base import FrozenBase, trainable_part
+from theseus.training.checkpoint_writer import WriterProcess, writes_in_own_process
 
 
 @functools.cache
@@ -49,37 +47,20 @@ def _replicas_written_whole_in_one_process() -> None:
         absl.setLevel(level)
 
 
-SWITCH_WHILE_SAVING = 2e-4  # seconds a thread holds the GIL before handing it over, while a save is written
-_SWITCH = sys.getswitchinterval()  # Python's own (5 ms)
-
-
-def _yielding_while_saving(manager: ocp.CheckpointManager) -> None:
-    """While ``manager`` writes in the background, threads hand the GIL over every 0.2 ms rather
-    than Python's 5 ms. Orbax's writing threads run Python in short bursts (per array: paths,
-    metadata, futures; ~70 ms a save of gpt_small's state on a CPU, by py-spy's GIL samples); at
-    5 ms, each time the step loop lets the GIL go (dispatching a step, taking a batch) it may wait
-    5 ms to have it back, which a step of a few ms cannot hide. A watcher thread, polling without
-    waiting on the save (its errors stay the loop's to see), puts Python's interval back once
-    nothing is in flight."""
-    sys.setswitchinterval(SWITCH_WHILE_SAVING)
-
-    def restore() -> None:
-        while manager.is_saving_in_progress():
-            time.sleep(0.01)
-        sys.setswitchinterval(_SWITCH)
-
-    threading.Thread(target=restore, daemon=True, name="theseus-checkpoint-switch").start()
-
-
 class Checkpointer(CheckpointReader):
     """Saves and restores a run's checkpoints under ``directory`` (one folder per step): the
     newest ``keep`` and the best by validation loss are kept."""
 
     def __init__(self, directory: Path, keep: int = 1, requested_step: int | None = None,
-                 base: FrozenBase | None = None):
+                 base: FrozenBase | None = None, writer: str = "auto"):
+        """``writer`` (``trainer.checkpoint_writer``): "process", saves written by a process of
+        their own (``checkpoint_writer``); "threads", by Orbax's threads here; "auto", the process
+        where that pays (``writes_in_own_process``)."""
         self.keep = keep
         _replicas_written_whole_in_one_process()
         super().__init__(directory, requested_step, base)
+        own = writes_in_own_process() if writer == "auto" else writer == "process"
+        self.writer = WriterProcess(self.directory, keep) if own else None
 
     def options(self) -> ocp.CheckpointManagerOptions:
         """Orbax's options: written in the background, the newest ``keep`` and the best kept."""
@@ -91,28 +72,47 @@ class Checkpointer(CheckpointReader):
         )
 
     def save(self, step: int, state: Any, loader_state: dict, config: dict, val_loss: float | None = None) -> None:
-        """Start writing checkpoint ``step`` in the background (training goes on); with a frozen
-        base, its trainable params alone and the base's record.
+        """Start writing checkpoint ``step`` (training goes on); with a frozen base, its trainable
+        params alone and the base's record.
 
         In one process the state is first copied to host memory, whole, before this returns: the
         writing that follows touches no device. Left to Orbax, the copies run beside the next
         steps, and on a TPU each of those waits on them (gpt_small on a v5e: 3.2 ms steps ran at
-        30-90 ms for ~40 steps after every save); the copy alone, in the hook's time, took 0.17 s
-        for gpt_small's 125 MiB state on that host.
-        Several processes keep Orbax's own copies: each writes its shards of the global arrays.
+        30-90 ms for ~40 steps after every save). The writing then goes to the writer process
+        where there is one, else to Orbax's threads here. Several processes keep Orbax's own
+        copies: each writes its shards of the global arrays.
         """
-        items = {"data": ocp.args.JsonSave(loader_state), "config": ocp.args.JsonSave(config)}
+        items = {"data": loader_state, "config": config}
         if self.base is not None:
             state = state.replace(params=trainable_part(state.params))
-            items["base"] = ocp.args.JsonSave(self.base.record)
-        if jax.process_count() == 1:
-            state = jax.device_get(state)
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state), **items)
+            items["base"] = self.base.record
         metrics = {"val_loss": val_loss} if val_loss is not None else None
+        if self.writer is not None:
+            self.writer.save(step, state, items, metrics)
+        else:
+            self.write(step, jax.device_get(state) if jax.process_count() == 1 else state, items, metrics)
+
+    def write(self, step: int, state: Any, items: dict[str, Any], metrics: dict | None) -> None:
+        """Orbax's save of ``state`` and the JSON ``items``, in this process's background threads."""
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                  **{name: ocp.args.JsonSave(item) for name, item in items.items()})
         self.directory.mkdir(parents=True, exist_ok=True)
         self.manager.save(step, args=args, metrics=metrics, force=True)
-        _yielding_while_saving(self.manager)
 
     def wait(self) -> None:
-        """Block until every background write is on disk."""
+        """Block until every checkpoint saved is on disk."""
+        if self.writer is not None:
+            self.writer.wait()
+            self.manager.reload()  # the writer's checkpoints, seen by this process's manager
         self.manager.wait_until_finished()
+
+    def steps(self) -> list[int]:
+        """The steps checkpointed, once those being written are on disk."""
+        if self.writer is not None:
+            self.wait()
+        return super().steps()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        super().close()

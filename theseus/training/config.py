@@ -25,6 +25,10 @@ class TrainerConfig(Configurable):
                                   help="steps between checkpoints; 0: only at the end", resumable=True)
     keep_checkpoints: int = field("trainer.keep_checkpoints", default=3, check=POSITIVE,
                                   help="most recent checkpoints kept (plus the best)", resumable=True)
+    checkpoint_writer: str = field("trainer.checkpoint_writer", default="auto", choices=("auto", "process", "threads"),
+                                   help="who writes checkpoints: a process of their own (the loop pays one copy to "
+                                        "host memory), or Orbax's threads beside the loop; auto: the process where "
+                                        "one process drives an accelerator", resumable=True)
     resume: str = field("trainer.resume", default="auto",
                         help="auto: continue this run directory; last: continue the newest run under outputs/ "
                              "that this command can continue; never: refuse a used one; or a checkpoint path",

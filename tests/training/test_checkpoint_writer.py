@@ -1,0 +1,83 @@
+"""The checkpoint writer process (``trainer.checkpoint_writer=process``): its shared memory's
+layout, a failed write reported by the loop's process, and a writer that dies with that process.
+A run's saves, resumes, SIGTERM and kill -9 with it: tests/training/test_checkpoint.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from support import ROOT
+from theseus.training.checkpoint import Checkpointer
+from theseus.training.checkpoint_writer import ALIGN, layout, views
+
+
+def test_the_arrays_lie_apart_aligned_and_read_back_as_written():
+    arrays = [np.arange(5, dtype=np.int32), np.ones((3, 7), ml_dtypes.bfloat16), np.float32(2.5) * np.ones(()),
+              np.arange(12, dtype=np.float32).reshape(2, 2, 3)]
+    places, size = layout(arrays)
+    offsets = [offset for offset, _, _ in places]
+    assert all(offset % ALIGN == 0 for offset in offsets) and offsets == sorted(offsets)
+    assert all(b - a >= x.nbytes for a, b, x in zip(offsets, offsets[1:] + [size], arrays))
+    memory = bytearray(size)
+    for target, array in zip(views(memory, places), arrays, strict=True):
+        np.copyto(target, array)
+    for back, array in zip(views(memory, places), arrays, strict=True):
+        assert back.dtype == array.dtype and back.shape == array.shape
+        np.testing.assert_array_equal(back, array)
+
+
+@pytest.mark.slow
+def test_a_write_that_fails_is_reported_with_its_step(tmp_path):
+    blocked = tmp_path / "file"  # a file where the checkpoints' folder should be
+    blocked.write_text("")
+    saver = Checkpointer(blocked / "checkpoints", writer="process")
+    saver.save(3, {"w": jnp.ones(4)}, {"position": 3}, {})
+    with pytest.raises(RuntimeError, match=r"checkpoint 3 under .*checkpoints could not be written: "):
+        saver.wait()
+    saver.close()
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+def test_the_writer_saves_in_order_and_dies_with_the_run(tmp_path):
+    script = f"""
+import os, signal, sys, jax.numpy as jnp
+from pathlib import Path
+from theseus.training.checkpoint import Checkpointer
+saver = Checkpointer(Path({str(tmp_path / "checkpoints")!r}), keep=2, writer="process")
+for step in (1, 2, 3):
+    saver.save(step, {{"w": jnp.full(4, step, jnp.float32)}}, {{"position": step}}, {{}})
+print(saver.steps(), saver.writer.process.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    kept, writer = proc.stdout.split("] ")
+    assert kept == "[2, 3"  # keep=2
+    deadline = time.monotonic() + 10
+    while alive(int(writer)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(int(writer)), "the writer outlived the run's process"
+    restored = Checkpointer(tmp_path / "checkpoints", writer="threads")
+    state, data, _, step = restored.restore({"w": jnp.zeros(4, jnp.float32)})
+    assert step == 3 and data == {"position": 3}
+    np.testing.assert_array_equal(state["w"], np.full(4, 3, np.float32))
+    restored.close()
