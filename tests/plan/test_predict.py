@@ -96,9 +96,9 @@ SPLASH = """HloModule jit_step
 ENTRY %main (q: bf16[2,4,1024,64], k: bf16[2,2,1024,64]) -> bf16[2,2,1024,64] {
   %q = bf16[2,4,1024,64]{3,2,1,0} parameter(0)
   %k = bf16[2,2,1024,64]{3,2,1,0} parameter(1)
-  %splash_mha_fwd_residuals.1 = bf16[2,4,1024,64]{3,2,1,0:S(1)} custom-call(%q, %k), custom_call_target="tpu_custom_call"
-  %splash_mha_dq_no_residuals.1 = bf16[2,4,1024,64]{3,2,1,0:S(1)} custom-call(%q, %k), custom_call_target="tpu_custom_call"
-  ROOT %splash_mha_dkv_no_residuals.1 = bf16[2,2,1024,64]{3,2,1,0:S(1)} custom-call(%q, %k), custom_call_target="tpu_custom_call"
+  %splash_mha_fwd_residuals.1 = bf16[2,4,1024,64]{3,2,1,0:S(1)} custom-call(%q, %k)
+  %splash_mha_dq_no_residuals.1 = bf16[2,4,1024,64]{3,2,1,0:S(1)} custom-call(%q, %k)
+  ROOT %splash_mha_dkv_no_residuals.1 = bf16[2,2,1024,64]{3,2,1,0:S(1)} custom-call(%q, %k)
 }
 """
 

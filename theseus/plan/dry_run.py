@@ -115,8 +115,8 @@ def _prediction_rows(run: Run, p: Prediction) -> list[tuple[str, str]]:
     return [
         ("predicted: compute / step", f"{duration(p.compute_s)} in instructions bound by their matrix products "
                                       f"({format_si(p.flops, 'FLOP')} in all at {format_si(p.rate, 'FLOP/s')})"),
-        ("predicted: memory / step", f"{duration(p.memory_s)} in instructions bound by HBM "
-                                     f"({format_bytes(p.accessed)} in all at {format_si(target.hbm_bandwidth, 'B/s')})"),
+        ("predicted: memory / step", f"{duration(p.memory_s)} in instructions bound by HBM ({format_bytes(p.accessed)} "
+                                     f"in all at {format_si(target.hbm_bandwidth, 'B/s')})"),
         *steps,
         ("predicted: collectives / step", f"{duration(p.collective_s)} ({format_bytes(p.sent)} sent per device "
                                           f"at {format_si(target.interconnect, 'B/s')})"),
@@ -132,8 +132,8 @@ def _prediction_rows(run: Run, p: Prediction) -> list[tuple[str, str]]:
 
 def traffic_rows(run: Run, top: int = 5) -> list[tuple[str, str]]:
     """The bytes the step's instructions move through device memory (``traffic``: HBM on an
-    accelerator) and the ``top`` largest parts with their shares; the optimizer update's says what ``mesh.fsdp`` would save, where the state
-    is whole on every device of the batch."""
+    accelerator) and the ``top`` largest parts with their shares; the optimizer update's says
+    what ``mesh.fsdp`` would save, where the state is whole on every device of the batch."""
     parts = hbm_bytes_by_part(run.compiled.step.as_text())
     total = sum(parts.values())
     if not total:

@@ -33,6 +33,7 @@ steps are ~1,500 instructions of a few microseconds (no fixed cost per instructi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -126,8 +127,10 @@ def _kernel(instruction: Instruction) -> str | None:
 
 
 def _kernel_shape(instruction: Instruction, types: dict[str, str]) -> list[int]:
-    """A splash kernel's query shape ``[batch, heads, seq, head_dim]``: its largest operand."""
-    return shape_dims(max((types.get(name, "") for name in instruction.operands), key=shape_bytes))
+    """A splash kernel's query shape ``[batch, heads, seq, head_dim]``: its largest operand of four
+    dimensions (the others: keys and values, and the mask's block maps and segment ids)."""
+    shapes = [shape_dims(types.get(name, "")) for name in instruction.operands]
+    return max((shape for shape in shapes if len(shape) == 4), key=math.prod)
 
 
 def _kernel_steps(shape: list[int]) -> int:
@@ -136,7 +139,8 @@ def _kernel_steps(shape: list[int]) -> int:
     return batch * heads * (seq // (block_size(seq) or seq)) ** 2
 
 
-def instruction_times(program: Program, hardware: Hardware, flops: float) -> Iterator[tuple[int, float, float, int, Products]]:
+def instruction_times(program: Program, hardware: Hardware,
+                      flops: float) -> Iterator[tuple[int, float, float, int, Products]]:
     """Each instruction's (times it runs, and for one run: its products' seconds, its bytes'
     seconds, its kernel's grid steps, its products); ``flops``: the step's count on one device,
     the kernels' share of it what the program's products do not hold."""
@@ -172,5 +176,5 @@ def predict(compiled: Any, hardware: Hardware, *, flops_per_device: float, loop_
     cost = cost[0] if isinstance(cost, list | tuple) else cost
     optimal = float(cost.get("optimal_seconds", -1.0)) * loop_trips
     sent = collective_bytes(hlo)
-    return Prediction(compute, memory, steps * KERNEL_STEP_S, sent / hardware.interconnect, flops, accessed, hardware.rate,
-                      sent, steps, optimal if np.isfinite(optimal) and optimal > 0 else None)
+    return Prediction(compute, memory, steps * KERNEL_STEP_S, sent / hardware.interconnect, flops, accessed,
+                      hardware.rate, sent, steps, optimal if np.isfinite(optimal) and optimal > 0 else None)
