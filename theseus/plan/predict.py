@@ -25,10 +25,13 @@ sequence (``traffic.moves``: each loop's body as often as it trips), plus its co
 What it is not: a simulator. It does not overlap one instruction with the next, nor model an
 instruction's pipeline start, its vector-unit work (softmax, norms: counted by their bytes
 only) or a product's tiling beyond the unit's width; it knows no other kernel than splash's
-FLOPs (another custom call costs its bytes). Against one TPU v5e chip (2026-12-07, JAX 0.10.2,
-``benchmarks/accelerator.py``) it came within 3% of the chip's step for GPT-2 small (batch 16)
-and SmolLM2-135M (batch 8, full and LoRA) and 14-18% under it for ~10M-parameter models whose
-steps are ~1,500 instructions of a few microseconds (no fixed cost per instruction is modelled).
+FLOPs (another custom call costs its bytes). No constant is fitted to a measured step; each
+ingredient was kept because the compiled TPU programs hold it. Against one TPU v5e chip
+(2026-12-07, JAX 0.10.2, ``benchmarks/accelerator.py``) it came within 3% under the chip's step
+for GPT-2 small (batch 16) and SmolLM2-135M (batch 8, full and LoRA), and 14-18% under it for
+~10M-parameter models, whose steps are ~1,500 instructions of a few microseconds each (no fixed
+cost an instruction is modelled). Without the unit's padding and the kernels' grid steps it
+was 22-50% under; with max(FLOPs at peak, XLA's bytes), 38% under to 70% over.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ from theseus.plan.traffic import MOVES_NOTHING, moves
 # A matrix product's rate where the chip's own measurement says so: an 8192^3 bfloat16 product
 # timed on one TPU v5e chip (JAX 0.10.2, 2026-12-07) ran at 167 of its 197 TFLOP/s datasheet peak.
 MATRIX_RATE = {"TPU v5e": 167e12}
-# The side of a chip's systolic matrix units (Google Cloud's TPU system-architecture pages:
-# 128 x 128 MXUs through v5p, 256 x 256 on v6e and TPU7x); none on a GPU.
+# The side of a chip's systolic matrix units (Google's TPU architecture pages: 128 x 128 MXUs
+# through v5p, 256 x 256 from v6e); none on a GPU (its tensor cores take small tiles).
 MATRIX_WIDTH = {"TPU v2": 128, "TPU v3": 128, "TPU v4": 128, "TPU v5e": 128, "TPU v5p": 128, "TPU v6e": 256,
                 "TPU7x": 256}
 # The fixed cost of one step of a Pallas TPU kernel's grid (its DMAs issued and awaited, its
