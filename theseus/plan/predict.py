@@ -31,7 +31,7 @@ ingredient was kept because the compiled TPU programs hold it. Against one TPU v
 for GPT-2 small (batch 16) and SmolLM2-135M (batch 8, full and LoRA), and 14-18% under it for
 ~10M-parameter models, whose steps are ~1,500 instructions of a few microseconds each (no fixed
 cost an instruction is modelled). Without the unit's padding and the kernels' grid steps it
-was 22-50% under; with max(FLOPs at peak, XLA's bytes), 38% under to 70% over.
+was 28-47% under; with max(FLOPs at peak, XLA's bytes), 38% under to 71% over.
 """
 
 from __future__ import annotations
