@@ -79,7 +79,8 @@ def convolution(instruction: Instruction, types: dict[str, str], width: int | No
 
 
 def dot(instruction: Instruction, types: dict[str, str], width: int | None) -> Products:
-    """A dot's FLOPs and filled FLOPs: contracted ``lhs_contracting_dims``, output the rest of its result's last."""
+    """A dot's FLOPs and filled FLOPs (its contracted dimensions, ``lhs_contracting_dims``, and its
+    result's last, the output's, fill the unit)."""
     lhs, out = shape_dims(types.get(instruction.operands[0], "")), shape_dims(instruction.result)
     contracting = CONTRACTING.search(instruction.attributes)
     contracted = math.prod(lhs[int(d)] for d in contracting.group(1).split(",") if d) if contracting else 1
