@@ -6,8 +6,8 @@ holds one at a time), the planner's prediction of the same compiled step beside 
     python benchmarks/accelerator.py --sections train --models gpt2_124m --batches 24 32
 
 Sections: ``train`` (each model's step: median of ``--rounds`` windows, tokens/s, MFU by
-theseus's count and by 6N + 12·L·d·T, XLA's bytes and temporaries, the roofline's prediction
-from XLA's counts of the same program), ``generate`` (decoding tokens/s at batch 1 and 8, and a
+theseus's count and by 6N + 12·L·d·T, XLA's temporaries, the planner's prediction of the
+same program and its error against the step), ``generate`` (decoding tokens/s at batch 1 and 8, and a
 GRPO-sized rollout of 64 completions), ``checkpoint`` (the seconds a save holds the loop, and
 until it is on disk), ``build`` (a train step's first compile and its compile from the
 persistent cache, each in a fresh process). Try it small on a CPU:
@@ -85,24 +85,20 @@ def train(name: str, overrides: list[str], rounds: int) -> dict:
 
 
 def predicted(run) -> dict:
-    """The planner's roofline of the compiled step on this chip (``theseus.plan.predict``), by XLA's
-    count of the step's bytes, and by the bytes its instructions move (``theseus.plan.traffic``),
-    which differ by up to 6x with splash attention: the chip's step says which one to trust."""
+    """The planner's prediction of the compiled step on this chip (``theseus.plan.predict``: each
+    instruction's roofline, summed), and what it is made of."""
     from theseus.base.hardware import lookup
-    from theseus.plan.predict import predict
-    from theseus.plan.traffic import hbm_bytes_by_part
+    from theseus.plan.predict import Hardware, predict
 
     chip = lookup(jax.devices()[0].device_kind)
     if chip is None or chip.hbm_bandwidth is None:
         return {}
-    compiled = run.compiled
-    flops = max(run.flops_per_step, compiled.xla_flops or 0) / jax.device_count()
-    p = predict(compiled.step, flops_per_device=flops, peak=run.peak[0], hbm_bandwidth=chip.hbm_bandwidth,
-                interconnect=chip.interconnect, memory=compiled.memory, loop_trips=run.settings.trainer.grad_accum)
-    traffic = sum(hbm_bytes_by_part(compiled.step.as_text()).values())
-    return {"predicted_step_s": p.step_s, "predicted_bound": p.bound, "predicted_memory_s": p.memory_s,
-            "predicted_compute_s": p.compute_s, "bytes_source": p.bytes_source, "traffic_bytes": traffic,
-            "predicted_step_s_by_traffic": max(p.compute_s, traffic / chip.hbm_bandwidth) + p.collective_s}
+    hardware = Hardware.of(chip.name, peak=run.peak[0], bandwidth=chip.hbm_bandwidth, interconnect=chip.interconnect)
+    p = predict(run.compiled.step, hardware, flops_per_device=run.flops_per_step / jax.device_count(),
+                loop_trips=run.settings.trainer.grad_accum)
+    return {"predicted_step_s": p.step_s, "predicted_bound": p.bound, "predicted_compute_s": p.compute_s,
+            "predicted_memory_s": p.memory_s, "predicted_kernel_steps_s": p.kernel_steps_s,
+            "predicted_collective_s": p.collective_s, "traffic_bytes": p.accessed}
 
 
 def generate(overrides: list[str], rounds: int, new_tokens: int = 128) -> dict:
@@ -208,7 +204,7 @@ def main() -> None:
                 if "step_s" in r else (name, "-", "-", r["error"][:60], "-", "-", "-", "-", "-")
                 for name, r in results["train"].items()]
         show(f"train steps on {device} (median of {args.rounds} windows of {STEPS} steps)",
-             ["model", "step ms", "tokens/s", "MFU", "MFU 6N+12LdT", "predicted ms", "by traffic ms", "XLA temp",
+             ["model", "step ms", "tokens/s", "MFU", "MFU 6N+12LdT", "predicted ms", "predicted error", "XLA temp",
               "build s"], rows)
     if "generate" in args.sections:
         results["generate"] = generate([*MODELS["smollm2_135m"], *args.set], args.rounds)

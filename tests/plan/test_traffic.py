@@ -10,6 +10,7 @@ from support import tpu_mesh
 from theseus.config.compose import compose
 from theseus.model.splash import computed_pairs
 from theseus.plan.hlo import Program
+from theseus.plan.products import ProductCounter
 from theseus.plan.traffic import hbm_bytes_by_part, module_path
 from theseus.recipe import assemble, resolve
 from theseus.training.parts import Run
@@ -126,12 +127,18 @@ def test_on_a_tpu_splash_moves_a_fraction_of_the_written_out_scores_bytes(on_a_t
 @pytest.mark.slow
 def test_on_a_tpu_the_flops_count_is_xla_s_with_the_kernel_as_it_computes(on_a_tpu):
     """Written out, XLA's count of the TPU's program within 5% of ``flops``; with splash, XLA
-    counts nothing inside the kernel: with the pairs it computes (3 of 4 blocks of 512), too."""
+    counts nothing inside the kernel: with the pairs it computes (3 of 4 blocks of 512), too. The
+    planner's products (``theseus.plan.products``) are theseus's count exactly, the kernel's aside."""
     written, splash = on_a_tpu["null"], on_a_tpu["auto"]
     assert written.compiled.xla_flops == pytest.approx(written.flops_per_step, rel=0.05)
     kernel = 2 * 12 * 256 * computed_pairs(1024, None) * 16  # layers x 12 x heads x head_dim x pairs x sequences
     assert splash.flops_per_step == written.flops_per_step - 2 * 12 * 256 * (1024**2 - 3 * 512**2) * 16
     assert splash.compiled.xla_flops + kernel == pytest.approx(splash.flops_per_step, rel=0.05)
+    for run, unseen in ((written, 0), (splash, kernel)):  # the planner's products, read from each device's program
+        program = Program.parse(run.compiled.step.as_text())
+        count = ProductCounter(program, None)
+        seen = sum(count(i).flops * times for i, times in program.instructions(control_only=True))
+        assert seen * len(run.devices) == run.flops_per_step - unseen  # exactly: the kernel's are all it misses
 
 
 def test_a_loop_writing_its_slot_of_a_stacked_buffer_moves_the_slot_not_the_buffer():

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from theseus.base.compile_oom import DoesNotFit
 from theseus.plan.fitting import Found, smallest_fit
 from theseus.plan.memory import fit_of, limit_of
-from theseus.plan.predict import Prediction, predict
+from theseus.plan.predict import KERNEL_STEP_S, Hardware, Prediction, predict
 from theseus.plan.traffic import hbm_bytes_by_part
 from theseus.training.metrics import format_bytes, format_duration, format_si
 from theseus.training.parts import Run
@@ -61,7 +61,7 @@ def dry_run(cfg: DictConfig, assemble: Callable[..., Run], in_sweep: bool = Fals
     prediction = _predict(run) if target else None
     if prediction:
         rows += _prediction_rows(run, prediction)
-    rows += traffic_rows(run, prediction)
+    rows += traffic_rows(run)
     console = RunConsole()
     if jax.process_index() == 0:
         console.show_table(f"theseus dry run for {target.name}" if target else "theseus dry run", rows)
@@ -96,11 +96,11 @@ def _mfu(run: Run, step_s: float | None = None) -> float | None:
 
 
 def _predict(run: Run) -> Prediction:
-    """The roofline of the step on the target's devices (see ``theseus.plan.predict``)."""
-    compiled, target = run.compiled, run.target
-    flops = max(run.flops_per_step, compiled.xla_flops or 0) / len(run.devices)
-    return predict(compiled.step, flops_per_device=flops, peak=run.peak[0], hbm_bandwidth=target.hbm_bandwidth,
-                   interconnect=target.interconnect, memory=compiled.memory,
+    """The step's instructions' rooflines on the target's devices, summed (``theseus.plan.predict``)."""
+    target = run.target
+    hardware = Hardware.of(target.chip.name, peak=run.peak[0], bandwidth=target.hbm_bandwidth,
+                           interconnect=target.interconnect, per_chip=target.per_chip)
+    return predict(run.compiled.step, hardware, flops_per_device=run.flops_per_step / len(run.devices),
                    loop_trips=run.settings.trainer.grad_accum)
 
 
@@ -110,13 +110,18 @@ def _chip_hours(run: Run, step_s: float) -> float:
 
 def _prediction_rows(run: Run, p: Prediction) -> list[tuple[str, str]]:
     target, step = run.target, p.step_s
+    steps = [("predicted: kernel steps / step", f"{duration(p.kernel_steps_s)} ({p.kernel_steps:,} grid steps of "
+              f"Pallas kernels at {KERNEL_STEP_S * 1e6:.2g} us)")] if p.kernel_steps else []
     return [
-        ("predicted: compute / step", f"{duration(p.compute_s)} (FLOPs at peak)"),
-        ("predicted: memory / step", f"{duration(p.memory_s)} (HBM bytes {p.bytes_source}, "
-                                     f"{format_si(target.hbm_bandwidth, 'B/s')})"),
+        ("predicted: compute / step", f"{duration(p.compute_s)} in instructions bound by their matrix products "
+                                      f"({format_si(p.flops, 'FLOP')} in all at {format_si(p.rate, 'FLOP/s')})"),
+        ("predicted: memory / step", f"{duration(p.memory_s)} in instructions bound by HBM ({format_bytes(p.accessed)} "
+                                     f"in all at {format_si(target.hbm_bandwidth, 'B/s')})"),
+        *steps,
         ("predicted: collectives / step", f"{duration(p.collective_s)} ({format_bytes(p.sent)} sent per device "
                                           f"at {format_si(target.interconnect, 'B/s')})"),
-        ("predicted: step time", f"{duration(step)} ({p.bound}-bound; roofline, collectives not overlapped)"
+        ("predicted: step time", f"{duration(step)} ({p.bound}-bound; roofline of each instruction, summed; "
+                                 f"collectives not overlapped)"
          + (f"; XLA's estimate {duration(p.xla_optimal_s)}" if p.xla_optimal_s else "")),
         ("predicted: tokens / s", format_si(run.tokens_per_step / step)),
         ("predicted: MFU", f"{_mfu(run, step):.1%}"),
@@ -125,17 +130,15 @@ def _prediction_rows(run: Run, p: Prediction) -> list[tuple[str, str]]:
     ]
 
 
-def traffic_rows(run: Run, prediction: Prediction | None, top: int = 5) -> list[tuple[str, str]]:
+def traffic_rows(run: Run, top: int = 5) -> list[tuple[str, str]]:
     """The bytes the step's instructions move through device memory (``traffic``: HBM on an
-    accelerator), beside XLA's count where the prediction read it, and the ``top`` largest parts
-    with their shares; the optimizer update's says what ``mesh.fsdp`` would save, where the state
-    is whole on every device of the batch."""
+    accelerator) and the ``top`` largest parts with their shares; the optimizer update's says
+    what ``mesh.fsdp`` would save, where the state is whole on every device of the batch."""
     parts = hbm_bytes_by_part(run.compiled.step.as_text())
     total = sum(parts.values())
     if not total:
         return []
-    xla = f"; XLA counts {format_bytes(prediction.accessed)}" if prediction and prediction.bytes_source == "XLA" else ""
-    rows = [("memory traffic / step", f"{format_bytes(total)} read and written by its instructions{xla}")]
+    rows = [("memory traffic / step", f"{format_bytes(total)} read and written by its instructions")]
     for part, moved in parts.most_common(top):
         row = f"{format_bytes(moved)} ({moved / total:.0%})"
         if part == "optimizer update" and run.mesh_shape["fsdp"] == 1 and run.batch_parallel > 1:

@@ -4,8 +4,8 @@
 opcode, operands, the ``op_name`` of their metadata) and ``runs``: how many times each
 computation runs in one run of the entry, through the loops around it (XLA's
 ``known_trip_count``, else, as TPU HLO prints a scan or fori_loop, the ``i < N`` its condition
-compares a counter against, else once). The planner's collectives (``predict``) and HBM traffic
-(``traffic``) are both sums over it.
+compares a counter against, else once). The planner's collectives, HBM traffic and step time
+(``predict``, ``traffic``) are sums over it.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ OP_NAME = re.compile(r'op_name="([^"]*)"')
 # what runs a computation once per run of its caller as the program's own sequence, not inside
 # one kernel (a fusion's body, a reduction's function): what moves data through HBM
 CONTROL = {"while", "call", "conditional"}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
 def shape_bytes(text: str, hbm_only: bool = False) -> int:
@@ -36,6 +37,12 @@ def shape_bytes(text: str, hbm_only: bool = False) -> int:
     leaving out those laid out in a TPU's VMEM (memory space 1: ``S(1)`` in their layout)."""
     return sum(ITEMSIZE[dtype] * math.prod(int(d) for d in dims.split(",") if d)
                for dtype, dims, layout in SHAPE.findall(text) if not (hbm_only and "S(1)" in layout))
+
+
+def shape_dims(text: str) -> list[int]:
+    """The dimensions of the first array shape written in ``text`` (``bf16[8,128]{1,0}`` -> ``[8, 128]``)."""
+    found = SHAPE.search(text)
+    return [int(d) for d in found.group(2).split(",") if d] if found else []
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,66 @@
-"""A predicted step time for a step compiled for hardware it has not run on: a roofline.
+"""A predicted step time for a step compiled for hardware it has not run on: each instruction's
+roofline, summed.
 
-Per device, the step takes the longer of its FLOPs at the chip's peak and its memory traffic
-at the HBM bandwidth, plus its collectives at the interconnect's bandwidth (not overlapped
-with compute: an upper bound where XLA overlaps them). Memory traffic is XLA's ``bytes
-accessed`` where the backend counts it, else the least the step can move: its arguments and
-outputs once, its temporaries written and read (XLA counts a loop's body once: its count is
-scaled by ``trainer.grad_accum``, and is a lower bound with a scan over layers). Collectives
-are read from the compiled HLO: all-reduce sends about twice its buffer, the others about
-their larger side, each counted once per iteration of the loops it is in (the micro-batches
-of ``trainer.grad_accum``, ``architecture.scan_layers``'s scan).
+A device runs its program's instructions one after another (a TPU core's one sequence; a GPU's
+one stream). Each run of an instruction takes the longer of its matrix products at the chip's
+matrix rate and its HBM bytes at the chip's bandwidth; the step is the sum over the program's
+sequence (``traffic.moves``: each loop's body as often as it trips), plus its collectives.
+
+- Products (``theseus.plan.products``): FLOPs from the shapes in the HLO, each over the share of
+  the matrix unit it fills (a 128-wide MXU runs 64 head dimensions at half its rate). The rate
+  is the chip's own measured one where there is one (``MATRIX_RATE``), else its datasheet peak.
+- Bytes (``theseus.plan.traffic``): what each instruction reads and writes through HBM; an
+  asynchronous copy to or from VMEM counts its bytes as an instruction of its own (it shares
+  the bandwidth with the instructions it overlaps).
+- Kernels: XLA sees no products inside a Pallas kernel's custom call. The FLOPs of the step's
+  count that the program's products do not hold are the attention kernels' (theseus counts 6
+  products a (query, key) pair: 2 forward, 4 backward); splash's kernels run 2 (forward), 3
+  (dq) and 4 (dkv) of them, the scores recomputed in both backward kernels, and fill the unit
+  by their head dimension. Each step of a kernel's grid (batch x heads x query blocks x key
+  blocks, the blocks its mask skips too) costs ``KERNEL_STEP_S`` besides.
+- Collectives: all-reduce sends about twice its buffer, the others about their larger side, at
+  the interconnect's bandwidth, not overlapped with compute (an upper bound where XLA overlaps
+  them), each counted once per iteration of the loops it is in.
+
+What it is not: a simulator. It does not overlap one instruction with the next, nor model an
+instruction's pipeline start, its vector-unit work (softmax, norms: counted by their bytes
+only) or a product's tiling beyond the unit's width; it knows no other kernel than splash's
+FLOPs (another custom call costs its bytes). No constant is fitted to a measured step; each
+ingredient was kept because the compiled TPU programs hold it. Against one TPU v5e chip
+(2026-12-07, JAX 0.10.2, ``benchmarks/accelerator.py``) it came within 3% under the chip's step
+for GPT-2 small (batch 16) and SmolLM2-135M (batch 8, full and LoRA), and 14-18% under it for
+~10M-parameter models, whose steps are ~1,500 instructions of a few microseconds each (no fixed
+cost an instruction is modelled). Without the unit's padding and the kernels' grid steps it
+was 28-47% under; with max(FLOPs at peak, XLA's bytes), 38% under to 71% over.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from theseus.plan.hlo import Program, shape_bytes
+from theseus.model.splash import block_size
+from theseus.plan.hlo import COLLECTIVES, Instruction, Program, shape_bytes, shape_dims
+from theseus.plan.products import ProductCounter, Products, share
+from theseus.plan.traffic import MOVES_NOTHING, moves
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# A matrix product's rate where the chip's own measurement says so: an 8192^3 bfloat16 product
+# timed on one TPU v5e chip (JAX 0.10.2, 2026-12-07) ran at 167 of its 197 TFLOP/s datasheet peak.
+MATRIX_RATE = {"TPU v5e": 167e12}
+# The side of a chip's systolic matrix units (Google's TPU architecture pages: 128 x 128 MXUs
+# through v5p, 256 x 256 from v6e); none on a GPU (its tensor cores take small tiles).
+MATRIX_WIDTH = {"TPU v2": 128, "TPU v3": 128, "TPU v4": 128, "TPU v5e": 128, "TPU v5p": 128, "TPU v6e": 256,
+                "TPU7x": 256}
+# The fixed cost of one step of a Pallas TPU kernel's grid (its DMAs issued and awaited, its
+# loop's bookkeeping): about 0.35 us as JAX's Pallas TPU guides give it; not measured here.
+KERNEL_STEP_S = 0.35e-6
+SPLASH = {"splash_mha_dkv": 4, "splash_mha_dq": 3, "splash_mha_fwd": 2}  # kernel -> products a (query, key) pair
+COUNTED = 6  # products a pair in theseus's FLOPs count: QK^T and PV forward, 4 backward (layers.Attention.flops)
+BACKWARD = "splash_mha_dkv"  # one run a layer's backward: the count's 6 products are one run's
 
 
 def collective_bytes(hlo: str) -> int:
@@ -38,39 +78,106 @@ def collective_bytes(hlo: str) -> int:
 
 
 @dataclass(frozen=True)
-class Prediction:
-    """The roofline's terms (seconds per step, one device) and what they imply."""
+class Hardware:
+    """What the sum needs of one device: its matrix ``rate`` (FLOP/s), its matrix unit's ``width``
+    (None: no padding), its HBM ``bandwidth`` and its ``interconnect`` (bytes/s)."""
 
-    compute_s: float
-    memory_s: float
+    rate: float
+    width: int | None
+    bandwidth: float
+    interconnect: float
+
+    @classmethod
+    def of(cls, chip: str, *, peak: float, bandwidth: float, interconnect: float, per_chip: int = 1) -> Hardware:
+        """A device of ``chip`` (``theseus.base.hardware.Chip.name``) at ``peak`` FLOP/s, or at the
+        chip's measured rate where tabled (``per_chip``: devices a chip, as libtpu shows v4's two
+        TensorCores)."""
+        rate = MATRIX_RATE[chip] / per_chip if chip in MATRIX_RATE else peak
+        return cls(rate, MATRIX_WIDTH.get(chip), bandwidth, interconnect)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The step's time (seconds, one device) by what bounds each instruction, and its totals."""
+
+    compute_s: float  # instructions whose products outlast their bytes
+    memory_s: float  # instructions whose bytes outlast their products
+    kernel_steps_s: float  # Pallas kernels' grid steps at KERNEL_STEP_S
     collective_s: float
-    bytes_source: str  # "XLA" or "estimated"
-    xla_optimal_s: float | None  # XLA's own estimate, where positive
+    flops: float  # the products' FLOPs (kernels' included)
+    accessed: float  # the HBM bytes its instructions move
+    rate: float  # FLOP/s of the products
     sent: int = 0  # bytes one device sends in collectives per step
-    accessed: float = 0.0  # the HBM bytes of memory_s
+    kernel_steps: int = 0
+    xla_optimal_s: float | None = None  # XLA's own estimate, where positive
 
     @property
     def step_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.collective_s
+        return self.compute_s + self.memory_s + self.kernel_steps_s + self.collective_s
 
     @property
     def bound(self) -> str:
-        terms = {"compute": self.compute_s, "memory": self.memory_s, "collectives": self.collective_s}
+        terms = {"compute": self.compute_s, "memory": self.memory_s, "kernel-step": self.kernel_steps_s,
+                 "collectives": self.collective_s}
         return max(terms, key=terms.get)
 
 
-def predict(compiled: Any, *, flops_per_device: float, peak: float, hbm_bandwidth: float, interconnect: float,
-            memory: dict[str, int], loop_trips: int) -> Prediction:
-    """The roofline of ``compiled`` (one device's program) doing ``flops_per_device`` at ``peak``
-    FLOP/s, with ``hbm_bandwidth`` and ``interconnect`` in bytes/s."""
+def _kernel(instruction: Instruction) -> str | None:
+    """Which of splash's kernels ``instruction`` calls, or None."""
+    if instruction.opcode != "custom-call":
+        return None
+    return next((kernel for kernel in SPLASH if instruction.name.startswith(kernel)), None)
+
+
+def _kernel_shape(instruction: Instruction, types: dict[str, str]) -> list[int]:
+    """A splash kernel's query shape ``[batch, heads, seq, head_dim]``: its largest operand of four
+    dimensions (the others: keys and values, and the mask's block maps and segment ids)."""
+    shapes = [shape_dims(types.get(name, "")) for name in instruction.operands]
+    return max((shape for shape in shapes if len(shape) == 4), key=math.prod)
+
+
+def _kernel_steps(shape: list[int]) -> int:
+    """The grid steps of one run of a splash kernel over queries of ``shape``: every pair of blocks."""
+    batch, heads, seq, _ = shape
+    return batch * heads * (seq // (block_size(seq) or seq)) ** 2
+
+
+def instruction_times(program: Program, hardware: Hardware,
+                      flops: float) -> Iterator[tuple[int, float, float, int, Products]]:
+    """Each instruction's (times it runs, and for one run: its products' seconds, its bytes'
+    seconds, its kernel's grid steps, its products); ``flops``: the step's count on one device,
+    the kernels' share of it what the program's products do not hold."""
+    count, types = ProductCounter(program, hardware.width), program.types()
+    runs = [(i, times, moved, count(i)) for i, times, moved in moves(program)
+            if i.opcode not in MOVES_NOTHING and not i.opcode.endswith("-done")]
+    seen = sum(p.flops * times for _, times, _, p in runs)
+    layers = sum(times for i, times, _, _ in runs if _kernel(i) == BACKWARD)
+    per_product = max(flops - seen, 0.0) / (COUNTED * layers) if layers else 0.0  # FLOPs of one product, one layer
+    for instruction, times, moved, products in runs:
+        steps = 0
+        if kernel := _kernel(instruction):
+            shape = _kernel_shape(instruction, types)
+            done = SPLASH[kernel] * per_product
+            products, steps = Products(done, done / share(shape[-1], hardware.width)), _kernel_steps(shape)
+        yield times, products.filled / hardware.rate, moved / hardware.bandwidth, steps, products
+
+
+def predict(compiled: Any, hardware: Hardware, *, flops_per_device: float, loop_trips: int = 1) -> Prediction:
+    """The summed rooflines of ``compiled`` (one device's program) on ``hardware``, ``flops_per_device``
+    its step's FLOPs count on one device (theseus's: the kernels' too); ``loop_trips`` scales
+    XLA's own estimate, which counts a loop's body once (``trainer.grad_accum``)."""
+    hlo = compiled.as_text()
+    compute = memory = flops = accessed = 0.0
+    steps = 0
+    for times, products_s, bytes_s, kernel_steps, products in instruction_times(Program.parse(hlo), hardware,
+                                                                               flops_per_device):
+        compute += times * products_s if products_s >= bytes_s else 0.0
+        memory += times * bytes_s if bytes_s > products_s else 0.0
+        flops, accessed = flops + times * products.flops, accessed + times * bytes_s * hardware.bandwidth
+        steps += times * kernel_steps
     cost = compiled.cost_analysis() or {}
     cost = cost[0] if isinstance(cost, list | tuple) else cost
-    accessed = float(cost.get("bytes accessed", 0.0)) * loop_trips
-    source = "XLA"
-    if accessed <= 0:
-        accessed = memory["argument"] + memory["output"] - memory["alias"] + 2 * memory["temp"]
-        source = "estimated"
-    optimal = float(cost.get("optimal_seconds", -1.0))
-    sent = collective_bytes(compiled.as_text())
-    return Prediction(flops_per_device / peak, accessed / hbm_bandwidth, sent / interconnect, source,
-                      optimal * loop_trips if np.isfinite(optimal) and optimal > 0 else None, sent, accessed)
+    optimal = float(cost.get("optimal_seconds", -1.0)) * loop_trips
+    sent = collective_bytes(hlo)
+    return Prediction(compute, memory, steps * KERNEL_STEP_S, sent / hardware.interconnect, flops, accessed,
+                      hardware.rate, sent, steps, optimal if np.isfinite(optimal) and optimal > 0 else None)

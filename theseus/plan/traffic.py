@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterator
 
 from theseus.model.layers import ATTENTION_SCORES
 from theseus.model.models.gpt import OUTPUT_HEAD
-from theseus.plan.hlo import Instruction, Program, shape_bytes
-from theseus.plan.predict import COLLECTIVES
+from theseus.plan.hlo import COLLECTIVES, Instruction, Program, shape_bytes
 from theseus.tasks.token_logps import CROSS_ENTROPY
 from theseus.training.step import OPTIMIZER_UPDATE
 
@@ -129,15 +129,21 @@ def instruction_bytes(instruction: Instruction, types: dict[str, str], partial: 
     return (shape_bytes(instruction.result, hbm_only=True) if written is None else written) + reads
 
 
+def moves(program: Program) -> Iterator[tuple[Instruction, int, int]]:
+    """Each instruction of ``program``'s own sequence (``control_only``: no kernel's body), how
+    many times it runs, and the HBM bytes one run of it moves (``instruction_bytes``)."""
+    types = program.types()
+    partial, writes = partial_reads(program), in_place_writes(program, types)
+    for instruction, times in program.instructions(control_only=True):
+        yield instruction, times, instruction_bytes(instruction, types, partial, writes)
+
+
 def hbm_bytes_by_part(hlo: str) -> Counter:
     """Part -> the HBM bytes its instructions move in one run of compiled HLO text ``hlo`` (one
     device's program), each as often as it runs (loops' trips)."""
-    program = Program.parse(hlo)
-    types = program.types()
-    partial, writes = partial_reads(program), in_place_writes(program, types)
     parts: Counter = Counter()
     producers: dict[str, str] = {}
-    for instruction, times in program.instructions(control_only=True):
+    for instruction, times, moved in moves(Program.parse(hlo)):
         producers[instruction.name] = part = part_of(instruction, producers)
-        parts[part] += instruction_bytes(instruction, types, partial, writes) * times
+        parts[part] += moved * times
     return +parts
