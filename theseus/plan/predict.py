@@ -26,7 +26,8 @@ What it is not: a simulator. It does not overlap one instruction with the next, 
 instruction's pipeline start, its vector-unit work (softmax, norms: counted by their bytes
 only) or a product's tiling beyond the unit's width; it knows no other kernel than splash's
 FLOPs (another custom call costs its bytes). No constant is fitted to a measured step; each
-ingredient was kept because the compiled TPU programs hold it. Against one TPU v5e chip
+ingredient was kept because the compiled TPU programs hold it, but ``KERNEL_STEP_S`` is not
+measured (see there). Against one TPU v5e chip
 (2026-12-07, JAX 0.10.2, ``benchmarks/accelerator.py``) it came within 3% under the chip's step
 for GPT-2 small (batch 16) and SmolLM2-135M (batch 8, full and LoRA), and 14-18% under it for
 ~10M-parameter models, whose steps are ~1,500 instructions of a few microseconds each (no fixed
@@ -56,7 +57,10 @@ MATRIX_RATE = {"TPU v5e": 167e12}
 MATRIX_WIDTH = {"TPU v2": 128, "TPU v3": 128, "TPU v4": 128, "TPU v5e": 128, "TPU v5p": 128, "TPU v6e": 256,
                 "TPU7x": 256}
 # The fixed cost of one step of a Pallas TPU kernel's grid (its DMAs issued and awaited, its
-# loop's bookkeeping): about 0.35 us as JAX's Pallas TPU guides give it; not measured here.
+# loop's bookkeeping): 0.35 us, an order of magnitude remembered from Pallas's TPU material, not
+# found in a source we could cite nor measured alone on the chip. It is this model's weakest term:
+# without it GPT-2 small's step came 9% under the chip's, SmolLM2's 17%. Time one splash kernel
+# at two block counts on the chip to replace it with a measurement.
 KERNEL_STEP_S = 0.35e-6
 SPLASH = {"splash_mha_dkv": 4, "splash_mha_dq": 3, "splash_mha_fwd": 2}  # kernel -> products a (query, key) pair
 COUNTED = 6  # products a pair in theseus's FLOPs count: QK^T and PV forward, 4 backward (layers.Attention.flops)
