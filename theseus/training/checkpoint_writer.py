@@ -4,7 +4,7 @@ copy of the state to host memory and nothing while it is written.
 Orbax writes in background threads of the process that saves: their Python holds the GIL in
 bursts, their files and buffers go through the same process's kernel state. Beside a step of a
 few milliseconds that shows: gpt_small on a TPU v5e (4.6 ms steps, checkpoints every 50) ran
-the 10 steps after each save at 8-11x their time, and later windows at 2.8x, while they wrote.
+the 10 steps after each save at 6-11x their time, and eight later windows at 1.4-4x, while they wrote.
 Where one process drives an accelerator (``writes_in_own_process``), ``Checkpointer`` hands
 its saves to this writer instead:
 
