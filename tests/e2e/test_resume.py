@@ -131,7 +131,7 @@ def test_a_sweep_jobs_printed_resume_is_its_own_single_run(corpus, tmp_path):
     os.kill(proc.pid, signal.SIGINT)
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 128 + signal.SIGINT, out[-3000:]
-    assert f": interrupted by SIGINT: its run.log ends with the command that resumes it (" in out, out[-3000:]
+    assert ": interrupted by SIGINT: its run.log ends with the command that resumes it (" in out, out[-3000:]
     (resume,) = [line.split("resume:", 1)[1].strip() for line in (job / "run.log").read_text().splitlines()
                  if "resume:" in line]
     assert resume == shlex.join(["python", "-m", "theseus.run", *cmd, "optimizer.lr=0.001", f"hydra.run.dir={job}"])

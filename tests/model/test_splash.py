@@ -153,8 +153,8 @@ def test_remat_dots_keeps_the_kernels_output_where_full_runs_it_again(remat, for
     """``architecture.remat=dots`` saves splash's output and logsumexp (``ATTENTION_OUTPUT``)
     beside the matrix products: the backward pass runs no second forward kernel; ``full`` does."""
     mesh = tpu_mesh({"data": 1, "fsdp": 1, "expert": 1, "tensor": 1})
-    with configuration({**BASE, "architecture.vocab_size": 256, "architecture.seq_len": 256,
-                        "architecture.n_layers": 1, "architecture.remat": remat, "architecture.attention_impl": "splash"}):
+    with configuration({**BASE, "architecture.vocab_size": 256, "architecture.seq_len": 256, "architecture.n_layers": 1,
+                        "architecture.remat": remat, "architecture.attention_impl": "splash"}):
         model = configure(GPT)
     tokens = jax.ShapeDtypeStruct((2, 256), jnp.int32)
     key = jax.random.key(0)
