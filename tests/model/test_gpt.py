@@ -59,8 +59,8 @@ def test_gpt_is_the_model_option_with_the_architecture_keys():
     assert keys == {
         "vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "dropout", "bias",
         "qkv_bias", "norm", "norm_eps", "activation", "positions", "rope_theta", "tie_embeddings", "init_std",
-        "attention_impl", "remat", "scan_layers", "dtype.param", "dtype.activation", "dtype.matmul", "lora.rank",
-        "lora.alpha", "lora.dropout", "lora.targets",
+        "attention_impl", "splash_fused_backward", "remat", "scan_layers", "dtype.param", "dtype.activation",
+        "dtype.matmul", "lora.rank", "lora.alpha", "lora.dropout", "lora.targets",
         # the other families' layouts (each at a default that changes nothing)
         "head_dim", "qk_norm", "sliding_window", "global_every", "rope_theta_local", "attn_scale_dim", "attn_softcap",
         "logit_softcap", "post_norms", "scale_embeddings", "fused_projections", "rope_scaling.type",

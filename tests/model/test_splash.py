@@ -48,8 +48,9 @@ CASES = {
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fused", [False, True], ids=["two_backward_kernels", "fused_backward"])
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_splash_matches_the_written_out_attention_and_its_gradients(case):
+def test_splash_matches_the_written_out_attention_and_its_gradients(case, fused):
     keys = CASES[case]
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((2, SEQ, 64)), jnp.float32)
@@ -58,7 +59,8 @@ def test_splash_matches_the_written_out_attention_and_its_gradients(case):
     # two packed sequences a row, split at different places (one across a block boundary)
     segments = jnp.asarray(np.stack([np.arange(SEQ) >= 200, np.arange(SEQ) >= 50]).astype(np.int32))
     segments = segments if case.endswith("segments") else None
-    written, splash = attention(None, **keys), attention("splash", **keys)
+    written = attention(None, **keys)
+    splash = attention("splash", **keys, **{"architecture.splash_fused_backward": fused})
     params = written.init(jax.random.key(1), x, positions)["params"]
     if case.endswith("segments"):
         positions = jnp.where(segments == 0, positions, positions - jnp.asarray([[200], [50]]))
@@ -81,7 +83,7 @@ def test_splash_matches_the_written_out_attention_and_its_gradients(case):
 def test_the_pairs_counted_are_the_blocks_the_kernels_own_map_computes(seq, window):
     """``computed_pairs`` against the kernel's forward block map (``block_mask``: 0 where a block
     is skipped): causal at 1024 is 3 of 4 blocks of 512."""
-    info = _kernel(seq, 1, window, None, True).fwd_mask_info
+    info = _kernel(seq, 1, window, None, False, True).fwd_mask_info
     blocks = int(np.count_nonzero(np.asarray(info.block_mask)))
     assert computed_pairs(seq, window) == blocks * block_size(seq) ** 2
     if (seq, window) == (1024, None):

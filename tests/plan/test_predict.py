@@ -131,6 +131,9 @@ def test_splash_kernels_take_the_flops_xla_cannot_see_as_they_compute_them_and_t
     assert p.kernel_steps == 3 * 2 * 4 * 2 * 2  # 3 kernels x sequences x heads x query blocks x key blocks
     assert p.kernel_steps_s == pytest.approx(p.kernel_steps * KERNEL_STEP_S)
     assert p.accessed == 3 * (2 * 4 + 2 * 2) * 1024 * 64 * 2  # each reads q and k
+    no_dq = "\n".join(line for line in SPLASH.splitlines() if "splash_mha_dq" not in line)  # the dkv kernel's
+    fused = predict(compiled(no_dq), Hardware(1e12, 128, 1e12, 1e9), flops_per_device=6 * one)
+    assert fused.flops == 7 * one and fused.kernel_steps == 2 * 2 * 4 * 2 * 2  # 2 forward, 5 in the fused backward
 
 
 def test_products_read_from_the_hlo_are_xla_s_count_of_them():

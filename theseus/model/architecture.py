@@ -21,7 +21,8 @@ from theseus.config import FRACTION, NON_NEGATIVE, POSITIVE, RUNTIME, field
 from theseus.model.activations import ACTIVATIONS
 
 ATTENTION_IMPLS = ("auto", None, "xla", "cudnn", "splash")
-ATTENTION_IMPL_HELP = ("auto: the platform's fused kernel where it applies (a TPU: splash), else theseus's own; None: "
+ATTENTION_IMPL_HELP = ("auto: the platform's fused kernel where it pays (a TPU: splash, where the sequence spans "
+                       "several of its blocks), else theseus's own; None: "
                        "theseus's own, written out (grouped_attention: the [seq, seq] scores in memory); xla, cudnn: "
                        "jax.nn.dot_product_attention's implementation; splash: Pallas's TPU flash kernel (blocks of "
                        "the sequence, masked ones skipped; interpreted off a TPU), where 128 divides the sequence")
@@ -58,6 +59,10 @@ sliding_window = _key("sliding_window", None, check=POSITIVE,
 init_std = _key("init_std", 0.02, check=POSITIVE, help="stddev of the normal initialiser", role=RUNTIME)
 attention_impl = _key("attention_impl", "auto", choices=ATTENTION_IMPLS, help=ATTENTION_IMPL_HELP, role=RUNTIME)
 fused_projections = _key("fused_projections", None, help=FUSED_DOC, role=RUNTIME)
+splash_fused_backward = _key("splash_fused_backward", False, role=RUNTIME,
+                             help="splash attention's backward as one kernel (dq with dk and dv: 5 matrix products a "
+                                  "(query, key) pair where its two kernels run 7); planned faster on a TPU v5e, not "
+                                  "yet timed on one")
 # Bias-balanced routing (DeepSeek-V3): each step, a per-expert selection bias moves by this much
 # against the expert's load imbalance (theseus.model.moe); 0: off.
 moe_bias_update_rate = _key("moe.bias_update_rate", 0.0, check=NON_NEGATIVE,

@@ -556,6 +556,7 @@ class Attention(Module):
                                        help="soft-cap attention scores to (-c, c) by c * tanh(score / c) (Gemma 2); "
                                             "None: no cap")
     attention_impl: str | None = architecture.attention_impl()
+    splash_fused_backward: bool = architecture.splash_fused_backward()
     fused_projections: bool | None = architecture.fused_projections()
     decode: bool = False  # not a config key: attend through a KVCache (generation)
 
@@ -638,7 +639,8 @@ class Attention(Module):
         kernel = self.kernel(q.shape[1])
         if kernel == "splash":
             return splash_attention(q, k, v, segments, scale=self.scale, window=self.sliding_window,
-                                    softcap=self.attn_softcap, interpret=backend() != "tpu")
+                                    softcap=self.attn_softcap, fused_backward=self.splash_fused_backward,
+                                    interpret=backend() != "tpu")
         same = None if segments is None else (segments[:, None, :, None] == segments[:, None, None, :])
         if kernel is None:  # a key sees itself and those before
             index = jnp.arange(q.shape[1])

@@ -63,31 +63,34 @@ def skips_blocks(seq: int, window: int | None) -> bool:
     return block_size(seq) is not None and computed_pairs(seq, window) < seq * seq
 
 
-def _kernel(seq: int, heads: int, window: int | None, softcap: float | None, interpret: bool):
+def _kernel(seq: int, heads: int, window: int | None, softcap: float | None, fused_backward: bool,
+            interpret: bool):
     """The splash kernel of one sequence of ``seq`` positions and ``heads`` query heads, made in the
     trace that calls it: it turns its mask's block maps (computed on the host, and cached there by
     Pallas) into arrays of that trace. A kernel kept across traces held the first one's tracers,
-    which the next took as inputs (on a TPU: an init compiled for 5 inputs and called with none)."""
+    which the next took as inputs (on a TPU: an init compiled for 5 inputs and called with none).
+    ``fused_backward``: dq computed in the dk and dv kernel (the scores recomputed once, not twice)."""
     block = block_size(seq)
     mask = (splash.CausalMask((seq, seq)) if window is None
             else splash.LocalMask((seq, seq), window_size=(window - 1, 0), offset=0))
+    dq = {"use_fused_bwd_kernel": True} if fused_backward else {"block_q_dq": block, "block_kv_dq": block}
     sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                              block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+                              block_kv_dkv=block, block_kv_dkv_compute=block, **dq)
     return splash.make_splash_mha(splash.MultiHeadMask([mask] * heads), block_sizes=sizes, head_shards=1,
                                   q_seq_shards=1, attn_logits_soft_cap=softcap, interpret=interpret,
                                   residual_checkpoint_name=ATTENTION_OUTPUT)
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array | None, *, scale: float,
-                     window: int | None = None, softcap: float | None = None,
+                     window: int | None = None, softcap: float | None = None, fused_backward: bool = False,
                      interpret: bool = False) -> jax.Array:
     """Causal attention of ``q`` over ``k, v`` (scores times ``scale``, soft-capped by ``softcap``
     when set; a query sees the ``window - 1`` keys before it when set; only its own segment's
     with ``segments``) -> ``[batch, seq, heads, head_dim]`` in q's dtype. ``seq`` must have a
-    ``block_size``."""
+    ``block_size``; ``fused_backward``: the gradient by one kernel (``_kernel``)."""
 
     def local(q, k, v, *segments):
-        kernel = _kernel(q.shape[1], q.shape[2], window, softcap, interpret)
+        kernel = _kernel(q.shape[1], q.shape[2], window, softcap, fused_backward, interpret)
         heads_first = [x.swapaxes(1, 2) for x in ((q * scale).astype(q.dtype), k, v)]  # [batch, heads, seq, dim]
         if segments:
             out = jax.vmap(lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids)))(

@@ -15,7 +15,8 @@ sequence (``traffic.moves``: each loop's body as often as it trips), plus its co
 - Kernels: XLA sees no products inside a Pallas kernel's custom call. The FLOPs of the step's
   count that the program's products do not hold are the attention kernels' (theseus counts 6
   products a (query, key) pair: 2 forward, 4 backward); splash's kernels run 2 (forward), 3
-  (dq) and 4 (dkv) of them, the scores recomputed in both backward kernels, and fill the unit
+  (dq) and 4 (dkv) of them, the scores recomputed in both backward kernels (one kernel of 5
+  where the backward is fused: ``architecture.splash_fused_backward``), and fill the unit
   by their head dimension. Each step of a kernel's grid (batch x heads x query blocks x key
   blocks, the blocks its mask skips too) costs ``KERNEL_STEP_S`` besides.
 - Collectives: all-reduce sends about twice its buffer, the others about their larger side, at
@@ -65,6 +66,7 @@ KERNEL_STEP_S = 0.35e-6
 SPLASH = {"splash_mha_dkv": 4, "splash_mha_dq": 3, "splash_mha_fwd": 2}  # kernel -> products a (query, key) pair
 COUNTED = 6  # products a pair in theseus's FLOPs count: QK^T and PV forward, 4 backward (layers.Attention.flops)
 BACKWARD = "splash_mha_dkv"  # one run a layer's backward: the count's 6 products are one run's
+FUSED_BACKWARD = 5  # products a pair of the dkv kernel that computes dq too (architecture.splash_fused_backward)
 
 
 def collective_bytes(hlo: str) -> int:
@@ -156,12 +158,13 @@ def instruction_times(program: Program, hardware: Hardware,
             if i.opcode not in MOVES_NOTHING and not i.opcode.endswith("-done")]
     seen = sum(p.flops * times for _, times, _, p in runs)
     layers = sum(times for i, times, _, _ in runs if _kernel(i) == BACKWARD)
+    fused = not any(_kernel(i) == "splash_mha_dq" for i, _, _, _ in runs)  # the dkv kernel computes dq
     per_product = max(flops - seen, 0.0) / (COUNTED * layers) if layers else 0.0  # FLOPs of one product, one layer
     for instruction, times, moved, products in runs:
         steps = 0
         if kernel := _kernel(instruction):
             shape = _kernel_shape(instruction, types)
-            done = SPLASH[kernel] * per_product
+            done = (FUSED_BACKWARD if fused and kernel == BACKWARD else SPLASH[kernel]) * per_product
             products, steps = Products(done, done / share(shape[-1], hardware.width)), _kernel_steps(shape)
         yield times, products.filled / hardware.rate, moved / hardware.bandwidth, steps, products
 

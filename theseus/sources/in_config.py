@@ -76,8 +76,8 @@ def init_from_values(cfg: DictConfig, source: ModelSource | None) -> dict[str, A
 # architecture keys a model that computes what another does may set otherwise: its context, its
 # vocabulary (the weights' shapes say), how it was initialised, trained, adapted and run
 FREE = tuple(f"architecture.{key}" for key in ("seq_len", "vocab_size", "dropout", "init_std", "remat", "scan_layers",
-                                               "attention_impl", "dtype.", "lora.", "moe.aux_loss", "moe.z_loss",
-                                               "moe.bias_update_rate"))
+                                               "attention_impl", "splash_fused_backward", "dtype.", "lora.",
+                                               "moe.aux_loss", "moe.z_loss", "moe.bias_update_rate"))
 
 
 def check_same_architecture(cfg: DictConfig, source: ModelSource) -> None:

@@ -124,6 +124,7 @@ class GPT(Module):
                                                 "rope_local_base_freq); None: rope_theta and its scaling")
     init_std: float = architecture.init_std()
     attention_impl: str | None = architecture.attention_impl()
+    splash_fused_backward: bool = architecture.splash_fused_backward()
     remat: str = field(
         "architecture.remat", default="none", choices=("none", *REMAT_POLICIES),
         help="recompute block activations in the backward pass: none, dots (keep matmul and splash attention "
