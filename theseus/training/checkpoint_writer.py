@@ -8,16 +8,17 @@ the 10 steps after each save at 6-11x their time, and eight later windows at 1.4
 Where one process drives an accelerator (``writes_in_own_process``), ``Checkpointer`` hands
 its saves to this writer instead:
 
-    the loop's process                              the writer (``python -m`` this module, on the CPU)
+    the loop's process (this module)                the writer (``checkpoint_server``, on the CPU)
     device_get(state) -> shared memory (memfd)      maps the same memory
     pipe: step, arrays' layout, JSON items  ---->   Checkpointer(writer="threads").write, wait
                                             <----   ("saved", step) or ("failed", step, why)
 
 The shared memory is made once (every save of a run holds the same arrays) and written again
 only after the writer has answered for the save before, so a save never waits on the writer
-unless the one before it is still being written. The writer ignores SIGINT and SIGTERM (a
-run's stop signal reaches its whole process group: the writer must outlive it to write the
-stop's checkpoint), exits when the pipe closes (``close``), and is killed with the loop's
+unless the one before it is still being written. The writer runs in a session of its own (a
+terminal's Ctrl-C reaches the run, not it) and ignores SIGINT and SIGTERM (a cluster's stop
+signal may reach every process of the job: the writer must outlive it to write the stop's
+checkpoint), exits when the pipe closes (``close``), and is killed with the loop's
 process (``PR_SET_PDEATHSIG``): as Orbax's threads would be, so that a run started again at once
 never meets a writer of the last one; the checkpoint it was writing is absent, never partial
 (Orbax writes to a temporary folder and renames it when whole).
@@ -28,7 +29,6 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 ALIGN = 64  # bytes: each array's offset in the shared memory
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+SERVER = "theseus.training.checkpoint_server"  # the writer's side, run as python -m
 
 
 def writes_in_own_process() -> bool:
@@ -118,9 +118,9 @@ class WriterProcess:
             os.ftruncate(fd, size)
             self.memory = mmap.mmap(fd, size)
             env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # the chip stays the loop's
-            command = [sys.executable, "-m", __name__, str(os.getpid()), str(fd), str(size)]
+            command = [sys.executable, "-m", SERVER, str(os.getpid()), str(fd), str(size)]
             self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            pass_fds=(fd,))
+                                            pass_fds=(fd,), start_new_session=True)  # no terminal's Ctrl-C
         finally:
             os.close(fd)
         self._send(("open", str(self.directory), self.keep))
@@ -128,48 +128,3 @@ class WriterProcess:
     def _send(self, message: tuple) -> None:
         pickle.dump(message, self.process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
         self.process.stdin.flush()
-
-
-def serve(fd: int, size: int) -> None:
-    """The writer: saves what the pipe on stdin sends, answering each on the stdout it was given."""
-    from theseus.training.checkpoint import Checkpointer
-
-    answers = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything else printed goes to stderr, not into the answers
-    memory = mmap.mmap(fd, size)
-    requests = sys.stdin.buffer
-    _, directory, keep = pickle.load(requests)
-    checkpointer = Checkpointer(Path(directory), keep, writer="threads")
-    try:
-        while True:
-            try:
-                _, step, places, treedef, items, metrics = pickle.load(requests)
-            except EOFError:
-                return
-            try:
-                checkpointer.write(step, jax.tree.unflatten(treedef, views(memory, places)), items, metrics)
-                checkpointer.wait()
-                answer = ("saved", step)
-            except Exception as exc:  # noqa: BLE001 - the loop's process reports it
-                answer = ("failed", step, f"{type(exc).__name__}: {exc}")
-            pickle.dump(answer, answers)
-            answers.flush()
-    finally:
-        checkpointer.close()
-
-
-def _tied_to(parent: int) -> None:
-    """This process killed with ``parent`` (Linux's ``PR_SET_PDEATHSIG``), deaf to the signals
-    that ask a run to stop."""
-    import ctypes
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before the line above
-        os._exit(1)
-
-
-if __name__ == "__main__":
-    _tied_to(int(sys.argv[1]))
-    serve(int(sys.argv[2]), int(sys.argv[3]))
