@@ -81,3 +81,22 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert step == 3 and data == {"position": 3}
     np.testing.assert_array_equal(state["w"], np.full(4, 3, np.float32))
     restored.close()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_with_a_checkpoint_the_writer_writes(tmp_path):
+    """A terminal's Ctrl-C signals the run's whole process group: the run stops after its step with
+    a checkpoint, which the writer (in a session of its own) is still there to write."""
+    cmd = [sys.executable, "-m", "theseus.run", "+experiment=gpt_tiny", "trainer.max_steps=200", "trainer.log_every=1",
+           "trainer.eval_every=0", "trainer.checkpoint_every=3", "trainer.checkpoint_writer=process",
+           "logger.mode=disabled", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"}, start_new_session=True)
+    for line in proc.stdout:
+        if line.startswith("step 5/"):
+            os.killpg(proc.pid, signal.SIGINT)  # as the terminal does
+            break
+    output = proc.stdout.read()
+    assert proc.wait(timeout=300) == 128 + signal.SIGINT, output[-3000:]
+    stopped = max(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
+    assert stopped >= 5 and f"checkpoint {stopped} saved" in output
