@@ -94,11 +94,20 @@ def test_the_scan_accepts_safe_loads():
     assert unsafe_loads(safe) == []
 
 
+# Pickle between a run and its own checkpoint writer: over the anonymous pipe the run made for the
+# process it started, which no file and no other process reaches (the train state's tree goes
+# through it). Nothing else in these files may unpickle.
+OWN_PIPE = {"theseus/training/checkpoint_writer.py": {"import pickle", "pickle.load"},
+            "theseus/training/checkpoint_server.py": {"import pickle", "pickle.load"}}
+
+
 def test_no_load_path_uses_pickle():
     files = sorted(PACKAGE.rglob("*.py"))
     assert len(files) > 20
-    found = [hit for path in files for hit in unsafe_loads(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))]
+    found = [hit for path in files for hit in unsafe_loads(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
+             if hit.split(": ", 1)[1] not in OWN_PIPE.get(str(path.relative_to(ROOT)), ())]
     assert found == []
+    assert all((ROOT / name).is_file() for name in OWN_PIPE)  # no exception outlives its file
 
 
 def test_a_saved_model_with_a_pickled_array_is_refused(tmp_path):
