@@ -86,7 +86,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 @pytest.mark.slow
 def test_ctrl_c_stops_the_run_with_a_checkpoint_the_writer_writes(tmp_path):
     """A terminal's Ctrl-C signals the run's whole process group: the run stops after its step with
-    a checkpoint, which the writer (in a session of its own) is still there to write."""
+    a checkpoint, which the writer (in a process group of its own) is still there to write."""
     cmd = [sys.executable, "-m", "theseus.run", "+experiment=gpt_tiny", "trainer.max_steps=200", "trainer.log_every=1",
            "trainer.eval_every=0", "trainer.checkpoint_every=3", "trainer.checkpoint_writer=process",
            "logger.mode=disabled", f"hydra.run.dir={tmp_path / 'run'}"]

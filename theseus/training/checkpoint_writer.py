@@ -4,8 +4,8 @@ copy of the state to host memory and nothing while it is written.
 Orbax writes in background threads of the process that saves: their Python holds the GIL in
 bursts, their files and buffers go through the same process's kernel state. Beside a step of a
 few milliseconds that shows: gpt_small on a TPU v5e (4.6 ms steps, checkpoints every 50) ran
-the 10 steps after each save at 6-11x their time, and eight later windows at 1.4-4x, while they wrote.
-Where one process drives an accelerator (``writes_in_own_process``), ``Checkpointer`` hands
+the 10 steps after each save at 6-11x their time, and eight later windows at 1.4-4x, while they
+wrote. Where one process drives an accelerator (``writes_in_own_process``), ``Checkpointer`` hands
 its saves to this writer instead:
 
     the loop's process (this module)                the writer (``checkpoint_server``, on the CPU)
@@ -15,10 +15,10 @@ its saves to this writer instead:
 
 The shared memory is made once (every save of a run holds the same arrays) and written again
 only after the writer has answered for the save before, so a save never waits on the writer
-unless the one before it is still being written. The writer runs in a session of its own (a
-terminal's Ctrl-C reaches the run, not it) and ignores SIGINT and SIGTERM (a cluster's stop
-signal may reach every process of the job: the writer must outlive it to write the stop's
-checkpoint), exits when the pipe closes (``close``), and is killed with the loop's
+unless the one before it is still being written. The writer runs in a process group of its
+own (``setsid``: a terminal's Ctrl-C reaches the run, not it) and ignores SIGINT and SIGTERM (a
+cluster's stop signal may reach every process of the job: the writer must outlive it to write
+the stop's checkpoint), exits when the pipe closes (``close``), and is killed with the loop's
 process (``PR_SET_PDEATHSIG``): as Orbax's threads would be, so that a run started again at once
 never meets a writer of the last one; the checkpoint it was writing is absent, never partial
 (Orbax writes to a temporary folder and renames it when whole).
