@@ -66,6 +66,7 @@ KERNEL_STEP_S = 0.35e-6
 SPLASH = {"splash_mha_dkv": 4, "splash_mha_dq": 3, "splash_mha_fwd": 2}  # kernel -> products a (query, key) pair
 COUNTED = 6  # products a pair in theseus's FLOPs count: QK^T and PV forward, 4 backward (layers.Attention.flops)
 BACKWARD = "splash_mha_dkv"  # one run a layer's backward: the count's 6 products are one run's
+DQ = "splash_mha_dq"  # absent where the backward is fused: the dkv kernel computes dq
 FUSED_BACKWARD = 5  # products a pair of the dkv kernel that computes dq too (architecture.splash_fused_backward)
 
 
@@ -154,15 +155,15 @@ def instruction_times(program: Program, hardware: Hardware,
     seconds, its kernel's grid steps, its products); ``flops``: the step's count on one device,
     the kernels' share of it what the program's products do not hold."""
     count, types = ProductCounter(program, hardware.width), program.types()
-    runs = [(i, times, moved, count(i)) for i, times, moved in moves(program)
+    runs = [(i, times, moved, count(i), _kernel(i)) for i, times, moved in moves(program)
             if i.opcode not in MOVES_NOTHING and not i.opcode.endswith("-done")]
-    seen = sum(p.flops * times for _, times, _, p in runs)
-    layers = sum(times for i, times, _, _ in runs if _kernel(i) == BACKWARD)
-    fused = not any(_kernel(i) == "splash_mha_dq" for i, _, _, _ in runs)  # the dkv kernel computes dq
+    seen = sum(p.flops * times for _, times, _, p, _ in runs)
+    layers = sum(times for _, times, _, _, kernel in runs if kernel == BACKWARD)
+    fused = DQ not in {kernel for *_, kernel in runs}
     per_product = max(flops - seen, 0.0) / (COUNTED * layers) if layers else 0.0  # FLOPs of one product, one layer
-    for instruction, times, moved, products in runs:
+    for instruction, times, moved, products, kernel in runs:
         steps = 0
-        if kernel := _kernel(instruction):
+        if kernel:
             shape = _kernel_shape(instruction, types)
             done = (FUSED_BACKWARD if fused and kernel == BACKWARD else SPLASH[kernel]) * per_product
             products, steps = Products(done, done / share(shape[-1], hardware.width)), _kernel_steps(shape)
