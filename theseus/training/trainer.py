@@ -32,6 +32,17 @@ from theseus.training.summary import describe, record, report_end
 ROLLOUT = "rollout"  # the entry of a checkpoint's data state holding a rollout's
 
 
+@contextlib.contextmanager
+def _start_frozen():
+    """What the run's start made lives on: a full collection in the loop (~0.1-0.2 s) skips it
+    (``gc.freeze``), and collects it again once the loop is over, however it ends."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class TrainingError(RuntimeError):
     """A run that cannot go on (non-finite values, a batch its task cannot make): reported in one
     line, like a ConfigError."""
@@ -61,10 +72,9 @@ class Trainer:
                 Preemption(say=self.say) as preemption:
             self.say(f"theseus: run directory {run_dir}")
             loop = self.start(run_dir)
-            gc.freeze()  # what the start made lives on: a full collection in the loop (~0.1-0.2 s) skips it
             loop.preemption, preemption.step = preemption, loop.step
             hooks = self.hooks()
-            with loop.logger:
+            with loop.logger, _start_frozen():
                 with self._stopping_on_batch_errors(loop, f"evaluating step {loop.step}"):
                     if loop.step >= loop.last_step:
                         loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
@@ -80,7 +90,6 @@ class Trainer:
                 loop.profiler.close(loop.state)
                 loop.checkpointer.wait()
                 loop.checkpointer.close()
-                gc.unfreeze()
                 if loop.evaluation is not None:
                     loop.logger.summary(final_val_loss=loop.val_loss)
                 loop.logger.summary(status="interrupted" if loop.stop else "complete")
