@@ -10,7 +10,9 @@ theseus's count and by 6N + 12·L·d·T, XLA's temporaries, the planner's predic
 same program and its error against the step), ``generate`` (decoding tokens/s at batch 1 and 8, and a
 GRPO-sized rollout of 64 completions), ``checkpoint`` (the seconds a save holds the loop, and
 until it is on disk), ``build`` (a train step's first compile and its compile from the
-persistent cache, each in a fresh process). Try it small on a CPU:
+persistent cache, each in a fresh process), ``attention`` (splash's forward and backward alone at
+GPT-2 124M's shape, at each block size, fused backward or not: the cost of a kernel's grid step
+the planner assumes, measured). Try it small on a CPU:
 ``--models gpt_tiny --sections train build --rounds 2``.
 """
 
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from common import child, device_batch, experiment, make_run, save, show, spread
 
@@ -157,22 +160,93 @@ def checkpoint(overrides: list[str], rounds: int) -> dict:
 def build_once(name: str) -> dict:
     """(in a fresh process) seconds to compile ``name``'s train step, with this process's cache."""
     run = make_run([*MODELS[name], *ACCELERATOR])
-    return {"compile_s": run.compiled.seconds}
+    return {"compile_s": run.compiled.seconds, "device": jax.devices()[0].device_kind}
 
 
 def builds(name: str) -> dict:
-    """A train step's first compile, and its compile from the persistent cache the first filled."""
+    """A train step's first compile, and its compile from the persistent cache the first filled,
+    each in a process of its own (the one process a TPU admits at a time: never this one)."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache}
-        first = child(__file__, "--build-once", name, env=env)["compile_s"]
-        cached = child(__file__, "--build-once", name, env=env)["compile_s"]
-    return {"first_s": first, "cached_s": cached}
+        first = child(__file__, "--build-once", name, env=env)
+        cached = child(__file__, "--build-once", name, env=env)
+    return {"first_s": first["compile_s"], "cached_s": cached["compile_s"], "device": first["device"]}
+
+
+ATTENTION = (16, 1024, 12, 64)  # GPT-2 124M's attention at batch 16: batch, seq, heads, head_dim
+
+
+def attention_case(q, k, v, w, fused: bool, interpret: bool, hardware, rounds: int) -> dict:
+    """One program of ``attention``: the gradient of splash at ``splash.BLOCKS``'s block, timed."""
+    from theseus.model import splash
+    from theseus.plan.predict import predict
+
+    batch, seq, heads, dim = q.shape
+    block = splash.block_size(seq)
+
+    def loss(q, k, v):
+        out = splash.splash_attention(q, k, v, None, scale=dim**-0.5, fused_backward=fused, interpret=interpret)
+        return (out.astype(jnp.float32) * w).sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
+
+    def window(calls: int = STEPS) -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = grad(q, k, v)
+        jax.block_until_ready(out)
+        return (time.perf_counter() - start) / calls
+
+    window(2)
+    seconds = spread([window() for _ in range(rounds)])["median"]
+    pairs = splash.computed_pairs(seq, None) * batch * heads
+    products = pairs * (2 + (5 if fused else 7))  # forward 2; backward dq 3 + dkv 4, or 5 fused
+    counted = 6 * pairs * 2 * dim  # theseus's count: 6 products a pair
+    return {"block": block, "fused": fused, "seconds": seconds, "kernel_flops": products * 2 * dim,
+            "grid_steps": batch * heads * (seq // block) ** 2 * (2 if fused else 3),
+            "predicted_s": predict(grad, hardware, flops_per_device=counted).step_s if hardware else None}
+
+
+def attention(rounds: int) -> dict:
+    """Splash's forward and backward (``jax.grad`` of one layer's attention) at ``ATTENTION``'s
+    shape, at each of its block sizes, the backward fused or not; each program's seconds beside
+    its grid steps and the products its kernels compute, and the fit of seconds = products at a
+    rate + grid steps x a cost each (the planner's ``KERNEL_STEP_S``, and its prediction beside)."""
+    from theseus.base.hardware import lookup
+    from theseus.model import splash
+    from theseus.plan.predict import Hardware
+
+    batch, seq, heads, dim = ATTENTION
+    q, k, v, w = (jax.random.normal(key, (batch, seq, heads, dim), jnp.bfloat16) for key in
+                  jax.random.split(jax.random.key(0), 4))
+    chip = lookup(jax.devices()[0].device_kind)
+    hardware = (Hardware.of(chip.name, peak=chip.bf16, bandwidth=chip.hbm_bandwidth, interconnect=chip.interconnect)
+                if chip is not None and chip.hbm_bandwidth else None)
+    blocks, results = splash.BLOCKS, {}
+    interpret = jax.default_backend() != "tpu"  # a try on a CPU: Pallas's interpreter (slow)
+    try:
+        for block in (seq, *blocks):  # one block of the whole sequence (every pair), then splash's own
+            splash.BLOCKS = (block,)  # the kernel's and the planner's block, this measurement's
+            for fused in (False, True):
+                name = f"block {block}{' fused' if fused else ''}"
+                try:
+                    results[name] = attention_case(q, k, v, w, fused, interpret, hardware, rounds)
+                except Exception as exc:  # noqa: BLE001  (recorded: a block the chip's VMEM does not hold)
+                    results[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    finally:
+        splash.BLOCKS = blocks
+    rows = [r for r in results.values() if "seconds" in r]
+    # seconds = flops / rate + steps x cost: a least-squares fit over every block size and kernel
+    fit, *_ = np.linalg.lstsq(np.array([[r["kernel_flops"], r["grid_steps"]] for r in rows]),
+                              np.array([r["seconds"] for r in rows]), rcond=None)
+    return {"shape": ATTENTION, "cases": results, "fit_rate_flops": 1 / fit[0] if fit[0] > 0 else None,
+            "fit_step_s": float(fit[1])}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", nargs="+", default=["train", "generate", "checkpoint", "build"],
-                        choices=["train", "generate", "checkpoint", "build"])
+                        choices=["train", "generate", "checkpoint", "build", "attention"])
     parser.add_argument("--models", nargs="+", default=["gpt_small", "gpt2_124m", "llama_small", "smollm2_135m",
                                                         "smollm2_135m_lora"], choices=list(MODELS))
     parser.add_argument("--batches", type=int, nargs="*", default=[], help="also the first model at these batch sizes")
@@ -183,8 +257,14 @@ def main() -> None:
     if args.build_once:
         print(__import__("json").dumps(build_once(args.build_once)))
         return
-    device = jax.devices()[0].device_kind
-    results: dict = {"device": device, "set": args.set}
+    results: dict = {"set": args.set}
+    if "build" in args.sections:  # first: its processes take the chip, which this one holds from its first step on
+        results["build"] = {name: builds(name) for name in args.models[:2]}
+    device = results["device"] = jax.devices()[0].device_kind
+    if "build" in args.sections:
+        save("accelerator", results)
+        show(f"train step compile on {device}", ["model", "first s", "from the cache s"],
+             [(n, r["first_s"], r["cached_s"]) for n, r in results["build"].items()])
     cases = {name: [*MODELS[name], *args.set] for name in args.models}
     first = args.models[0]
     cases.update({f"{first} batch {b}": [*MODELS[first], f"trainer.batch_size={b}", *args.set] for b in args.batches})
@@ -219,11 +299,16 @@ def main() -> None:
         save("accelerator", results)
         show(f"checkpoint saves on {device}", ["model", "state", "loop held s", "on disk s"],
              [(n, format_bytes(r["bytes"]), r["held_s"], r["written_s"]) for n, r in results["checkpoint"].items()])
-    if "build" in args.sections:
-        results["build"] = {name: builds(name) for name in args.models[:2]}
+    if "attention" in args.sections:
+        results["attention"] = attention(args.rounds)
         save("accelerator", results)
-        show(f"train step compile on {device}", ["model", "first s", "from the cache s"],
-             [(n, r["first_s"], r["cached_s"]) for n, r in results["build"].items()])
+        fit = results["attention"]
+        show(f"splash forward + backward on {device}, {ATTENTION} (batch, seq, heads, head_dim): a grid step "
+             f"{fit['fit_step_s'] * 1e6:.3f} us, products at {(fit['fit_rate_flops'] or 0) / 1e12:.1f} TFLOP/s (fit)",
+             ["case", "ms", "grid steps", "kernel TFLOP", "predicted ms"],
+             [(n, r["seconds"] * 1e3, r["grid_steps"], r["kernel_flops"] / 1e12,
+               "-" if r["predicted_s"] is None else r["predicted_s"] * 1e3) if "seconds" in r
+              else (n, r["error"][:60], "-", "-", "-") for n, r in fit["cases"].items()])
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ def test_a_gpt_step_compiles_for_a_tpu_slice_with_splash_per_device_over_batch_a
     kernels = {line.split(" = ")[0].strip(): line.split(" custom-call(")[0] for line in text.splitlines()
                if "custom-call(" in line and "splash_mha" in line}
     assert {name.split("_residuals")[0].split("_no")[0] for name in kernels} == {
-        "%splash_mha_fwd", "%splash_mha_dq", "%splash_mha_dkv"}, kernels
+        "%splash_mha_fwd", "%splash_mha_dkv"}, kernels  # the backward fused (the default): dq in the dkv kernel
     # each device's share: batch 4 over data=2, query heads 4 and kv heads 2 over tensor=2 (head_dim 16)
     assert all("bf16[2,2,256,16]" in result for name, result in kernels.items() if "dkv" not in name), kernels
     assert all("bf16[2,1,256,16]" in result for name, result in kernels.items() if "dkv" in name), kernels

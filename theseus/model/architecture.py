@@ -59,10 +59,10 @@ sliding_window = _key("sliding_window", None, check=POSITIVE,
 init_std = _key("init_std", 0.02, check=POSITIVE, help="stddev of the normal initialiser", role=RUNTIME)
 attention_impl = _key("attention_impl", "auto", choices=ATTENTION_IMPLS, help=ATTENTION_IMPL_HELP, role=RUNTIME)
 fused_projections = _key("fused_projections", None, help=FUSED_DOC, role=RUNTIME)
-splash_fused_backward = _key("splash_fused_backward", False, role=RUNTIME,
+splash_fused_backward = _key("splash_fused_backward", True, role=RUNTIME,
                              help="splash attention's backward as one kernel (dq with dk and dv: 5 matrix products a "
-                                  "(query, key) pair where its two kernels run 7); planned faster on a TPU v5e, not "
-                                  "yet timed on one")
+                                  "(query, key) pair where its two kernels run 7; GPT-2 124M's step on a TPU v5e "
+                                  "130.8 ms against 140.7); false: two kernels")
 # Bias-balanced routing (DeepSeek-V3): each step, a per-expert selection bias moves by this much
 # against the expert's load imbalance (theseus.model.moe); 0: off.
 moe_bias_update_rate = _key("moe.bias_update_rate", 0.0, check=NON_NEGATIVE,
