@@ -47,7 +47,7 @@ def test_the_accelerator_script_runs_from_its_bundle_where_hydra_and_theseus_are
     target = tmp_path / "installed"
     proc = subprocess.run([python, ROOT / "benchmarks" / "bootstrap.py", "--wheels", wheels, "--target", target,
                            ROOT / "benchmarks" / "accelerator.py", "--models", "gpt_tiny", "--batches", "2",
-                           "--sections", "train", "checkpoint", "--rounds", "1"],
+                           "--sections", "train", "checkpoint", "build", "--rounds", "1"],
                           capture_output=True, text=True, cwd=ROOT, env=bare_env(BENCHMARK_RESULTS=str(results)),
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -62,6 +62,8 @@ def test_the_accelerator_script_runs_from_its_bundle_where_hydra_and_theseus_are
         assert step["mfu_6n"] == pytest.approx(step["mfu"], rel=0.2)  # theseus's count against 6N + 12·L·d·T
     saved = record["checkpoint"]["gpt_tiny"]
     assert saved["bytes"] > 0 and 0 < saved["held_s"] <= saved["written_s"]
+    built = record["build"]["gpt_tiny"]  # each in a process of its own, the second from the first's cache
+    assert built["device"] == record["device"] and 0 < built["cached_s"] < built["first_s"]
 
 
 def test_bootstrap_unpacks_nothing_where_everything_is_installed_and_refuses_a_bad_bundle(tmp_path):
