@@ -50,7 +50,7 @@ def test_the_state_is_copied_on_a_device_only_where_its_memory_holds_a_second_co
 
 def test_the_devices_copy_outlives_the_next_step_reusing_the_states_buffers():
     leaves = [jnp.arange(1 << 16, dtype=jnp.float32), jnp.array(7)]
-    copy = snapshot(leaves)
+    copy = snapshot.lower(leaves).compile()(leaves)  # as WriterProcess.prepare compiles it
     assert all(c.unsafe_buffer_pointer() != x.unsafe_buffer_pointer() for c, x in zip(copy, leaves))
     jax.jit(lambda xs: [x * 0 - 1 for x in xs], donate_argnums=0)(leaves)  # the loop's next step
     np.testing.assert_array_equal(copy[0], np.arange(1 << 16, dtype=np.float32))

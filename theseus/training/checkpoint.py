@@ -85,13 +85,23 @@ class Checkpointer(CheckpointReader):
         """
         items = {"data": loader_state, "config": config}
         if self.base is not None:
-            state = state.replace(params=trainable_part(state.params))
             items["base"] = self.base.record
+        state = self._saved(state)
         metrics = {"val_loss": val_loss} if val_loss is not None else None
         if self.writer is not None:
             self.writer.save(step, state, items, metrics)
         else:
             self.write(step, jax.device_get(state) if jax.process_count() == 1 else state, items, metrics)
+
+    def prepare(self, state: Any) -> None:
+        """Ready the writer process, where there is one, for saves of ``state`` before the loop's
+        first step (``WriterProcess.prepare``); Orbax's threads need nothing."""
+        if self.writer is not None:
+            self.writer.prepare(self._saved(state))
+
+    def _saved(self, state: Any) -> Any:
+        """What a checkpoint holds of ``state``: with a frozen base, its trainable params alone."""
+        return state if self.base is None else state.replace(params=trainable_part(state.params))
 
     def write(self, step: int, state: Any, items: dict[str, Any], metrics: dict | None) -> None:
         """Orbax's save of ``state`` and the JSON ``items``, in this process's background threads."""
