@@ -58,6 +58,20 @@ def test_the_devices_copy_outlives_the_next_step_reusing_the_states_buffers():
 
 
 @pytest.mark.slow
+def test_a_save_the_dead_writer_cannot_take_is_reported_and_the_writer_still_closes(tmp_path):
+    saver = Checkpointer(tmp_path / "checkpoints", writer="process")
+    state = {"w": jnp.ones(1 << 16), "step": 3}  # a device array and a number
+    saver.prepare(state)
+    saver.writer.process.kill()
+    saver.writer.process.wait()
+    saver.save(3, state, {"position": 3}, {})
+    with pytest.raises(RuntimeError, match=r"checkpoint 3 could not be handed to the writer: BrokenPipeError") as failed:
+        saver.wait()
+    saver.close()  # while the error is held (as a handler holds it): it holds no view of the shared memory
+    assert saver.writer.memory is None and saver.writer.process is None and failed.value.__cause__
+
+
+@pytest.mark.slow
 def test_a_write_that_fails_is_reported_with_its_step(tmp_path):
     blocked = tmp_path / "file"  # a file where the checkpoints' folder should be
     blocked.write_text("")

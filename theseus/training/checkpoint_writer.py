@@ -17,8 +17,8 @@ its saves to this writer instead:
 The copy on the devices reads and writes the state's bytes once (gpt_small's 125 MiB: ~0.3 ms at a
 TPU v5e's 819 GB/s); moving the state to the host held the loop 0.17 s a save there (gpt2_124m's
 1.39 GiB: 1.75 s), and now runs in a thread beside the next steps.
-Where the devices' memory cannot hold a second copy of the state beside the step's peak, the
-state goes to the host before ``save`` returns instead. The writer, its shared memory and the
+Where the devices' memory cannot hold a second copy of the state beside the steps' peak (judged
+at the first save), the state goes to the host before ``save`` returns instead. The writer, its shared memory and the
 copy's program are made once, before the loop's first step (``prepare``: every save of a run
 holds the same arrays); the memory is written again only after the writer has answered for the
 save before, so a save never waits on the writer unless the one before it is still being
@@ -33,6 +33,7 @@ renames it when whole).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
@@ -84,10 +85,11 @@ def snapshot(leaves: list[Any]) -> list[Any]:
 
 
 def layout(leaves: list[Any]) -> tuple[list[tuple[int, tuple[int, ...], np.dtype]], int]:
-    """Where each array (host or device) lies in the shared memory: ``[(offset, shape, dtype)], total bytes``."""
+    """Where each array (host or device, or number) lies in the shared memory: ``[(offset, shape,
+    dtype)], total bytes``."""
     places, end = [], 0
     for leaf in leaves:
-        shape, dtype = np.shape(leaf), np.dtype(leaf.dtype)
+        shape, dtype = np.shape(leaf), np.dtype(leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype)
         places.append((end, shape, dtype))
         end += -(-math.prod(shape) * dtype.itemsize // ALIGN) * ALIGN
     return places, max(end, ALIGN)
@@ -99,7 +101,8 @@ def views(memory: mmap.mmap, places: list[tuple[int, tuple[int, ...], np.dtype]]
 
 
 class WriterProcess:
-    """The loop's side: starts the writer at the first save, sends it each save, collects its answers."""
+    """The loop's side: starts the writer (``prepare``, else at the first save), sends it each
+    save, collects its answers."""
 
     def __init__(self, directory: Path, keep: int):
         self.directory, self.keep = directory, keep
@@ -108,6 +111,7 @@ class WriterProcess:
         self.places: list = []
         self.copy: Callable[[list[Any]], list[Any]] | None = None  # snapshot, compiled for the saves' arrays
         self.arrays: tuple = ()  # what the writer, its memory and the copy were made for: layout, shardings
+        self.room: bool | None = None  # whether the devices hold the copy: decided at the first save
         self.pending: int | None = None  # the step sent and not yet answered for
         self.transfer: threading.Thread | None = None  # the save moving to the host and sent
         self.failure: BaseException | None = None  # what stopped that thread
@@ -121,17 +125,20 @@ class WriterProcess:
         if self.process is None or arrays != self.arrays:
             self.close()
             self._start(size)
-            self.places, self.arrays = places, arrays
-            self.copy = snapshot.lower(leaves).compile()
+            self.places, self.arrays, self.room = places, arrays, None
+            on_devices = any(isinstance(leaf, jax.Array) for leaf in leaves)
+            self.copy = snapshot.lower(leaves).compile() if on_devices else None
 
     def save(self, step: int, state: Any, items: dict[str, Any], metrics: dict | None) -> None:
-        """Copy ``state`` (host or device arrays) in device memory and return: a thread moves the
-        copy into the shared memory and sends the writer the save. Waits only for the save before
-        (raising if it failed)."""
+        """Copy ``state`` (host or device arrays) in device memory, or to the host where the devices
+        cannot hold the copy, and return: a thread moves the copy into the shared memory and sends
+        the writer the save. Waits only for the save before (raising if it failed)."""
         leaves, treedef = jax.tree.flatten(state)
         self.wait()
         self.prepare(state)
-        copy = self.copy(leaves) if room_for_a_copy(leaves) else jax.device_get(leaves)
+        if self.room is None:  # once the steps have run (their peak known), before a copy counts in it
+            self.room = self.copy is not None and room_for_a_copy(leaves)
+        copy = self.copy(leaves) if self.room else jax.device_get(leaves)
         self.pending = step
         self.transfer = threading.Thread(target=self._send_save, args=(step, copy, treedef, items, metrics),
                                          name=f"checkpoint {step} to the writer", daemon=True)
@@ -145,7 +152,7 @@ class WriterProcess:
                 np.copyto(target, np.asarray(leaf))
             self._send(("save", step, self.places, treedef, items, metrics))
         except BaseException as exc:  # noqa: BLE001  (raised in the loop's thread, by wait)
-            self.failure = exc
+            self.failure = exc.with_traceback(None)  # not its frames: they hold views of the shared memory
 
     def wait(self) -> None:
         """Block until the writer has answered for every save sent; raise if one failed."""
@@ -154,7 +161,8 @@ class WriterProcess:
             self.transfer = None
         if self.failure is not None:
             step, failure, self.failure, self.pending = self.pending, self.failure, None, None
-            raise RuntimeError(f"checkpoint {step} could not be handed to the writer: {failure}") from failure
+            raise RuntimeError(f"checkpoint {step} could not be handed to the writer: "
+                               f"{type(failure).__name__}: {failure}") from failure
         if self.pending is None:
             return
         step, self.pending = self.pending, None
@@ -168,12 +176,15 @@ class WriterProcess:
             raise RuntimeError(f"checkpoint {step} under {self.directory} could not be written: {answer[2]}")
 
     def close(self) -> None:
-        """Let the writer finish and exit (its pipe closed), and free the shared memory."""
+        """Let the writer finish and exit (its pipe closed), and free the shared memory; a save not
+        answered for is left to the writer (it exits when written)."""
         if self.transfer is not None:
             self.transfer.join()
             self.transfer = None
+        self.pending = self.failure = None
         if self.process is not None:
-            self.process.stdin.close()
+            with contextlib.suppress(BrokenPipeError):  # a writer that died: the save unsent is reported by wait
+                self.process.stdin.close()
             self.process.wait()
             self.process.stdout.close()
             self.process = None

@@ -106,7 +106,8 @@ class Trainer:
         checkpointer = Checkpointer(run_dir / "checkpoints", s.keep_checkpoints, base=run.base,
                                     writer=s.checkpoint_writer)
         state, step, loader_state = self._restore(checkpointer)
-        checkpointer.prepare(state)
+        if step < s.max_steps:  # steps to take, and so saves to make
+            checkpointer.prepare(state)
         index, count = run.batch_share
         loader = run.dataset.loader("train", run.model.seq_len, s.batch_size // count, seed=run.settings.data.seed,
                                     process_index=index, process_count=count, prefetch=run.prefetch)
