@@ -24,18 +24,19 @@ sequence (``traffic.moves``: each loop's body as often as it trips), plus its co
   them), each counted once per iteration of the loops it is in.
 
 What it is not: a simulator. It does not overlap one instruction with the next, nor model an
-instruction's pipeline start, its vector-unit work (softmax, norms: counted by their bytes
-only) or a product's tiling beyond the unit's width; it knows no other kernel than splash's
-FLOPs (another custom call costs its bytes). One constant is fitted, to a kernel's programs
-rather than to any step: ``KERNEL_STEP_S``. Against one TPU v5e chip (2026-12-07, JAX 0.10.2,
+instruction's pipeline start, its vector-unit work (softmax, norms: counted by their bytes only) or
+a product's tiling beyond the unit's width; it knows no other kernel than splash's FLOPs (another
+custom call costs its bytes). One constant is fitted, to a kernel's programs rather than to any
+step: ``KERNEL_STEP_S``. Against one TPU v5e chip (2026-12-07, JAX 0.10.2,
 ``benchmarks/accelerator.py``) it came within 1% of the chip's step for GPT-2 small (batch 16,
-splash's backward fused or not) and within 2% for SmolLM2-135M (batch 8, fused), 4-12% under
-it for ~10M-parameter models, whose steps are ~1,500 instructions of a few microseconds each
-(no fixed cost an instruction is modelled). It puts splash's gradient, timed alone, from 5% over
-to 22% under the chip, the fused kernel furthest under (the fit below runs the kernels' products
-at 51 TFLOP/s, not the 83.5 a half-filled unit would): within a whole step that error does not
-show, so something else there is counted high by about as much; which, is not found. Without the unit's padding and the kernels' grid
-steps it was 28-47% under; with max(FLOPs at peak, XLA's bytes), 38% under to 71% over.
+splash's backward fused or not) and within 2% for SmolLM2-135M (batch 8, fused), 4-12% under it for
+~10M-parameter models, whose steps are ~1,500 instructions of a few microseconds each (no fixed
+cost an instruction is modelled). It puts splash's gradient, timed alone, from 5% over to 22% under
+the chip, the fused kernel furthest under (the fit below runs the kernels' products at 51 TFLOP/s,
+not the 83.5 a half-filled unit would): within a whole step that error does not show, so something
+else there is counted high by about as much; which, is not found. Without the unit's padding and
+the kernels' grid steps it was 28-47% under; with max(FLOPs at peak, XLA's bytes), 38% under to 71%
+over.
 """
 
 from __future__ import annotations

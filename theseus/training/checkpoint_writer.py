@@ -16,19 +16,18 @@ its saves to this writer instead:
 
 The copy on the devices reads and writes the state's bytes once (gpt_small's 125 MiB: ~0.3 ms at a
 TPU v5e's 819 GB/s); moving the state to the host held the loop 0.17 s a save there (gpt2_124m's
-1.39 GiB: 1.75 s), and now runs in a thread beside the next steps.
-Where the devices' memory cannot hold a second copy of the state beside the steps' peak (judged
-at the first save), the state goes to the host before ``save`` returns instead. The writer, its shared memory and the
-copy's program are made once, before the loop's first step (``prepare``: every save of a run
-holds the same arrays); the memory is written again only after the writer has answered for the
-save before, so a save never waits on the writer unless the one before it is still being
-written. The writer runs in a process group of its own (``setsid``: a terminal's Ctrl-C reaches
-the run, not it) and ignores SIGINT and SIGTERM (a cluster's stop signal may reach every process
-of the job: the writer must outlive it to write the stop's checkpoint), exits when the pipe
-closes (``close``), and is killed with the loop's process (``PR_SET_PDEATHSIG``): as Orbax's
-threads would be, so that a run started again at once never meets a writer of the last one; the
-checkpoint it was writing is absent, never partial (Orbax writes to a temporary folder and
-renames it when whole).
+1.39 GiB: 1.75 s), and now runs in a thread beside the next steps. Where the devices' memory cannot
+hold a second copy of the state beside the steps' peak (judged at the first save), the state goes
+to the host before ``save`` returns instead. The writer, its shared memory and the copy's program
+are made once, before the loop's first step (``prepare``: every save of a run holds the same
+arrays); the memory is written again only after the writer has answered for the save before, so a
+save never waits on the writer unless the one before it is still being written. The writer runs in
+a process group of its own (``setsid``: a terminal's Ctrl-C reaches the run, not it) and ignores
+SIGINT and SIGTERM (a cluster's stop signal may reach every process of the job: the writer must
+outlive it to write the stop's checkpoint), exits when the pipe closes (``close``), and is killed
+with the loop's process (``PR_SET_PDEATHSIG``): as Orbax's threads would be, so that a run started
+again at once never meets a writer of the last one; the checkpoint it was writing is absent, never
+partial (Orbax writes to a temporary folder and renames it when whole).
 """
 
 from __future__ import annotations
@@ -108,9 +107,9 @@ class WriterProcess:
         self.directory, self.keep = directory, keep
         self.process: subprocess.Popen | None = None
         self.memory: mmap.mmap | None = None
-        self.places: list = []
-        self.copy: Callable[[list[Any]], list[Any]] | None = None  # snapshot, compiled for the saves' arrays
-        self.arrays: tuple = ()  # what the writer, its memory and the copy were made for: layout, shardings
+        self.places: list = []  # the saves' arrays in the shared memory (``layout``)
+        self.shardings: tuple = ()  # and on the devices: what the copy was compiled for
+        self.copy: Callable[[list[Any]], list[Any]] | None = None  # snapshot, compiled for those arrays
         self.room: bool | None = None  # whether the devices hold the copy: decided at the first save
         self.pending: int | None = None  # the step sent and not yet answered for
         self.transfer: threading.Thread | None = None  # the save moving to the host and sent
@@ -121,11 +120,11 @@ class WriterProcess:
         of ``state``'s arrays: what the first save would otherwise do between two steps."""
         leaves = jax.tree.leaves(state)
         places, size = layout(leaves)
-        arrays = (places, tuple(getattr(leaf, "sharding", None) for leaf in leaves))
-        if self.process is None or arrays != self.arrays:
+        shardings = tuple(getattr(leaf, "sharding", None) for leaf in leaves)
+        if self.process is None or (places, shardings) != (self.places, self.shardings):
             self.close()
             self._start(size)
-            self.places, self.arrays, self.room = places, arrays, None
+            self.places, self.shardings, self.room = places, shardings, None
             on_devices = any(isinstance(leaf, jax.Array) for leaf in leaves)
             self.copy = snapshot.lower(leaves).compile() if on_devices else None
 
@@ -176,8 +175,8 @@ class WriterProcess:
             raise RuntimeError(f"checkpoint {step} under {self.directory} could not be written: {answer[2]}")
 
     def close(self) -> None:
-        """Let the writer finish and exit (its pipe closed), and free the shared memory; a save not
-        answered for is left to the writer (it exits when written)."""
+        """Let the writer finish and exit (its pipe closed), and free the shared memory; a save sent
+        and not yet answered for is written first, its answer not read."""
         if self.transfer is not None:
             self.transfer.join()
             self.transfer = None
