@@ -23,7 +23,9 @@ import gc
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -59,16 +61,13 @@ def train(name: str, overrides: list[str], rounds: int) -> dict:
     loader.close()
     key = jax.random.key(0)
 
-    def window(steps: int = STEPS) -> float:
+    def step():
         nonlocal state
-        start = time.perf_counter()
-        for _ in range(steps):
-            state, metrics = compiled.step(state, batch, key)
-        jax.block_until_ready(metrics)
-        return (time.perf_counter() - start) / steps
+        state, metrics = compiled.step(state, batch, key)
+        return metrics
 
-    window(2)  # first executions: autotuning, allocation
-    samples = [window() for _ in range(rounds)]
+    per_call(step, 2)  # first executions: autotuning, allocation
+    samples = [per_call(step) for _ in range(rounds)]
     step_s = spread(samples)["median"]
     peak, source = run.peak
     devices = jax.device_count()
@@ -85,6 +84,15 @@ def train(name: str, overrides: list[str], rounds: int) -> dict:
     del state, batch, run, compiled
     gc.collect()
     return result
+
+
+def per_call(call: Callable[[], Any], calls: int = STEPS) -> float:
+    """Seconds per call of ``calls`` calls in a row, the last one's result waited for."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        out = call()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls
 
 
 def predicted(run) -> dict:
@@ -179,7 +187,7 @@ ATTENTION = (16, 1024, 12, 64)  # GPT-2 124M's attention at batch 16: batch, seq
 def attention_case(q, k, v, w, fused: bool, interpret: bool, hardware, rounds: int) -> dict:
     """One program of ``attention``: the gradient of splash at ``splash.BLOCKS``'s block, timed."""
     from theseus.model import splash
-    from theseus.plan.predict import predict
+    from theseus.plan.predict import BACKWARD, COUNTED, DQ, FUSED_BACKWARD, SPLASH, predict
 
     batch, seq, heads, dim = q.shape
     block = splash.block_size(seq)
@@ -189,21 +197,17 @@ def attention_case(q, k, v, w, fused: bool, interpret: bool, hardware, rounds: i
         return (out.astype(jnp.float32) * w).sum()
 
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
-
-    def window(calls: int = STEPS) -> float:
-        start = time.perf_counter()
-        for _ in range(calls):
-            out = grad(q, k, v)
-        jax.block_until_ready(out)
-        return (time.perf_counter() - start) / calls
-
-    window(2)
-    seconds = spread([window() for _ in range(rounds)])["median"]
+    per_call(lambda: grad(q, k, v), 2)
+    seconds = spread([per_call(lambda: grad(q, k, v)) for _ in range(rounds)])["median"]
     pairs = splash.computed_pairs(seq, None) * batch * heads
-    products = pairs * (2 + (5 if fused else 7))  # forward 2; backward dq 3 + dkv 4, or 5 fused
-    counted = 6 * pairs * 2 * dim  # theseus's count: 6 products a pair
+    kernels = dict(SPLASH)  # kernel -> products a pair, as the planner counts them
+    if fused:  # the dkv kernel computes dq too
+        del kernels[DQ]
+        kernels[BACKWARD] = FUSED_BACKWARD
+    products = pairs * sum(kernels.values())
+    counted = COUNTED * pairs * 2 * dim  # theseus's count
     return {"block": block, "fused": fused, "seconds": seconds, "kernel_flops": products * 2 * dim,
-            "grid_steps": batch * heads * (seq // block) ** 2 * (2 if fused else 3),
+            "grid_steps": batch * heads * (seq // block) ** 2 * len(kernels),
             "predicted_s": predict(grad, hardware, flops_per_device=counted).step_s if hardware else None}
 
 
