@@ -75,14 +75,12 @@ class Checkpointer(CheckpointReader):
         """Start writing checkpoint ``step`` (training goes on); with a frozen base, its trainable
         params alone and the base's record.
 
-        With the writer process, the state is copied in device memory before this returns and
-        moved to the host beside the next steps (``WriterProcess.save``; to the host before this
-        returns where the devices cannot hold the copy). Otherwise, in one process, it is copied
-        to host memory, whole, before this returns: the writing that follows touches no device.
-        Left to Orbax, the copies of the state's own buffers run beside the next steps, and on a
-        TPU each of those waits on them (gpt_small on a v5e: 3.2 ms steps ran at 30-90 ms for ~40
-        steps after every save). Several processes keep Orbax's own copies: each writes its
-        shards of the global arrays.
+        The state is copied to host memory, whole, before this returns (the writer process's
+        shared memory, or this process's, where one process writes): the writing that follows
+        touches no device. Left to Orbax, the copies of the state's own buffers run beside the
+        next steps, and on a TPU each of those waits on them (gpt_small on a v5e: 3.2 ms steps
+        ran at 30-90 ms for ~40 steps after every save). Several processes keep Orbax's own
+        copies: each writes its shards of the global arrays.
         """
         items = {"data": loader_state, "config": config}
         if self.base is not None:

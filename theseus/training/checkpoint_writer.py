@@ -1,33 +1,31 @@
 """A process of its own that writes a run's checkpoints, so that a save costs the step loop one
-copy of the state in device memory and nothing while it is moved to the host and written.
+copy of the state to the host and nothing while it is written.
 
 Orbax writes in background threads of the process that saves: their Python holds the GIL in
 bursts, their files and buffers go through the same process's kernel state. Beside a step of a
-few milliseconds that shows: gpt_small on a TPU v5e (4.6 ms steps, checkpoints every 50) ran
-the 10 steps after each save at 6-11x their time, and eight later windows at 1.4-4x, while they
-wrote. Where one process drives an accelerator (``writes_in_own_process``), ``Checkpointer`` hands
-its saves to this writer instead:
+few milliseconds that shows: gpt_small on a TPU v5e (3.2 ms steps, checkpoints every 50), 17 of
+its 29 windows of 10 steps ran at 0.08-0.70 of the others' speed while they wrote. Where one process drives an accelerator (``writes_in_own_process``),
+``Checkpointer`` hands its saves to this writer instead:
 
     the loop's process (this module)                the writer (``checkpoint_server``, on the CPU)
-    the state copied on its devices (``snapshot``)
-    a thread: device_get(copy) -> shared memory     maps the same memory
-              pipe: step, layout, JSON items  ---->  Checkpointer(writer="threads").write, wait
-                                              <----  ("saved", step) or ("failed", step, why)
+    device_get(state) -> shared memory              maps the same memory
+    pipe: step, layout, JSON items  ------------->  Checkpointer(writer="threads").write, wait
+                                    <-------------  ("saved", step) or ("failed", step, why)
 
-The copy on the devices reads and writes the state's bytes once (gpt_small's 125 MiB: ~0.3 ms at a
-TPU v5e's 819 GB/s); moving the state to the host held the loop 0.17 s a save there (gpt2_124m's
-1.39 GiB: 1.75 s), and now runs in a thread beside the next steps. Where the devices' memory cannot
-hold a second copy of the state beside the steps' peak (judged at the first save), the state goes
-to the host before ``save`` returns instead. The writer, its shared memory and the copy's program
-are made once, before the loop's first step (``prepare``: every save of a run holds the same
-arrays); the memory is written again only after the writer has answered for the save before, so a
-save never waits on the writer unless the one before it is still being written. The writer runs in
-a process group of its own (``setsid``: a terminal's Ctrl-C reaches the run, not it) and ignores
-SIGINT and SIGTERM (a cluster's stop signal may reach every process of the job: the writer must
-outlive it to write the stop's checkpoint), exits when the pipe closes (``close``), and is killed
-with the loop's process (``PR_SET_PDEATHSIG``): as Orbax's threads would be, so that a run started
-again at once never meets a writer of the last one; the checkpoint it was writing is absent, never
-partial (Orbax writes to a temporary folder and renames it when whole).
+The state reaches the host before ``save`` returns, in the hook's pause, not beside the next
+steps: on the v5e a transfer to the host stalls the steps it runs beside by about its own length
+(gpt_small's 125 MiB, 0.1 s: the window after each save at 0.26-0.44 of the median with the
+transfer in a thread, copied first on the device; within 2% with it in the pause, the writer
+writing beside the steps either way). The writer and its shared memory are made once, before the
+loop's first step (``prepare``: every save of a run holds the same arrays); the memory is written
+again only after the writer has answered for the save before, so a save waits on the writer only
+while the one before it is being written. The writer runs in a process group of its own
+(``setsid``: a terminal's Ctrl-C reaches the run, not it) and ignores SIGINT and SIGTERM (a
+cluster's stop signal may reach every process of the job: the writer must outlive it to write the
+stop's checkpoint), exits when the pipe closes (``close``), and is killed with the loop's process
+(``PR_SET_PDEATHSIG``): as Orbax's threads would be, so that a run started again at once never
+meets a writer of the last one; the checkpoint it was writing is absent, never partial (Orbax
+writes to a temporary folder and renames it when whole).
 """
 
 from __future__ import annotations
@@ -39,13 +37,10 @@ import os
 import pickle
 import subprocess
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 ALIGN = 64  # bytes: each array's offset in the shared memory
@@ -56,31 +51,6 @@ def writes_in_own_process() -> bool:
     """Whether a run's saves pay for a writer process: one process, on an accelerator (a CPU's
     steps take long enough to hide Orbax's threads, and its cores would run the writer's)."""
     return jax.process_count() == 1 and jax.default_backend() != "cpu" and hasattr(os, "memfd_create")  # Linux
-
-
-def room_for_a_copy(leaves: list[Any], stats: Callable[[jax.Device], dict | None] = jax.Device.memory_stats) -> bool:
-    """Whether every device the state lies on holds a second copy of its share beside the peak its
-    memory has reached (``stats``: the step's temporaries included); a device that keeps no
-    statistics (a CPU's memory is the host's) is taken to."""
-    need: dict[jax.Device, int] = {}
-    for leaf in leaves:
-        if isinstance(leaf, jax.Array):
-            shard = math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
-            for device in leaf.sharding.device_set:
-                need[device] = need.get(device, 0) + shard
-    for device, size in need.items():
-        held = stats(device)
-        if held and held["bytes_limit"] - held["peak_bytes_in_use"] < size:
-            return False
-    return True
-
-
-@jax.jit
-def snapshot(leaves: list[Any]) -> list[Any]:
-    """A copy of ``leaves`` in device memory, laid out as they are (new buffers: nothing is
-    donated), so that the loop's next step may reuse the state's own buffers while this copy goes
-    to the host. Compiled by ``WriterProcess.prepare`` before the loop's first step."""
-    return [jnp.copy(leaf) for leaf in leaves]
 
 
 def layout(leaves: list[Any]) -> tuple[list[tuple[int, tuple[int, ...], np.dtype]], int]:
@@ -108,60 +78,40 @@ class WriterProcess:
         self.process: subprocess.Popen | None = None
         self.memory: mmap.mmap | None = None
         self.places: list = []  # the saves' arrays in the shared memory (``layout``)
-        self.shardings: tuple = ()  # and on the devices: what the copy was compiled for
-        self.copy: Callable[[list[Any]], list[Any]] | None = None  # snapshot, compiled for those arrays
-        self.room: bool | None = None  # whether the devices hold the copy: decided at the first save
         self.pending: int | None = None  # the step sent and not yet answered for
-        self.transfer: threading.Thread | None = None  # the save moving to the host and sent
-        self.failure: BaseException | None = None  # what stopped that thread
 
     def prepare(self, state: Any) -> None:
-        """Start the writer, make the shared memory and compile the copy on the devices for saves
-        of ``state``'s arrays: what the first save would otherwise do between two steps."""
-        leaves = jax.tree.leaves(state)
-        places, size = layout(leaves)
-        shardings = tuple(getattr(leaf, "sharding", None) for leaf in leaves)
-        if self.process is None or (places, shardings) != (self.places, self.shardings):
+        """Start the writer and make the shared memory for saves of ``state``'s arrays: what the
+        first save would otherwise do between two steps."""
+        places, size = layout(jax.tree.leaves(state))
+        if self.process is None or places != self.places:
             self.close()
             self._start(size)
-            self.places, self.shardings, self.room = places, shardings, None
-            on_devices = any(isinstance(leaf, jax.Array) for leaf in leaves)
-            self.copy = snapshot.lower(leaves).compile() if on_devices else None
+            self.places = places
 
     def save(self, step: int, state: Any, items: dict[str, Any], metrics: dict | None) -> None:
-        """Copy ``state`` (host or device arrays) in device memory, or to the host where the devices
-        cannot hold the copy, and return: a thread moves the copy into the shared memory and sends
-        the writer the save. Waits only for the save before (raising if it failed)."""
+        """Copy ``state`` (host or device arrays) into the shared memory and send the writer the
+        save. Waits only for the save before (raising if it failed)."""
         leaves, treedef = jax.tree.flatten(state)
         self.wait()
         self.prepare(state)
-        if self.room is None:  # once the steps have run (their peak known), before a copy counts in it
-            self.room = self.copy is not None and room_for_a_copy(leaves)
-        copy = self.copy(leaves) if self.room else jax.device_get(leaves)
-        self.pending = step
-        self.transfer = threading.Thread(target=self._send_save, args=(step, copy, treedef, items, metrics),
-                                         name=f"checkpoint {step} to the writer", daemon=True)
-        self.transfer.start()
-
-    def _send_save(self, step: int, leaves: list[Any], treedef: Any, items: dict[str, Any],
-                   metrics: dict | None) -> None:
-        """(the transfer thread) ``leaves`` to the host, into the shared memory, and the save sent."""
+        self._fill(jax.device_get(leaves))
         try:
-            for target, leaf in zip(views(self.memory, self.places), jax.device_get(leaves), strict=True):
-                np.copyto(target, np.asarray(leaf))
             self._send(("save", step, self.places, treedef, items, metrics))
-        except BaseException as exc:  # noqa: BLE001  (raised in the loop's thread, by wait)
-            self.failure = exc.with_traceback(None)  # not its frames: they hold views of the shared memory
+        except BrokenPipeError:
+            code = self.process.wait()
+            raise RuntimeError(f"the checkpoint writer process ended (exit code {code}) before checkpoint {step} "
+                               f"under {self.directory} could be handed to it") from None
+        self.pending = step
+
+    def _fill(self, leaves: list[Any]) -> None:
+        """``leaves`` (host arrays or numbers) copied into the shared memory; no view of it outlives
+        this call (a view held, by a traceback's frame as well, keeps the memory from closing)."""
+        for target, leaf in zip(views(self.memory, self.places), leaves, strict=True):
+            np.copyto(target, np.asarray(leaf))
 
     def wait(self) -> None:
         """Block until the writer has answered for every save sent; raise if one failed."""
-        if self.transfer is not None:
-            self.transfer.join()
-            self.transfer = None
-        if self.failure is not None:
-            step, failure, self.failure, self.pending = self.pending, self.failure, None, None
-            raise RuntimeError(f"checkpoint {step} could not be handed to the writer: "
-                               f"{type(failure).__name__}: {failure}") from failure
         if self.pending is None:
             return
         step, self.pending = self.pending, None
@@ -177,12 +127,9 @@ class WriterProcess:
     def close(self) -> None:
         """Let the writer finish and exit (its pipe closed), and free the shared memory; a save sent
         and not yet answered for is written first, its answer not read."""
-        if self.transfer is not None:
-            self.transfer.join()
-            self.transfer = None
-        self.pending = self.failure = None
+        self.pending = None
         if self.process is not None:
-            with contextlib.suppress(BrokenPipeError):  # a writer that died: the save unsent is reported by wait
+            with contextlib.suppress(BrokenPipeError):  # a writer that died: its last save is lost, as reported
                 self.process.stdin.close()
             self.process.wait()
             self.process.stdout.close()
