@@ -1,5 +1,6 @@
 """The training loop: a log line's metrics are means over its log window, pauses are not step
-time, and cadence is a list of hooks that a subclass extends."""
+time, cadence is a list of hooks that a subclass extends, and a loop that fails finishes the save
+in flight."""
 
 from __future__ import annotations
 
@@ -100,3 +101,28 @@ def test_a_window_counts_its_finished_steps_without_waiting_for_them():
     assert window.finished() == 2
     window.close()
     assert window.finished() == 0  # a new window
+
+
+
+class FailsAfterASave(Trainer):
+    """A trainer whose own hook fails on the step a checkpoint was saved at."""
+
+    def hooks(self):
+        return [*super().hooks(), self.fail]
+
+    def fail(self, loop: LoopState) -> None:
+        if loop.step == 4:
+            self.checkpointer = loop.checkpointer
+            raise RuntimeError("a hook of the user's failed")
+
+
+@pytest.mark.slow
+def test_a_save_in_flight_when_the_loop_fails_is_finished_and_its_writer_closed(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = compose([*TINY, f"data.cache_dir={tmp_path / 'cache'}", "trainer.checkpoint_every=4",
+                   "trainer.checkpoint_writer=process"])
+    trainer = FailsAfterASave(assemble(resolve(cfg, run_dir)))
+    with pytest.raises(RuntimeError, match="a hook of the user's failed"):
+        trainer.run(run_dir)
+    assert trainer.checkpointer.writer.process is None  # closed: the writer finished and exited
+    assert [path.name for path in (run_dir / "checkpoints").iterdir()] == ["4"]  # whole: no temporary folder

@@ -74,7 +74,8 @@ class Trainer:
             loop = self.start(run_dir)
             loop.preemption, preemption.step = preemption, loop.step
             hooks = self.hooks()
-            with loop.logger, _start_frozen():
+            # the checkpointer closed however the loop ends: a save in flight is finished, not lost
+            with loop.logger, _start_frozen(), contextlib.closing(loop.checkpointer):
                 with self._stopping_on_batch_errors(loop, f"evaluating step {loop.step}"):
                     if loop.step >= loop.last_step:
                         loop.logger.message(f"{run_dir} is complete at step {loop.step}: nothing to train")
@@ -88,8 +89,7 @@ class Trainer:
                         for hook in hooks:  # the hooks' time is not step time
                             hook(loop)
                 loop.profiler.close(loop.state)
-                loop.checkpointer.wait()
-                loop.checkpointer.close()
+                loop.checkpointer.wait()  # a save that failed is reported; closing finishes one in flight
                 if loop.evaluation is not None:
                     loop.logger.summary(final_val_loss=loop.val_loss)
                 loop.logger.summary(status="interrupted" if loop.stop else "complete")
