@@ -19,7 +19,7 @@ import pytest
 
 from support import ROOT
 from theseus.training.checkpoint import Checkpointer
-from theseus.training.checkpoint_writer import ALIGN, layout, views
+from theseus.training.checkpoint_writer import ALIGN, layout, room_for_a_copy, views
 
 
 def test_the_arrays_lie_apart_aligned_and_read_back_as_written():
@@ -35,6 +35,17 @@ def test_the_arrays_lie_apart_aligned_and_read_back_as_written():
     for back, array in zip(views(memory, places), arrays, strict=True):
         assert back.dtype == array.dtype and back.shape == array.shape
         np.testing.assert_array_equal(back, array)
+
+
+def test_the_state_is_copied_on_a_device_only_where_its_memory_holds_a_second_copy():
+    leaves = [jnp.ones((256, 256), jnp.float32), jnp.ones(1024, jnp.bfloat16)]  # 262,144 + 2,048 bytes
+    need = 256 * 256 * 4 + 1024 * 2
+
+    def stats(free: int):
+        return lambda device: {"bytes_limit": 10 * need, "peak_bytes_in_use": 10 * need - free}
+
+    assert room_for_a_copy(leaves, stats(need)) and not room_for_a_copy(leaves, stats(need - 1))
+    assert room_for_a_copy(leaves, lambda device: None)  # no statistics (a CPU): the host's memory
 
 
 @pytest.mark.slow

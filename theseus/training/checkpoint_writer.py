@@ -1,31 +1,39 @@
 """A process of its own that writes a run's checkpoints, so that a save costs the step loop one
-copy of the state to the host and nothing while it is written.
+copy of the state to the host, in its pause, and nothing while it is written.
 
 Orbax writes in background threads of the process that saves: their Python holds the GIL in
-bursts, their files and buffers go through the same process's kernel state. Beside a step of a
-few milliseconds that shows: gpt_small on a TPU v5e (3.2 ms steps, checkpoints every 50), 17 of
-its 29 windows of 10 steps ran at 0.08-0.70 of the others' speed while they wrote. Where one process drives an accelerator (``writes_in_own_process``),
-``Checkpointer`` hands its saves to this writer instead:
+bursts, their files and buffers go through the same process's kernel state. Beside a step of a few
+milliseconds that shows: gpt_small on a TPU v5e (3.2 ms steps, checkpoints every 50), 17 of its 29
+windows of 10 steps ran at 0.08-0.70 of the others' speed while they wrote. Where one process
+drives an accelerator (``writes_in_own_process``), ``Checkpointer`` hands its saves to this writer
+instead:
 
     the loop's process (this module)                the writer (``checkpoint_server``, on the CPU)
-    device_get(state) -> shared memory              maps the same memory
+    the state copied on its devices (``snapshot``)
+    device_get(copy) -> shared memory               maps the same memory
     pipe: step, layout, JSON items  ------------->  Checkpointer(writer="threads").write, wait
                                     <-------------  ("saved", step) or ("failed", step, why)
 
 The state reaches the host before ``save`` returns, in the hook's pause, not beside the next
-steps: on the v5e a transfer to the host stalls the steps it runs beside by about its own length
-(gpt_small's 125 MiB, 0.1 s: the window after each save at 0.26-0.44 of the median with the
-transfer in a thread, copied first on the device; within 2% with it in the pause, the writer
-writing beside the steps either way). The writer and its shared memory are made once, before the
-loop's first step (``prepare``: every save of a run holds the same arrays); the memory is written
-again only after the writer has answered for the save before, so a save waits on the writer only
-while the one before it is being written. The writer runs in a process group of its own
-(``setsid``: a terminal's Ctrl-C reaches the run, not it) and ignores SIGINT and SIGTERM (a
-cluster's stop signal may reach every process of the job: the writer must outlive it to write the
-stop's checkpoint), exits when the pipe closes (``close``), and is killed with the loop's process
-(``PR_SET_PDEATHSIG``): as Orbax's threads would be, so that a run started again at once never
-meets a writer of the last one; the checkpoint it was writing is absent, never partial (Orbax
-writes to a temporary folder and renames it when whole).
+steps, and from a copy of it on its devices made for the save and dropped before it returns. Both
+were measured on the v5e (gpt_small, 125 MiB, windows of 10 steps after each save against their
+median): a thread moving the copy to the host beside the steps left them at 0.26-0.45 (the
+transfer stalls the steps beside it by about its own length, 0.1 s); the live state moved to the
+host in the pause, at 0.80-0.85 (JAX keeps an array's host copy on the array: the state's is freed
+with it beside the next step, the likely cost); the copy moved in the pause, at 0.98-1.01. The
+copy costs one pass over the state's bytes (~0.3 ms at 819 GB/s); where the devices' memory cannot
+hold it beside the steps' peak (judged at the first save), the live state is moved instead.
+
+The writer and its shared memory are made once, before the loop's first step (``prepare``: every
+save of a run holds the same arrays); the memory is written again only after the writer has
+answered for the save before, so a save waits on the writer only while the one before it is being
+written. The writer runs in a process group of its own (``setsid``: a terminal's Ctrl-C reaches
+the run, not it) and ignores SIGINT and SIGTERM (a cluster's stop signal may reach every process
+of the job: the writer must outlive it to write the stop's checkpoint), exits when the pipe closes
+(``close``), and is killed with the loop's process (``PR_SET_PDEATHSIG``): as Orbax's threads
+would be, so that a run started again at once never meets a writer of the last one; the checkpoint
+it was writing is absent, never partial (Orbax writes to a temporary folder and renames it when
+whole).
 """
 
 from __future__ import annotations
@@ -37,10 +45,12 @@ import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 ALIGN = 64  # bytes: each array's offset in the shared memory
@@ -51,6 +61,31 @@ def writes_in_own_process() -> bool:
     """Whether a run's saves pay for a writer process: one process, on an accelerator (a CPU's
     steps take long enough to hide Orbax's threads, and its cores would run the writer's)."""
     return jax.process_count() == 1 and jax.default_backend() != "cpu" and hasattr(os, "memfd_create")  # Linux
+
+
+def room_for_a_copy(leaves: list[Any], stats: Callable[[jax.Device], dict | None] = jax.Device.memory_stats) -> bool:
+    """Whether every device the state lies on holds a second copy of its share beside the peak its
+    memory has reached (``stats``: the step's temporaries included); a device that keeps no
+    statistics (a CPU's memory is the host's) is taken to."""
+    need: dict[jax.Device, int] = {}
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array):
+            shard = math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+            for device in leaf.sharding.device_set:
+                need[device] = need.get(device, 0) + shard
+    for device, size in need.items():
+        held = stats(device)
+        if held and held["bytes_limit"] - held["peak_bytes_in_use"] < size:
+            return False
+    return True
+
+
+@jax.jit
+def snapshot(leaves: list[Any]) -> list[Any]:
+    """A copy of ``leaves`` in device memory, laid out as they are (new buffers: nothing is
+    donated), to be moved to the host and dropped within the save. Compiled by
+    ``WriterProcess.prepare`` before the loop's first step."""
+    return [jnp.copy(leaf) for leaf in leaves]
 
 
 def layout(leaves: list[Any]) -> tuple[list[tuple[int, tuple[int, ...], np.dtype]], int]:
@@ -78,24 +113,34 @@ class WriterProcess:
         self.process: subprocess.Popen | None = None
         self.memory: mmap.mmap | None = None
         self.places: list = []  # the saves' arrays in the shared memory (``layout``)
+        self.shardings: tuple = ()  # and on the devices: what the copy was compiled for
+        self.copy: Callable[[list[Any]], list[Any]] | None = None  # snapshot, compiled for those arrays
+        self.room: bool | None = None  # whether the devices hold the copy: decided at the first save
         self.pending: int | None = None  # the step sent and not yet answered for
 
     def prepare(self, state: Any) -> None:
-        """Start the writer and make the shared memory for saves of ``state``'s arrays: what the
-        first save would otherwise do between two steps."""
-        places, size = layout(jax.tree.leaves(state))
-        if self.process is None or places != self.places:
+        """Start the writer, make the shared memory and compile the copy on the devices for saves
+        of ``state``'s arrays: what the first save would otherwise do between two steps."""
+        leaves = jax.tree.leaves(state)
+        places, size = layout(leaves)
+        shardings = tuple(getattr(leaf, "sharding", None) for leaf in leaves)
+        if self.process is None or (places, shardings) != (self.places, self.shardings):
             self.close()
             self._start(size)
-            self.places = places
+            self.places, self.shardings, self.room = places, shardings, None
+            on_devices = any(isinstance(leaf, jax.Array) for leaf in leaves)
+            self.copy = snapshot.lower(leaves).compile() if on_devices else None
 
     def save(self, step: int, state: Any, items: dict[str, Any], metrics: dict | None) -> None:
-        """Copy ``state`` (host or device arrays) into the shared memory and send the writer the
-        save. Waits only for the save before (raising if it failed)."""
+        """Copy ``state`` (host or device arrays) into the shared memory, by way of a copy on its
+        devices where they hold one, and send the writer the save. Waits only for the save before
+        (raising if it failed)."""
         leaves, treedef = jax.tree.flatten(state)
         self.wait()
         self.prepare(state)
-        self._fill(jax.device_get(leaves))
+        if self.room is None:  # once the steps have run (their peak known), before a copy counts in it
+            self.room = self.copy is not None and room_for_a_copy(leaves)
+        self._fill(jax.device_get(self.copy(leaves) if self.room else leaves))  # the copy dropped here
         try:
             self._send(("save", step, self.places, treedef, items, metrics))
         except BrokenPipeError:
