@@ -174,7 +174,7 @@ class WriterProcess:
         and not yet answered for is written first, its answer not read."""
         self.pending = None
         if self.process is not None:
-            with contextlib.suppress(BrokenPipeError):  # a writer that died: its last save is lost, as reported
+            with contextlib.suppress(BrokenPipeError):  # a writer that died: its save in flight is lost (wait says so)
                 self.process.stdin.close()
             self.process.wait()
             self.process.stdout.close()
