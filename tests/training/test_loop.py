@@ -103,7 +103,6 @@ def test_a_window_counts_its_finished_steps_without_waiting_for_them():
     assert window.finished() == 0  # a new window
 
 
-
 class FailsAfterASave(Trainer):
     """A trainer whose own hook fails on the step a checkpoint was saved at."""
 
