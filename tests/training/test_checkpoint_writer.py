@@ -49,16 +49,29 @@ def test_the_state_is_copied_on_a_device_only_where_its_memory_holds_a_second_co
 
 
 @pytest.mark.slow
-def test_the_devices_copy_is_made_and_dropped_within_the_save(tmp_path):
-    """The copy the save moves to the host lives no longer than the save (its host copy, which JAX
-    keeps on the array, freed in the save's pause, not beside the next steps); the checkpoint holds
-    the state's values."""
+def test_the_devices_copy_is_deleted_within_the_save_before_the_writer_starts(tmp_path):
+    """The copy the save moves to the host, its buffers and the host copy JAX keeps on it, is
+    deleted before the writer is sent the save (left for Python to free, on the chip it was freed
+    beside the next steps, while the writer wrote); the checkpoint holds the state's values."""
     saver = Checkpointer(tmp_path / "checkpoints", writer="process")
     state = {"w": jnp.arange(1 << 16, dtype=jnp.float32), "b": jnp.ones(7, jnp.bfloat16)}
     saver.prepare(state)
+    writer, made, deleted_when_sent = saver.writer, [], []
+    copy, send = writer.copy, writer._send
+
+    def copying(leaves):
+        made.extend(copy(leaves))  # held here: only an explicit delete frees them
+        return list(made)
+
+    def sending(message):
+        deleted_when_sent.append([array.is_deleted() for array in made])
+        send(message)
+
+    writer.copy, writer._send = copying, sending
     before = {id(array) for array in jax.live_arrays()}
     saver.save(3, state, {"position": 3}, {})
-    assert saver.writer.room and {id(array) for array in jax.live_arrays()} == before
+    assert writer.room and deleted_when_sent == [[True, True]]
+    assert {id(array) for array in jax.live_arrays()} == before
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     restored = saver.restore(shapes, report=lambda line: None)[0]
     saver.close()

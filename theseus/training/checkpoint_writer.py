@@ -14,15 +14,24 @@ instead:
     pipe: step, layout, JSON items  ------------->  Checkpointer(writer="threads").write, wait
                                     <-------------  ("saved", step) or ("failed", step, why)
 
-The state reaches the host before ``save`` returns, in the hook's pause, not beside the next
-steps, and from a copy of it on its devices made for the save and dropped before it returns. Both
-were measured on the v5e (gpt_small, 125 MiB, windows of 10 steps after each save against their
-median): a thread moving the copy to the host beside the steps left them at 0.26-0.45 (the
-transfer stalls the steps beside it by about its own length, 0.1 s); the live state moved to the
-host in the pause, at 0.80-0.85 (JAX keeps an array's host copy on the array: the state's is freed
-with it beside the next step, the likely cost); the copy moved in the pause, at 0.98-1.01. The
-copy costs one pass over the state's bytes (~0.3 ms at 819 GB/s); where the devices' memory cannot
-hold it beside the steps' peak (judged at the first save), the live state is moved instead.
+The state reaches the host before ``save`` returns, in the hook's pause, from a copy of it on its
+devices made for the save; that copy, its buffers and the host copy JAX keeps on it, is deleted
+before the writer is sent the save. Each part was measured on the v5e (gpt_small, 125 MiB, the
+window of 10 steps after each save against the median window):
+
+- a thread moving the copy to the host beside the steps: 0.26-0.45 (a transfer stalls the steps
+  beside it by about its own length, 0.1 s);
+- the copy moved in the pause and left for Python to free: 0.80-0.87, as much with 0.3 s more
+  pause after the save or the writer at the lowest priority, but 0.99-1.01 with the writer not
+  writing: its 125 MiB were freed beside the next steps (not at once, whatever the pause's
+  length), while the writer filled the host's page cache with the checkpoint;
+- the same with the copy deleted before the writer starts (this module): 0.98-1.02, and the
+  accelerator check's ``-k main_job`` passed.
+
+The live state moved to the host costs as much (0.79-0.85): its host copy lives on the array
+until the next step replaces it. The device copy costs one pass over the state's bytes (~0.3 ms
+at 819 GB/s); where the devices' memory cannot hold it beside the steps' peak (judged at the
+first save), the live state is moved instead, at that cost.
 
 The writer and its shared memory are made once, before the loop's first step (``prepare``: every
 save of a run holds the same arrays); the memory is written again only after the writer has
@@ -140,7 +149,13 @@ class WriterProcess:
         self.prepare(state)
         if self.room is None:  # once the steps have run (their peak known), before a copy counts in it
             self.room = self.copy is not None and room_for_a_copy(leaves)
-        self._fill(jax.device_get(self.copy(leaves) if self.room else leaves))  # the copy dropped here
+        if self.room:
+            copy = self.copy(leaves)
+            self._fill(jax.device_get(copy))
+            for array in copy:  # its buffers and host copy freed now, before the writer starts
+                array.delete()
+        else:
+            self._fill(jax.device_get(leaves))
         try:
             self._send(("save", step, self.places, treedef, items, metrics))
         except BrokenPipeError:
