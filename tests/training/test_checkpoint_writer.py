@@ -72,6 +72,7 @@ def test_the_devices_copy_is_deleted_within_the_save_before_the_writer_starts(tm
     saver.save(3, state, {"position": 3}, {})
     assert writer.room and deleted_when_sent == [[True, True]]
     assert {id(array) for array in jax.live_arrays()} == before
+    assert not any(array.is_deleted() for array in state.values())  # the copy's buffers were its own
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     restored = saver.restore(shapes, report=lambda line: None)[0]
     saver.close()
