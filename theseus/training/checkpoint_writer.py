@@ -24,7 +24,8 @@ window of 10 steps after each save against the median window):
 - the copy moved in the pause and left for Python to free: 0.80-0.87, as much with 0.3 s more
   pause after the save or the writer at the lowest priority, but 0.99-1.01 with the writer not
   writing: its 125 MiB were freed beside the next steps (not at once, whatever the pause's
-  length), while the writer filled the host's page cache with the checkpoint;
+  length), while the writer was writing the checkpoint (why the two together cost that: not
+  traced);
 - the same with the copy deleted before the writer starts (this module): 0.98-1.02, and the
   accelerator check's ``-k main_job`` passed.
 
